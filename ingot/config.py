@@ -1,0 +1,161 @@
+"""EngineConfig: every knob of the engine in one dataclass.
+
+Each field can be overridden by an ``INGOT_<FIELD>`` environment variable
+(``INGOT_DECODE_COMPILE=1``, ``INGOT_MAX_NUM_SEQS=64`` ...). The variables are
+parsed here and nowhere else; a bad value raises ``ConfigError`` naming the
+variable. Precedence: defaults < environment < explicit arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Optional, Union
+
+ENV_PREFIX = "INGOT_"
+
+# Ops that have both a kernel and a PyTorch form Inductor can fuse.
+FUSIBLE_OPS = ("rms_norm", "rotary", "silu_and_mul")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A configuration value (argument or INGOT_* variable) is invalid."""
+
+
+@dataclass
+class EngineConfig:
+    """How the engine loads the model, sizes its KV cache, schedules and runs."""
+
+    model: Optional[str] = None  # HF dir, hub id, .gguf file; None = default SmolLM2
+    tokenizer: Optional[str] = None  # defaults to the model's own
+    dtype: str = "auto"  # auto = bf16 on CUDA (fp16 if unsupported), fp32 on CPU
+    device: str = "auto"  # auto = cuda if available, else cpu
+    seed: int = 0
+    max_model_len: Optional[int] = None  # None = model's context length
+    # KV cache
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_tokens: int = 32768  # KV budget on CPU (tokens)
+    num_kv_blocks: Optional[int] = None  # explicit pool size (tests, tuning)
+    # scheduling
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    # decode CUDA graphs and compile
+    eager_mode: bool = False
+    cudagraph_capture_sizes: Optional[tuple[int, ...]] = None
+    fake_graph_capture: bool = False  # padded bucket path without graphs (CPU tests)
+    decode_compile: bool = False
+    compile_native_ops: tuple[str, ...] = FUSIBLE_OPS
+    compile_strict_numerics: bool = False
+    compile_skip_modules: tuple[str, ...] = ()
+    # UX
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def create(cls, env: Optional[Mapping[str, str]] = None, **overrides: Any) -> "EngineConfig":
+        """Defaults, then INGOT_* variables from ``env`` (os.environ), then ``overrides``."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ConfigError(f"unknown engine argument(s): {', '.join(unknown)}")
+        values = parse_env(os.environ if env is None else env)
+        values.update({k: v for k, v in overrides.items()})
+        return cls(**values)
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _positive("block_size", self.block_size)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("cpu_kv_cache_tokens", self.cpu_kv_cache_tokens)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ConfigError("num_kv_blocks must be >= 2 (block 0 is reserved for padding)")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.cudagraph_capture_sizes is not None:
+            self.cudagraph_capture_sizes = tuple(int(s) for s in self.cudagraph_capture_sizes)
+            if not self.cudagraph_capture_sizes or min(self.cudagraph_capture_sizes) < 1:
+                raise ConfigError("cudagraph_capture_sizes must be positive batch sizes")
+        self.compile_native_ops = tuple(self.compile_native_ops)
+        bad = [op for op in self.compile_native_ops if op not in FUSIBLE_OPS]
+        if bad:
+            raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}")
+        self.compile_skip_modules = tuple(self.compile_skip_modules)
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_bool(text: str, name: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ConfigError(f"{name}={text!r} is not a boolean (use 1/0, true/false, on/off)")
+
+
+def _base_type(tp: Any) -> tuple[Any, bool]:
+    """(underlying type, optional?) of a field annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def parse_value(text: str, tp: Any, name: str) -> Any:
+    """Parse one environment string into the field type ``tp``."""
+    base, optional = _base_type(tp)
+    if optional and text.strip().lower() in ("", "none"):
+        return None
+    try:
+        if base is bool:
+            return parse_bool(text, name)
+        if base is int:
+            return int(text)
+        if base is float:
+            return float(text)
+        if base is str:
+            return text
+        if typing.get_origin(base) is tuple:
+            (item,) = typing.get_args(base)[:1]
+            parts = [p.strip() for p in text.split(",") if p.strip()]
+            return tuple(int(p) if item is int else p for p in parts)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={text!r}: {exc}") from None
+    raise ConfigError(f"{name}: cannot parse type {tp}")  # pragma: no cover
+
+
+def parse_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The EngineConfig fields set by INGOT_* variables in ``env``."""
+    hints = typing.get_type_hints(EngineConfig)
+    out: dict[str, Any] = {}
+    for f in fields(EngineConfig):
+        var = ENV_PREFIX + f.name.upper()
+        if var in env:
+            out[f.name] = parse_value(env[var], hints[f.name], var)
+    return out

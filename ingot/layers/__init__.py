@@ -1,0 +1,1 @@
+"""Model building blocks. Hot math goes through torch.ops.ingot.* (see ingot.ops)."""

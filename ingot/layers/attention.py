@@ -1,0 +1,54 @@
+"""Paged attention: store this step's K/V into the cache, then attend over it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs, all device tensors (graph-safe for decode).
+
+    slot_mapping [T]: cache slot of each new token (padding rows: slot 0, the dummy).
+    block_tables [B, M]: KV block ids of each sequence (unused entries 0).
+    seq_lens [B]: tokens in each sequence's context, this step's included.
+    cu_seqlens_q [B+1]: prefill only; offsets of each sequence's new tokens.
+    """
+
+    is_prefill: bool
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: Optional[torch.Tensor] = None
+
+
+class Attention(nn.Module):
+    """Holds a view of its layer's KV cache (set by the model runner)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.k_cache: Optional[torch.Tensor] = None
+        self.v_cache: Optional[torch.Tensor] = None
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        assert self.k_cache is not None, "KV cache not bound: ModelRunner allocates it"
+        torch.ops.ingot.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if meta.is_prefill:
+            return torch.ops.ingot.prefill_attention(
+                q, k, v, self.k_cache, self.v_cache, meta.cu_seqlens_q,
+                meta.seq_lens, meta.block_tables, self.scale,
+            )
+        return torch.ops.ingot.decode_attention(
+            q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens, self.scale
+        )

@@ -1,0 +1,42 @@
+"""Linear layers that load several HF projections into one fused weight.
+
+Fusing q/k/v and gate/up into single GEMMs halves the launches of a decode
+step. Each checkpoint shard is copied into its row range; a later
+tensor-parallel split only has to narrow these ranges per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+class MergedLinear(nn.Module):
+    """y = x @ W.T (+ b), where W stacks the rows of several named projections."""
+
+    def __init__(self, in_features: int, shard_sizes: Sequence[int], bias: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.shard_sizes = tuple(shard_sizes)
+        out = sum(self.shard_sizes)
+        self.weight = nn.Parameter(torch.empty(out, in_features))
+        self.bias = nn.Parameter(torch.zeros(out)) if bias else None
+
+    def load_shard(self, param: str, index: int, tensor: torch.Tensor) -> None:
+        """Copy a checkpoint tensor (weight or bias of shard ``index``) into place."""
+        start = sum(self.shard_sizes[:index])
+        size = self.shard_sizes[index]
+        target = getattr(self, param)
+        if target is None or tensor.shape[0] != size:
+            raise ValueError(f"{param} shard {index}: expected {size} rows, got {tuple(tensor.shape)}")
+        target.data[start : start + size].copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+def Linear(in_features: int, out_features: int, bias: bool = False) -> MergedLinear:
+    """A plain projection: a merged linear with a single shard."""
+    return MergedLinear(in_features, (out_features,), bias)

@@ -1,0 +1,73 @@
+"""HF model directories (config.json + safetensors + tokenizer.json) and hub ids."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ingot.loading.errors import CheckpointError
+
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"missing {path.name} in {path.parent}") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a directory: one model.safetensors, or the shards its index names."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(read_json(index).get("weight_map", {}).values()))
+        missing = [n for n in names if not (path / n).exists()]
+        if not names or missing:
+            raise CheckpointError(f"{index} names missing shards: {missing or 'none listed'}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path} has no .safetensors weights (other formats are not supported)")
+    return files
+
+
+def iter_safetensors(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor cast to dtype), one tensor at a time (memory-mapped)."""
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name).to(dtype)
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise CheckpointError(f"corrupt or truncated safetensors file {file}: {exc}") from None
+
+
+def generation_eos_ids(path: Path) -> list[int]:
+    gen = path / "generation_config.json"
+    if not gen.exists():
+        return []
+    eos = read_json(gen).get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def download_from_hub(repo_id: str) -> Path:
+    """Fetch a hub model (weights, configs, tokenizer) into the HF cache."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+    except Exception as exc:  # offline, unknown repo, auth...
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = "HF_HUB_OFFLINE=1 is set" if offline else "the hub could not be reached or the repo does not exist"
+        raise CheckpointError(
+            f"cannot fetch {repo_id!r} from the Hugging Face hub ({hint}: {type(exc).__name__}). "
+            "Pass a local model directory or .gguf file instead."
+        ) from None

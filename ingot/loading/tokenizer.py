@@ -1,0 +1,152 @@
+"""Tokenizer: HF `tokenizers` fast tokenizer + chat template + special ids,
+and the incremental detokenizer used for streaming and stop strings."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+
+from ingot.loading.errors import CheckpointError
+
+Message = dict[str, Any]
+
+
+class Tokenizer:
+    """What the engine needs from a tokenizer, whatever file it came from."""
+
+    def __init__(
+        self,
+        tok: tokenizers.Tokenizer,
+        *,
+        chat_template: Optional[str] = None,
+        bos_token_id: Optional[int] = None,
+        eos_token_ids: Sequence[int] = (),
+        prepend_bos: bool = False,
+    ) -> None:
+        self.tok = tok
+        self.chat_template = chat_template
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))
+        self.prepend_bos = prepend_bos
+        self._template: Optional[jinja2.Template] = None
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def from_hf_dir(cls, path: Path, eos_token_ids: Sequence[int] = ()) -> "Tokenizer":
+        """tokenizer.json (+ tokenizer_config.json for the chat template and special tokens)."""
+        tok_file = path / "tokenizer.json"
+        if not tok_file.exists():
+            raise CheckpointError(f"{path} has no tokenizer.json (only fast tokenizers are supported)")
+        try:
+            tok = tokenizers.Tokenizer.from_file(str(tok_file))
+        except Exception as exc:  # tokenizers raises a bare Exception
+            raise CheckpointError(f"cannot read {tok_file}: {exc}") from None
+        cfg: dict[str, Any] = {}
+        if (path / "tokenizer_config.json").exists():
+            cfg = json.loads((path / "tokenizer_config.json").read_text())
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        if template is None and (path / "chat_template.jinja").exists():
+            template = (path / "chat_template.jinja").read_text()
+        bos = _token_id(tok, cfg.get("bos_token"))
+        eos = [*eos_token_ids]
+        cfg_eos = _token_id(tok, cfg.get("eos_token"))
+        if cfg_eos is not None:
+            eos.append(cfg_eos)
+        # tokenizer.json's post-processor adds BOS itself when the model wants it
+        return cls(tok, chat_template=template, bos_token_id=bos, eos_token_ids=eos)
+
+    # ------------------------------------------------------------ encode / decode
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.prepend_bos and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tok.id_to_token(token_id) or ""
+
+    # ------------------------------------------------------------ chat
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """Render a conversation to the prompt text the model was trained on."""
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; use generate() with a plain prompt")
+        if not messages:
+            raise ValueError("a conversation needs at least one message")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"each message needs 'role' and 'content', got {m!r}")
+        if self._template is None:
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent, ensure_ascii=False)
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        special = {
+            "bos_token": self.token_text(self.bos_token_id) if self.bos_token_id is not None else "",
+            "eos_token": self.token_text(self.eos_token_ids[0]) if self.eos_token_ids else "",
+        }
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **special)
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        # the template already carries every special token (BOS included, if any)
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+
+def _raise(message: str) -> None:
+    raise ValueError(f"chat template error: {message}")
+
+
+def _token_id(tok: tokenizers.Tokenizer, token: Any) -> Optional[int]:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return tok.token_to_id(token) if isinstance(token, str) else None
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of output ids into text deltas.
+
+    Decoding only a short window (a few tokens before the last emitted one)
+    keeps each step O(1) and gets the spaces and multi-byte characters right:
+    text is released only once it no longer ends in a partial character.
+    """
+
+    CONTEXT = 5
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids[-self.CONTEXT :])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        """Append tokens; return the newly complete text (may be empty)."""
+        self.ids.extend(token_ids)
+        dec = self.tokenizer.decode
+        prefix = dec(self.ids[self.prefix_offset : self.read_offset], self.skip)
+        full = dec(self.ids[self.prefix_offset :], self.skip)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        delta = full[len(prefix) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        self.text += delta
+        return delta

@@ -1,0 +1,160 @@
+"""The Llama decoder family: Llama 2/3, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+
+One implementation; the differences are flags on ModelConfig. The forward works
+on flattened tokens [T] and never looks at batch structure: that lives in
+AttentionMetadata, so the same code serves prefill, eager decode and graphs.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ingot.layers.activation import SiluAndMul
+from ingot.layers.attention import Attention, AttentionMetadata
+from ingot.layers.embedding import Embedding, LMHead
+from ingot.layers.linear import Linear, MergedLinear
+from ingot.layers.norm import RMSNorm
+from ingot.layers.rotary import RotaryEmbedding
+from ingot.loading.errors import CheckpointError
+from ingot.models.model_config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(cfg.hidden_size, (q_size, kv_size, kv_size), bias=cfg.qkv_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rotary = rotary  # one table shared by every layer
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.splits = (q_size, kv_size, kv_size)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v, meta)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, (cfg.intermediate_size,) * 2)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+# HF checkpoint name -> (our module suffix, shard index) for fused projections
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_position: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, self.embed_tokens if cfg.tie_word_embeddings else None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Final hidden states [T, hidden] of every input token."""
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the (fused) parameters; every parameter must be filled."""
+        filled: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue
+            owner, _, pname = name.rpartition(".")
+            head, _, proj = owner.rpartition(".")
+            index = 0
+            if proj in _FUSED:
+                fused, index = _FUSED[proj]
+                owner = f"{head}.{fused}"
+            try:
+                module = self.get_submodule(owner)
+                param = getattr(module, pname)
+            except AttributeError:
+                param = None
+            if not isinstance(param, nn.Parameter):
+                raise CheckpointError(f"checkpoint tensor {name!r} does not belong to {self.config.architecture}")
+            if isinstance(module, MergedLinear):
+                try:
+                    module.load_shard(pname, index, tensor)
+                except ValueError as exc:
+                    raise CheckpointError(f"{name}: {exc}") from None
+            elif tuple(param.shape) != tuple(tensor.shape):
+                raise CheckpointError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}")
+            else:
+                param.data.copy_(tensor)
+            filled.add(f"{owner}.{pname}#{index}")
+        missing = sorted(self._expected_keys() - filled)
+        if missing:
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            raise CheckpointError(f"checkpoint is missing weights: {', '.join(missing[:5])}{more}")
+
+    def _expected_keys(self) -> set[str]:
+        keys = set()
+        for name, param in self.named_parameters():
+            owner, _, pname = name.rpartition(".")
+            module = self.get_submodule(owner)
+            shards = len(module.shard_sizes) if isinstance(module, MergedLinear) else 1
+            keys.update(f"{name}#{i}" for i in range(shards))
+        return keys

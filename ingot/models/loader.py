@@ -1,0 +1,78 @@
+"""Build a model on its device and fill it: from a checkpoint, or randomly (benchmarks)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ingot.loading.checkpoint import Checkpoint
+from ingot.config import ConfigError
+from ingot.loading.errors import CheckpointError
+from ingot.models.model_config import ModelConfig
+from ingot.models.registry import model_class
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_position: int) -> nn.Module:
+    """Allocate the model directly on ``device`` in ``dtype`` (weights uninitialised)."""
+    cls = model_class(cfg)
+    with torch.device(device), _default_dtype(dtype):
+        model = cls(cfg, max_position)
+    return model.eval().requires_grad_(False)
+
+
+def load_checkpoint(
+    ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_position: int, progress: bool = True
+) -> nn.Module:
+    model = build_model(ckpt.config, dtype, device, max_position)
+    weights = tqdm(ckpt.weights(dtype), desc="Loading weights", unit=" tensors", disable=not progress, leave=False)
+    try:
+        model.load_weights(weights)
+    finally:
+        weights.close()
+    return model
+
+
+def init_random(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module:
+    """Random weights (norms at 1) for shape-only benchmarks; deterministic per seed."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        elif name.endswith("bias"):
+            param.data.zero_()
+        else:
+            cpu = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+            param.data.copy_(cpu)
+    return model
+
+
+def resolve_dtype(name: str, device: torch.device, model_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """'auto' is bf16 (fp16 without bf16 support) on CUDA and fp32 on CPU."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda was requested but PyTorch sees no CUDA GPU")
+    return device

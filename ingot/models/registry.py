@@ -1,0 +1,24 @@
+"""HF architecture name -> ingot model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ingot.loading.errors import CheckpointError
+from ingot.models.llama import LlamaForCausalLM
+from ingot.models.model_config import ModelConfig
+
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+}
+
+
+def model_class(cfg: ModelConfig) -> type[nn.Module]:
+    try:
+        return MODEL_CLASSES[cfg.architecture]
+    except KeyError:
+        supported = ", ".join(sorted(MODEL_CLASSES))
+        raise CheckpointError(f"unsupported architecture {cfg.architecture!r}; supported: {supported}") from None

@@ -1,0 +1,116 @@
+"""The ``torch.ops.ingot.*`` custom ops: schema, default (reference) impl, fake impl.
+
+A model never calls a kernel directly; it calls these ops. To Dynamo/Inductor
+each one is a single opaque node with a fake (meta) implementation, so compile
+neither breaks the graph nor traces into a Triton launcher, and an outer CUDA
+graph records the launch. The default implementation is the PyTorch reference;
+CUDA kernels register themselves per op with ``op.register_kernel("cuda")``
+(see ``ingot.ops.triton``). Ops that write the KV cache declare it in
+``mutates_args``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+from ingot.ops import reference as ref
+
+
+@custom_op("ingot::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return ref.rms_norm(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@custom_op("ingot::add_rms_norm", mutates_args=())
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return ref.add_rms_norm(x, residual, weight, eps)
+
+
+@add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@custom_op("ingot::rotary_embedding", mutates_args=())
+def rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return ref.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+@rotary_embedding.register_fake
+def _(positions, q, k, cos_sin_cache):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@custom_op("ingot::silu_and_mul", mutates_args=())
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return ref.silu_and_mul(x)
+
+
+@silu_and_mul.register_fake
+def _(x):
+    return x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
+
+
+@custom_op("ingot::store_kv", mutates_args=("k_cache", "v_cache"))
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    ref.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+@store_kv.register_fake
+def _(k, v, k_cache, v_cache, slot_mapping):
+    return None
+
+
+@custom_op("ingot::decode_attention", mutates_args=())
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return ref.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+@decode_attention.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    return torch.empty_like(q)
+
+
+@custom_op("ingot::prefill_attention", mutates_args=())
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return ref.prefill_attention(
+        q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale
+    )
+
+
+@prefill_attention.register_fake
+def _(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale):
+    return torch.empty_like(q)

@@ -1,0 +1,147 @@
+"""PyTorch reference implementations of every ingot op.
+
+They are the CPU implementation, the CUDA fallback until a kernel exists, the
+form Inductor traces when an op runs "native" under compile, and the ground
+truth in tests. Numerics follow HF transformers: RMSNorm and rotary tables in
+fp32, attention softmax in fp32, results cast back to the input dtype.
+
+Shapes: tokens are flattened (T = total tokens of the step). KV caches are
+``[num_blocks, block_size, num_kv_heads, head_dim]``; slot = block * block_size
++ offset; block 0 is reserved as the padding dummy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): the add in the model dtype, as HF does."""
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotary on q [T, Hq, D] and k [T, Hkv, D].
+
+    ``cos_sin_cache`` is fp32 ``[max_pos, D]``: cos in the first D/2 columns, sin
+    in the last D/2. Like HF, the table is cast to the activation dtype first.
+    """
+    cs = cos_sin_cache.index_select(0, positions)
+    half = cs.shape[-1] // 2
+    cos = torch.cat((cs[:, :half], cs[:, :half]), dim=-1).to(q.dtype).unsqueeze(1)
+    sin = torch.cat((cs[:, half:], cs[:, half:]), dim=-1).to(q.dtype).unsqueeze(1)
+    q_out = q * cos + _rotate_half(q) * sin
+    k_out = k * cos + _rotate_half(k) * sin
+    return q_out, k_out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :I]) * x[..., I:] for the merged gate/up projection."""
+    half = x.shape[-1] // 2
+    return torch.nn.functional.silu(x[..., :half]) * x[..., half:]
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k, v [T, Hkv, D] into the caches at ``slot_mapping`` [T]."""
+    nb, bs, h, d = k_cache.shape
+    k_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def _gather_context(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[B, M] block ids -> [B, M * block_size, Hkv, D] context of each row."""
+    b, m = block_tables.shape
+    g = cache.index_select(0, block_tables.reshape(-1).long())
+    return g.view(b, m * cache.shape[1], cache.shape[2], cache.shape[3])
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], mask [B, Tq, Tk] -> [B, Tq, Hq, D] (fp32 math)."""
+    b, tq, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    qf = q.float().view(b, tq, hkv, g, d)
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qf, k.float()) * scale
+    scores = scores.masked_fill(~mask[:, None, None, :, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.float())
+    return out.reshape(b, tq, hq, d).to(q.dtype)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per row: q [B, Hq, D] over the first ``seq_lens[b]`` cached tokens.
+
+    Static shapes only (no host sync), so it can be captured in a CUDA graph.
+    """
+    k = _gather_context(k_cache, block_tables)
+    v = _gather_context(v_cache, block_tables)
+    pos = torch.arange(k.shape[1], device=q.device)
+    mask = (pos[None, :] < seq_lens[:, None].to(pos.dtype)).unsqueeze(1)
+    return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention for packed new tokens q [T, Hq, D].
+
+    Row b owns queries ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``, the last of its
+    ``seq_lens[b]`` tokens; earlier context (chunked prefill) is read from the
+    cache, which already holds the new k, v (stored before attention). ``k`` and
+    ``v`` are accepted for kernels that read new tokens directly.
+    """
+    out = torch.empty_like(q)
+    starts = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    for b in range(len(lens)):
+        s, e, total = starts[b], starts[b + 1], lens[b]
+        nq = e - s
+        n_blocks = -(-total // k_cache.shape[1])
+        table = block_tables[b : b + 1, :n_blocks]
+        kc = _gather_context(k_cache, table)[:, :total]
+        vc = _gather_context(v_cache, table)[:, :total]
+        qpos = torch.arange(total - nq, total, device=q.device)
+        kpos = torch.arange(total, device=q.device)
+        mask = (kpos[None, :] <= qpos[:, None]).unsqueeze(0)
+        out[s:e] = _attend(q[s:e].unsqueeze(0), kc, vc, mask, scale).squeeze(0)
+    return out

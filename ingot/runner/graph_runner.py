@@ -1,0 +1,218 @@
+"""Decode CUDA graphs: buckets, padded static buffers, one shared pool, capture, replay.
+
+Knows nothing about which model or which kernels run: it receives a decode
+``forward(input_ids, positions, slot_mapping, block_tables, seq_lens) -> logits``
+(raw, or compiled by ``decode_compile``) and replays one graph per batch-size
+bucket. Everything that changes per step lives in the static buffers; padded
+rows write their K/V to the dummy slot 0 and attend only to it, and their
+logits are dropped.
+
+``fake_graph_capture`` runs the same padded bucket path without graphs, so the
+padding and buffer logic is exercised on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ingot.config import EngineConfig
+from ingot.layers.attention import AttentionMetadata
+from ingot.runner import decode_compile
+from ingot.runner.step_inputs import StepInputs
+
+log = logging.getLogger(__name__)
+
+DecodeForward = Callable[..., torch.Tensor]
+
+
+def default_buckets(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to 256, clipped to max_num_seqs (always included)."""
+    sizes = [1, 2, 4, 8, *range(16, 257, 8)]
+    return sorted({s for s in sizes if s <= max_num_seqs} | {max_num_seqs})
+
+
+def capture_sizes(config: EngineConfig) -> list[int]:
+    """The configured sizes that fit max_num_seqs (max_num_seqs itself if none do)."""
+    if config.cudagraph_capture_sizes:
+        return sorted({s for s in config.cudagraph_capture_sizes if s <= config.max_num_seqs} or {config.max_num_seqs})
+    return default_buckets(config.max_num_seqs)
+
+
+def graphs_enabled(config: EngineConfig, device: torch.device) -> bool:
+    if config.eager_mode:
+        return False
+    return device.type == "cuda" or config.fake_graph_capture
+
+
+def make_decode_forward(model: nn.Module) -> DecodeForward:
+    """The decode step as a function of plain tensors (what gets compiled and captured)."""
+
+    def decode_forward(
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        meta = AttentionMetadata(False, slot_mapping, block_tables, seq_lens)
+        return model.compute_logits(model(input_ids, positions, meta))
+
+    return decode_forward
+
+
+@dataclass
+class BucketInfo:
+    size: int
+    seconds_warmup: float = 0.0  # includes the compile, when on
+    seconds_capture: float = 0.0
+    compiled: bool = False
+    stats: Optional[decode_compile.CompileStats] = None
+
+
+@dataclass
+class StaticBuffers:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+
+    @classmethod
+    def allocate(cls, rows: int, max_blocks: int, device: torch.device) -> "StaticBuffers":
+        def z(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(
+            z(rows, dtype=torch.int64),
+            z(rows, dtype=torch.int64),
+            z(rows, dtype=torch.int64),
+            z(rows, max_blocks, dtype=torch.int32),
+            torch.ones(rows, dtype=torch.int32, device=device),
+        )
+
+    def view(self, n: int) -> tuple[torch.Tensor, ...]:
+        return (self.input_ids[:n], self.positions[:n], self.slot_mapping[:n], self.block_tables[:n], self.seq_lens[:n])
+
+    def fill(self, inputs: StepInputs, bucket: int) -> None:
+        """Copy a real decode batch in; reset the padded rows to the dummy slot."""
+        b = inputs.num_seqs
+        a = inputs.attn
+        self.input_ids[:b].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:b].copy_(inputs.positions, non_blocking=True)
+        self.slot_mapping[:b].copy_(a.slot_mapping, non_blocking=True)
+        self.seq_lens[:b].copy_(a.seq_lens, non_blocking=True)
+        width = a.block_tables.shape[1]
+        self.block_tables[:b, :width].copy_(a.block_tables, non_blocking=True)
+        self.block_tables[:b, width:].zero_()
+        if bucket > b:
+            self.input_ids[b:bucket].zero_()
+            self.positions[b:bucket].zero_()
+            self.slot_mapping[b:bucket].zero_()
+            self.block_tables[b:bucket].zero_()
+            self.seq_lens[b:bucket].fill_(1)
+
+
+class DecodeGraphRunner:
+    def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, max_blocks_per_seq: int) -> None:
+        self.model = model
+        self.config = config
+        self.device = device
+        self.fake = device.type != "cuda"  # only reached with fake_graph_capture on CPU
+        if config.fake_graph_capture:
+            self.fake = True
+        self.buckets = capture_sizes(config)
+        self.max_blocks = max_blocks_per_seq
+        self.buffers = StaticBuffers.allocate(self.buckets[-1], max_blocks_per_seq, device)
+        self.raw_forward = make_decode_forward(model)
+        self._forward: Optional[DecodeForward] = None  # built lazily at the first capture
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.info: dict[int, BucketInfo] = {}
+        self.pool = None
+
+    # ------------------------------------------------------------------ build
+    @property
+    def forward(self) -> DecodeForward:
+        """The forward captured into graphs: compiled only if enabled (built once, lazily)."""
+        if self._forward is None:
+            self._forward = decode_compile.build_decode_forward(self.raw_forward, self.config, self.device)
+        return self._forward
+
+    @property
+    def compiled(self) -> bool:
+        return self._forward is not None and getattr(self._forward, "compiled", False)
+
+    def bucket_for(self, batch: int) -> Optional[int]:
+        for size in self.buckets:
+            if size >= batch:
+                return size
+        return None
+
+    def fits(self, batch: int) -> bool:
+        return batch <= self.buckets[-1]
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Warm up and capture every bucket, largest first (smaller ones reuse its pool)."""
+        bar = tqdm(sorted(self.buckets, reverse=True), desc="Capturing decode graphs", unit=" bucket", disable=not self.config.show_progress)
+        for size in bar:
+            info = self.capture(size)
+            bar.set_postfix_str(f"bs={size} warmup {info.seconds_warmup:.1f}s capture {info.seconds_capture:.2f}s")
+        bar.close()
+        total = sum(i.seconds_warmup + i.seconds_capture for i in self.info.values())
+        log.info("decode graphs ready: %d buckets in %.1fs (compile %s)", len(self.info), total, "on" if self.compiled else "off")
+
+    @torch.inference_mode()
+    def capture(self, size: int) -> BucketInfo:
+        forward = self.forward
+        info = BucketInfo(size, compiled=self.compiled)
+        args = self.buffers.view(size)
+        snap = decode_compile.stats_snapshot()
+        t0 = time.perf_counter()
+        for _ in range(2):  # the first call compiles (when on) and autotunes kernels
+            forward(*args)
+        self._sync()
+        info.seconds_warmup = time.perf_counter() - t0
+        info.stats = decode_compile.stats_since(snap)
+        if info.compiled and info.stats is not None and (info.stats.graph_breaks or info.stats.recompiles):
+            log.info("bucket %d: %s", size, info.stats.describe())
+        if not self.fake:
+            t0 = time.perf_counter()
+            graph = torch.cuda.CUDAGraph()
+            with decode_compile.forbid_recompiles() if info.compiled else contextlib.nullcontext():
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self.outputs[size] = forward(*args)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = graph
+            self._sync()
+            info.seconds_capture = time.perf_counter() - t0
+        self.info[size] = info
+        return info
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------------ replay
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits of the real rows of a decode batch that fits a bucket."""
+        b = inputs.num_seqs
+        bucket = self.bucket_for(b)
+        assert bucket is not None, "caller checks fits()"
+        self.buffers.fill(inputs, bucket)
+        if self.fake:
+            logits = self.forward(*self.buffers.view(bucket))
+        else:
+            self.graphs[bucket].replay()
+            logits = self.outputs[bucket]
+        return logits[:b]
+

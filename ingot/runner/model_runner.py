@@ -1,0 +1,148 @@
+"""ModelRunner: owns the model and its KV cache; turns a scheduled batch into sampled tokens.
+
+Prefill steps, eager mode and CPU run the raw model. Decode steps on CUDA go
+through the DecodeGraphRunner (captured graphs, optionally compiled) when the
+batch fits a bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ingot.config import ConfigError, EngineConfig
+from ingot.engine.kv_cache import KVCachePool, blocks_for
+from ingot.engine.sampler import Sampler, SamplerOutput, SamplingRow
+from ingot.engine.scheduler import ScheduledBatch
+from ingot.layers.attention import AttentionMetadata
+from ingot.models.model_config import ModelConfig
+from ingot.runner.step_inputs import StepInputs, build_step_inputs
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, model_config: ModelConfig, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.model_config = model_config
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.block_size = config.block_size
+        self.sampler = Sampler(device, config.seed)
+        self.kv: Optional[KVCachePool] = None
+        self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
+
+    # ------------------------------------------------------------------ KV cache
+    def _bytes_per_block(self) -> int:
+        c = self.model_config
+        return KVCachePool.bytes_per_block(c.num_layers, self.block_size, c.num_kv_heads, c.head_dim, self.dtype)
+
+    def num_kv_blocks(self) -> int:
+        """Blocks for the pool: explicit, a token budget on CPU, free memory on CUDA."""
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.device.type != "cuda":
+            return blocks_for(self.config.cpu_kv_cache_tokens, self.block_size) + 1
+        peak = self._profile_peak_activation_bytes()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        budget = int(total * self.config.gpu_memory_utilization) - used - peak
+        blocks = budget // self._bytes_per_block()
+        if blocks < 2:
+            raise ConfigError(
+                f"no GPU memory left for the KV cache (gpu_memory_utilization={self.config.gpu_memory_utilization}, "
+                f"{used / 2**30:.1f} GiB in use); raise it or use a smaller model"
+            )
+        return blocks
+
+    def _profile_peak_activation_bytes(self) -> int:
+        """Run one full-size prefill on a scratch cache and measure the activation peak."""
+        tokens = self.config.max_num_batched_tokens
+        blocks = blocks_for(tokens, self.block_size) + 1
+        self.allocate_kv_cache(blocks)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
+        pos = torch.arange(tokens, device=self.device) % self.model_config.max_position_embeddings
+        meta = AttentionMetadata(
+            is_prefill=True,
+            slot_mapping=torch.arange(tokens, device=self.device) + self.block_size,
+            block_tables=torch.arange(1, blocks, dtype=torch.int32, device=self.device)[None],
+            seq_lens=torch.tensor([tokens], dtype=torch.int32, device=self.device),
+            cu_seqlens_q=torch.tensor([0, tokens], dtype=torch.int32, device=self.device),
+        )
+        with torch.inference_mode():
+            hidden = self.model(ids, pos.clamp(max=self.rotary_len() - 1), meta)
+            self.model.compute_logits(hidden[-self.config.max_num_seqs :])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        self.release_kv_cache()
+        torch.cuda.empty_cache()
+        return peak
+
+    def rotary_len(self) -> int:
+        return self.model.layers[0].self_attn.rotary.cos_sin_cache.shape[0]
+
+    def allocate_kv_cache(self, num_blocks: int) -> KVCachePool:
+        c = self.model_config
+        self.kv = KVCachePool(c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.k_cache, attn.v_cache = self.kv.layer(i)
+        return self.kv
+
+    def release_kv_cache(self) -> None:
+        for attn in self.model.attention_layers():
+            attn.k_cache = attn.v_cache = None
+        self.kv = None
+
+    # ------------------------------------------------------------------ graphs
+    def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
+        """Capture decode graphs on CUDA (or the fake padded path when asked)."""
+        from ingot.runner.graph_runner import DecodeGraphRunner, graphs_enabled
+
+        if not graphs_enabled(self.config, self.device):
+            return
+        self.graphs = DecodeGraphRunner(self.model, self.config, self.device, max_blocks_per_seq)
+        self.graphs.capture_all()
+
+    # ------------------------------------------------------------------ step
+    @torch.inference_mode()
+    def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [S, vocab] of the rows that sample this step."""
+        if (
+            self.graphs is not None
+            and not inputs.attn.is_prefill
+            and self.graphs.fits(inputs.num_seqs)
+        ):
+            return self.graphs.run(inputs)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn)
+        return self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+
+    def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
+        """Run one step; returns (rows that sampled, their tokens/logprobs)."""
+        inputs = build_step_inputs(batch, self.block_size, self.device)
+        if not inputs.sample_rows:
+            self._forward_only(inputs)
+            return [], SamplerOutput([], [])
+        logits = self.forward_logits(inputs)
+        rows = [
+            SamplingRow(
+                params=batch.seqs[r].params,
+                prompt_token_ids=batch.seqs[r].prompt_token_ids,
+                output_token_ids=batch.seqs[r].output_token_ids,
+                generator=batch.seqs[r].generator,
+                eos_token_ids=eos_token_ids,
+            )
+            for r in inputs.sample_rows
+        ]
+        return inputs.sample_rows, self.sampler(logits, rows)
+
+    @torch.inference_mode()
+    def _forward_only(self, inputs: StepInputs) -> None:
+        """A prefill chunk that samples nothing: fill the KV cache, skip the lm_head."""
+        self.model(inputs.input_ids, inputs.positions, inputs.attn)

@@ -1,0 +1,118 @@
+"""Test helpers: tiny random HF checkpoints written to disk, and ingot logits per position."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=384,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+ARCHS = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False, head_dim=32),
+    "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral", tie_word_embeddings=False, sliding_window=None),
+}
+
+
+def write_tokenizer(path: Path, vocab_size: int = 300) -> None:
+    """Train a small byte-level BPE tokenizer and save tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = ["The quick brown fox jumps over the lazy dog. " * 3, "Hello world, hello tokens!", "def f(x): return x * 2"]
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }))
+
+
+def write_tiny_checkpoint(path: Path, arch: str, seed: int = 0) -> Path:
+    """A random HF checkpoint (config.json, sharded safetensors, tokenizer) for ``arch``."""
+    import transformers
+
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {**TINY, **ARCHS[arch]}
+    if arch == "qwen2":
+        cfg["attention_bias"] = True
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # HF inits biases and norms trivially: make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(path, safe_serialization=True, max_shard_size="100KB")
+    write_tokenizer(path)
+    return path
+
+
+def hf_logits(path: Path, ids: list[int]) -> torch.Tensor:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def ingot_logits(engine, ids: list[int], prefill_len: int, chunk: int | None = None) -> torch.Tensor:
+    """Logits at every position: prefill ``ids[:prefill_len]`` (in chunks), then decode one by one."""
+    from ingot.engine.kv_cache import blocks_for
+    from ingot.layers.attention import AttentionMetadata
+
+    runner = engine.runner
+    bs = engine.config.block_size
+    blocks = list(range(1, blocks_for(len(ids), bs) + 1))
+    dev = engine.device
+    table = torch.tensor([blocks], dtype=torch.int32, device=dev)
+    out = []
+    steps = []
+    chunk = chunk or prefill_len
+    for s in range(0, prefill_len, chunk):
+        steps.append((s, min(s + chunk, prefill_len), True))
+    steps += [(p, p + 1, False) for p in range(prefill_len, len(ids))]
+    with torch.inference_mode():
+        for start, end, prefill in steps:
+            pos = torch.arange(start, end, device=dev)
+            slots = torch.tensor([blocks[p // bs] * bs + p % bs for p in range(start, end)], device=dev)
+            meta = AttentionMetadata(
+                is_prefill=prefill,
+                slot_mapping=slots,
+                block_tables=table,
+                seq_lens=torch.tensor([end], dtype=torch.int32, device=dev),
+                cu_seqlens_q=torch.tensor([0, end - start], dtype=torch.int32, device=dev) if prefill else None,
+            )
+            hidden = runner.model(torch.tensor(ids[start:end], device=dev), pos, meta)
+            out.append(runner.model.compute_logits(hidden))
+    return torch.cat(out).float().cpu()
