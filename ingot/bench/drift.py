@@ -1,0 +1,184 @@
+"""Drift check: does graph / compiled-graph decode match eager decode?
+
+Two ways, per bucket:
+* teacher-forced: every mode gets the same token at every step (the reference
+  mode's greedy choice), so differences do not compound. Reports top-1
+  agreement, the largest relative logit error, and the largest difference of
+  the chosen token's logprob. Modes replay on the same KV cache; the reference
+  mode runs last at each step, so every mode reads history written by it.
+* free-running greedy: each mode decodes on its own; reports how many
+  sequences are identical to the reference and where each first diverges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Optional, Sequence
+
+import torch
+
+from ingot.engine.engine import Engine
+from ingot.runner.graph_runner import DecodeGraphRunner
+from ingot.runner.step_inputs import StepInputs, build_step_inputs
+from ingot.sampling_params import SamplingParams
+
+Mode = str  # "eager" | "graph" | "compiled"
+MODES: tuple[Mode, ...] = ("eager", "graph", "compiled")
+
+
+@dataclass
+class TeacherForced:
+    mode: Mode
+    reference: Mode
+    bucket: int
+    steps: int
+    top1_agreement: float
+    max_rel_logit_err: float
+    mean_rel_logit_err: float
+    max_logprob_diff: float
+    bitwise_equal: bool
+
+
+@dataclass
+class FreeRunning:
+    mode: Mode
+    reference: Mode
+    bucket: int
+    identical: int
+    total: int
+    token_agreement: float
+    first_divergence: list[Optional[int]] = field(default_factory=list)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    """Index of the first differing token (length mismatch counts), None if identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_free_running(mode: Mode, reference: Mode, bucket: int, got: list[list[int]], ref: list[list[int]]) -> FreeRunning:
+    firsts = [first_divergence(g, r) for g, r in zip(got, ref)]
+    same = sum(1 for g, r in zip(got, ref) for x, y in zip(g, r) if x == y)
+    total = sum(len(r) for r in ref)
+    return FreeRunning(mode, reference, bucket, sum(f is None for f in firsts), len(ref), same / max(total, 1), firsts)
+
+
+class DecodeModes:
+    """Builds one decode forward per mode on an engine's model and KV cache."""
+
+    def __init__(self, engine: Engine, bucket: int) -> None:
+        self.engine = engine
+        self.bucket = bucket
+        self.runners: dict[Mode, Optional[DecodeGraphRunner]] = {"eager": None}
+        base = engine.config.replace(cudagraph_capture_sizes=(bucket,), max_num_seqs=max(bucket, engine.config.max_num_seqs))
+        max_blocks = -(-engine.max_model_len // engine.config.block_size)
+        for mode, compile_on in (("graph", False), ("compiled", True)):
+            cfg = base.replace(decode_compile=compile_on, show_progress=False)
+            runner = DecodeGraphRunner(engine.runner.model, cfg, engine.device, max_blocks)
+            runner.capture_all()
+            if compile_on and not runner.compiled:
+                continue  # compile unavailable here (CPU, old torch): skip the mode
+            self.runners[mode] = runner
+
+    @property
+    def modes(self) -> list[Mode]:
+        return list(self.runners)
+
+    @torch.inference_mode()
+    def logits(self, mode: Mode, inputs: StepInputs) -> torch.Tensor:
+        runner = self.runners[mode]
+        if runner is None:
+            model = self.engine.runner.model
+            return model.compute_logits(model(inputs.input_ids, inputs.positions, inputs.attn)).float()
+        return runner.run(inputs).float().clone()
+
+    @contextlib.contextmanager
+    def serving(self, mode: Mode) -> Iterator[None]:
+        """Let the engine's own step loop decode with ``mode``."""
+        saved = self.engine.runner.graphs
+        self.engine.runner.graphs = self.runners[mode]
+        try:
+            yield
+        finally:
+            self.engine.runner.graphs = saved
+
+
+def _prefill(engine: Engine, prompts: list[list[int]], steps: int) -> list:
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
+    seqs = [engine.add_request(p, params) for p in prompts]
+    while any(not s.output_token_ids for s in seqs):
+        engine.step()  # prefill steps come first while any prompt is waiting
+    return seqs
+
+
+def _groups(prompts: list[list[int]], size: int) -> Iterator[list[list[int]]]:
+    for i in range(0, len(prompts), size):
+        yield prompts[i : i + size]
+
+
+def teacher_forced(modes: DecodeModes, prompts: list[list[int]], steps: int, reference: Mode = "graph") -> list[TeacherForced]:
+    """Prompts run in groups of the bucket size, so every decode step fills the bucket."""
+    others = [m for m in modes.modes if m != reference]
+    agree = {m: 0 for m in others}
+    rel: dict[Mode, list[float]] = {m: [] for m in others}
+    lp_diff = {m: 0.0 for m in others}
+    bitwise = {m: True for m in others}
+    count = 0
+    for group in _groups(prompts, modes.bucket):
+        count += _teacher_forced_group(modes, group, steps, reference, others, agree, rel, lp_diff, bitwise)
+    return [
+        TeacherForced(m, reference, modes.bucket, steps, agree[m] / count, max(rel[m]), sum(rel[m]) / len(rel[m]), lp_diff[m], bitwise[m])
+        for m in others
+    ]
+
+
+def _teacher_forced_group(modes, prompts, steps, reference, others, agree, rel, lp_diff, bitwise) -> int:
+    engine = modes.engine
+    seqs = _prefill(engine, prompts, steps)
+    count = 0
+    for _ in range(steps):
+        batch = engine.scheduler.schedule()
+        assert batch is not None and not batch.is_prefill and len(batch.seqs) == len(seqs)
+        inputs = build_step_inputs(batch, engine.config.block_size, engine.device)
+        got = {m: modes.logits(m, inputs) for m in others}
+        ref = modes.logits(reference, inputs)  # last: the cache keeps the reference's K/V
+        tokens = ref.argmax(-1)
+        ref_lp = torch.log_softmax(ref, -1)
+        for m, lg in got.items():
+            agree[m] += int((lg.argmax(-1) == tokens).sum())
+            rel[m].extend(((lg - ref).norm(dim=-1) / ref.norm(dim=-1)).tolist())
+            lp = torch.log_softmax(lg, -1).gather(1, tokens[:, None]) - ref_lp.gather(1, tokens[:, None])
+            lp_diff[m] = max(lp_diff[m], float(lp.abs().max()))
+            bitwise[m] = bitwise[m] and torch.equal(lg, ref)
+        count += len(seqs)
+        for seq, tok in zip(batch.seqs, tokens.tolist()):
+            seq.num_computed_tokens += 1
+            seq.output_token_ids.append(tok)
+    for seq in seqs:
+        engine.scheduler.finish(seq)
+        engine.requests.pop(seq.request_id, None)
+    return count
+
+
+def free_running(modes: DecodeModes, prompts: list[list[int]], steps: int, reference: Mode = "graph") -> list[FreeRunning]:
+    engine = modes.engine
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+    outputs: dict[Mode, list[list[int]]] = {}
+    for mode in modes.modes:
+        outputs[mode] = []
+        with modes.serving(mode):
+            for group in _groups(prompts, modes.bucket):
+                seqs = [engine.add_request(p, params) for p in group]
+                while engine.has_unfinished():
+                    engine.step()
+                outputs[mode] += [list(s.output_token_ids) for s in seqs]
+                for s in seqs:
+                    engine.requests.pop(s.request_id, None)
+    return [compare_free_running(m, reference, modes.bucket, outputs[m], outputs[reference]) for m in modes.modes if m != reference]
+
+
+def as_dicts(rows: Sequence[object]) -> list[dict]:
+    return [asdict(r) for r in rows]

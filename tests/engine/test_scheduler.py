@@ -1,0 +1,92 @@
+"""Scheduler and block manager: chunking, admission, preemption, block accounting."""
+
+from __future__ import annotations
+
+from ingot.engine.kv_cache import BlockManager
+from ingot.engine.scheduler import Scheduler
+from ingot.engine.sequence import Sequence, Status
+from ingot.sampling_params import SamplingParams
+
+
+def seq(n_prompt: int, rid: str = "r") -> Sequence:
+    return Sequence(rid, None, list(range(3, 3 + n_prompt)), SamplingParams(max_tokens=100), detok=None)
+
+
+def advance(batch, token: int = 7) -> None:
+    """What the engine does after a step: count computed tokens, append sampled tokens."""
+    for i, s in enumerate(batch.seqs):
+        sampled = batch.samples(i)
+        s.num_computed_tokens += batch.num_new_tokens[i]
+        if sampled:
+            s.output_token_ids.append(token)
+
+
+def test_block_zero_is_never_handed_out():
+    bm = BlockManager(num_blocks=5, block_size=4)
+    s = seq(16)
+    bm.grow(s, 16)
+    assert sorted(s.block_ids) == [1, 2, 3, 4] and bm.num_free == 0
+    bm.free(s)
+    assert bm.num_free == 4 and s.block_ids == []
+
+
+def test_long_prompt_is_chunked_then_decodes():
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10)
+    s = seq(23)
+    sched.add(s)
+    chunks = []
+    while True:
+        b = sched.schedule()
+        assert b.is_prefill
+        chunks.append(b.num_new_tokens[0])
+        advance(b)
+        if s.output_token_ids:
+            break
+    assert chunks == [10, 10, 3]
+    b = sched.schedule()
+    assert not b.is_prefill and b.num_new_tokens == [1]
+    assert len(s.block_ids) == 6  # 24 tokens in blocks of 4
+
+
+def test_prefill_budget_shared_and_seq_limit():
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=12)
+    a, b, c = seq(5, "a"), seq(5, "b"), seq(5, "c")
+    for s in (a, b, c):
+        sched.add(s)
+    batch = sched.schedule()
+    assert [x.request_id for x in batch.seqs] == ["a", "b"]  # max_num_seqs=2
+    assert batch.num_new_tokens == [5, 5]
+    assert c.status is Status.WAITING
+
+
+def test_request_waits_until_blocks_free():
+    sched = Scheduler(BlockManager(5, 4), max_num_seqs=8, max_num_batched_tokens=64)
+    a, b = seq(12, "a"), seq(8, "b")
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()
+    assert [x.request_id for x in batch.seqs] == ["a"]  # b needs 2 blocks, 1 free
+    advance(batch)
+    sched.finish(a)
+    batch = sched.schedule()
+    assert [x.request_id for x in batch.seqs] == ["b"]
+
+
+def test_preemption_evicts_newest_and_recomputes():
+    sched = Scheduler(BlockManager(5, 4), max_num_seqs=8, max_num_batched_tokens=64)
+    a, b = seq(8, "a"), seq(7, "b")
+    sched.add(a)
+    sched.add(b)
+    advance(sched.schedule())  # both prefilled: a has 2 blocks, b 2 blocks, 0 free
+    assert sched.blocks.num_free == 0
+    batch = sched.schedule()  # decode: a needs a 3rd block at token 9 -> b is preempted
+    assert not batch.is_prefill
+    assert [x.request_id for x in batch.seqs] == ["a"]
+    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and b.block_ids == []
+    assert b.output_token_ids == [7], "generated tokens are kept and recomputed, never dropped"
+    assert sched.waiting[0] is b and sched.num_preemptions == 1
+    advance(batch)
+    sched.finish(a)
+    batch = sched.schedule()
+    assert batch.is_prefill and batch.seqs == [b] and batch.num_new_tokens == [8]
+    assert batch.samples(0)

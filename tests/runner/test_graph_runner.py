@@ -1,0 +1,92 @@
+"""Decode graph runner on CPU through the fake-capture path (padding, buffers, laziness)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ingot import LLM, SamplingParams
+from ingot.config import EngineConfig
+from ingot.runner import graph_runner
+from ingot.runner.graph_runner import capture_sizes, default_buckets
+from tests.helpers import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("g") / "qwen3", "qwen3")
+
+
+def make(path, **kw) -> LLM:
+    return LLM(str(path), dtype="float32", device="cpu", show_progress=False, max_num_seqs=8, **kw)
+
+
+PROMPTS = ["hello world", "the quick brown fox jumps", "def f(x): return", "Hello", "lazy dog. The quick"]
+
+
+def test_default_buckets():
+    assert default_buckets(256) == [1, 2, 4, 8, *range(16, 257, 8)]
+    assert default_buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert default_buckets(3) == [1, 2, 3]
+    assert default_buckets(300)[-2:] == [256, 300]
+    assert capture_sizes(EngineConfig(max_num_seqs=16, cudagraph_capture_sizes=(4, 32))) == [4]
+    assert capture_sizes(EngineConfig(max_num_seqs=16, cudagraph_capture_sizes=(32,))) == [16]
+
+
+def test_no_graphs_on_cpu_without_fake(tiny):
+    llm = make(tiny)
+    assert llm.engine.runner.graphs is None
+    assert make(tiny, fake_graph_capture=True, eager_mode=True).engine.runner.graphs is None
+
+
+def test_fake_capture_padded_path_matches_unpadded(tiny, monkeypatch):
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    eager = [o.outputs[0].token_ids for o in make(tiny, eager_mode=True).generate(PROMPTS, params)]
+    llm = make(tiny, fake_graph_capture=True)
+    runner = llm.engine.runner.graphs
+    assert runner is not None and runner.buckets == [1, 2, 4, 8]
+    calls = []
+    real_run = runner.run
+    monkeypatch.setattr(runner, "run", lambda inputs: calls.append(inputs.num_seqs) or real_run(inputs))
+    padded = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    assert padded == eager
+    assert calls and set(calls) == {5}, "decode steps of 5 sequences ran the bucket-8 padded path"
+
+
+def test_padding_rows_only_touch_the_dummy_block(tiny):
+    llm = make(tiny, fake_graph_capture=True, num_kv_blocks=64)
+    pool = llm.engine.runner.kv.tensor
+    llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    used = pool.abs().flatten(3).sum(-1).ne(0).any(0).any(0)  # [blocks]
+    used_blocks = used.nonzero().flatten().tolist()
+    # 3 prompts of < 16 tokens + 8 outputs: at most 2 blocks each, handed out from 1 upwards
+    assert max(used_blocks) <= 6
+    assert 0 in used_blocks, "padded rows wrote their K/V into the dummy block"
+
+
+def test_compiled_forward_built_lazily_once_and_never_for_prefill(tiny, monkeypatch):
+    built = []
+    calls = []
+
+    def fake_build(forward, config, device):
+        built.append(config.decode_compile)
+
+        def spy(*args):
+            calls.append(args[0].shape[0])
+            return forward(*args)
+
+        return spy
+
+    monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", fake_build)
+    llm = make(tiny, fake_graph_capture=True, decode_compile=True)
+    assert built == [True], "built once, at capture"
+    assert sorted(calls) == sorted([1, 1, 2, 2, 4, 4, 8, 8]), "two warm-up calls per bucket"
+    calls.clear()
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    assert calls == [2] * 4, "only the 4 decode steps (the first token comes from prefill)"
+    assert built == [True]
+
+
+def test_lazy_build_not_called_without_graphs(tiny, monkeypatch):
+    monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", lambda *a: pytest.fail("built"))
+    make(tiny, decode_compile=True)  # CPU, no fake capture: the raw model only

@@ -1,0 +1,40 @@
+"""EngineConfig: defaults, INGOT_* overrides, precedence, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingot.config import ConfigError, EngineConfig
+
+
+def test_env_overrides_defaults_and_args_override_env():
+    env = {"INGOT_DECODE_COMPILE": "1", "INGOT_MAX_NUM_SEQS": "64", "INGOT_CUDAGRAPH_CAPTURE_SIZES": "1, 4,16",
+           "INGOT_COMPILE_NATIVE_OPS": "rms_norm", "INGOT_MAX_MODEL_LEN": "none", "INGOT_GPU_MEMORY_UTILIZATION": "0.5"}
+    cfg = EngineConfig.create(env=env)
+    assert cfg.decode_compile is True and cfg.max_num_seqs == 64
+    assert cfg.cudagraph_capture_sizes == (1, 4, 16)
+    assert cfg.compile_native_ops == ("rms_norm",) and cfg.max_model_len is None
+    assert cfg.gpu_memory_utilization == 0.5
+    assert EngineConfig.create(env=env, max_num_seqs=8).max_num_seqs == 8
+    assert EngineConfig.create(env={}).decode_compile is False
+
+
+@pytest.mark.parametrize("value,expected", [("on", True), ("TRUE", True), ("0", False), ("off", False)])
+def test_bool_spellings(value, expected):
+    assert EngineConfig.create(env={"INGOT_DECODE_COMPILE": value}).decode_compile is expected
+
+
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"INGOT_DECODE_COMPILE": "yes please"}, "INGOT_DECODE_COMPILE"),
+        ({"INGOT_BLOCK_SIZE": "0"}, "block_size"),
+        ({"INGOT_DTYPE": "float8"}, "dtype"),
+        ({"INGOT_COMPILE_NATIVE_OPS": "attention"}, "compile_native_ops"),
+        ({"INGOT_CUDAGRAPH_CAPTURE_SIZES": "1,x"}, "INGOT_CUDAGRAPH_CAPTURE_SIZES"),
+        ({"INGOT_DEVICE": "tpu"}, "device"),
+    ],
+)
+def test_bad_values_name_the_problem(env, match):
+    with pytest.raises(ConfigError, match=match):
+        EngineConfig.create(env=env)
