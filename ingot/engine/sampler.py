@@ -1,0 +1,253 @@
+"""Batched token sampling on the logits' device.
+
+Order of operations per row (all batched, fp32):
+
+1. penalties: repetition (HF-style, over prompt + output tokens), then
+   frequency / presence (OpenAI-style, over output token counts);
+2. ``min_tokens``: EOS and ``stop_token_ids`` get ``-inf`` while the output is
+   shorter than ``min_tokens``;
+3. greedy rows: argmax of the penalised logits;
+4. other rows: temperature, top-k, top-p, min-p, then one draw through the
+   exponential race ``argmax(probs / E)``, ``E ~ Exp(1)``. A seeded row draws
+   its noise from its own generator, so it samples the same tokens whatever
+   else is in the batch.
+
+Logprobs come from ``log_softmax`` of the raw logits (before penalties and
+temperature). The results reach the host in a single transfer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ingot.sampling_params import SamplingParams
+
+_U64 = (1 << 64) - 1
+
+
+@dataclass
+class SamplingRow:
+    """One sequence of the batch being sampled."""
+
+    params: SamplingParams
+    prompt_token_ids: List[int]
+    output_token_ids: List[int]
+    # The request's own generator when params.seed is set (see make_generator).
+    generator: Optional[torch.Generator]
+    eos_token_ids: Tuple[int, ...] = ()
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: List[int]
+    # Per row: None unless params.logprobs is set, else {chosen: lp, top-n ...}.
+    logprobs: List[Optional[Dict[int, float]]]
+
+
+def make_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` seeded with ``seed`` (any int, taken mod 2**64)."""
+    gen = torch.Generator(device=torch.device(device))
+    gen.manual_seed(int(seed) & _U64)
+    return gen
+
+
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _needs_min_tokens_mask(row: SamplingRow) -> bool:
+    p = row.params
+    return len(row.output_token_ids) < p.min_tokens and bool(row.eos_token_ids or p.stop_token_ids)
+
+
+def _h2d(data, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A host list as a tensor on ``device``. The copy is issued non-blocking:
+    CUDA stages pageable memory at once, so this never waits for the GPU."""
+    t = torch.tensor(data, dtype=dtype)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
+def _padded_ids(lists: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[n, L] int64 of the lists padded with ``vocab``; ids outside [0, vocab) map to ``vocab``."""
+    width = max(1, max(len(x) for x in lists))
+    rows = [list(x) + [vocab] * (width - len(x)) for x in lists]
+    ids = _h2d(rows, device)
+    return torch.where((ids < 0) | (ids > vocab), vocab, ids)
+
+
+class Sampler:
+    """Samples one token per row from a batch of logits."""
+
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        self.generator = make_generator(seed, device)
+        self.device = self.generator.device
+
+    def __call__(self, logits: torch.Tensor, rows: List[SamplingRow]) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
+        batch = logits.shape[0]
+        if batch == 0:
+            return SamplerOutput([], [])
+        params = [r.params for r in rows]
+        want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
+        pen_rows = [i for i, p in enumerate(params) if _has_penalty(p)]
+        mask_rows = [i for i, r in enumerate(rows) if _needs_min_tokens_mask(r)]
+        greedy = [p.greedy for p in params]
+
+        if all(greedy) and not pen_rows and not want_lp and not mask_rows:
+            # Fast path: argmax is exact in any float dtype.
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * batch)
+
+        device = logits.device
+        x = self._process(logits, rows, pen_rows, mask_rows)
+        sample_rows = [i for i, g in enumerate(greedy) if not g]
+        if len(sample_rows) == batch:
+            tokens = self._sample(x, rows, sample_rows)
+        else:
+            tokens = x.argmax(dim=-1)
+            if sample_rows:
+                idx = _h2d(sample_rows, device)
+                tokens[idx] = self._sample(x[idx], rows, sample_rows)
+
+        if not want_lp:
+            return SamplerOutput(tokens.tolist(), [None] * batch)
+        return self._with_logprobs(logits, tokens, params, want_lp)
+
+    def process_logits(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
+        """A new fp32 [B, V] tensor: ``logits`` after the penalties and the
+        ``min_tokens`` masking (what greedy rows take the argmax of)."""
+        pen_rows = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
+        mask_rows = [i for i, r in enumerate(rows) if _needs_min_tokens_mask(r)]
+        return self._process(logits, rows, pen_rows, mask_rows)
+
+    # -- steps --------------------------------------------------------------
+
+    def _process(self, logits: torch.Tensor, rows: List[SamplingRow],
+                 pen_rows: List[int], mask_rows: List[int]) -> torch.Tensor:
+        device, vocab = logits.device, logits.shape[1]
+        x = logits.to(torch.float32, copy=True)
+        if pen_rows:
+            self._apply_penalties(x, rows, pen_rows)
+        if mask_rows:
+            flat = []  # row-major offsets of the masked (row, token) pairs
+            for i in mask_rows:
+                ids = set(rows[i].eos_token_ids) | set(rows[i].params.stop_token_ids)
+                flat += [i * vocab + t for t in sorted(ids) if 0 <= t < vocab]
+            if flat:
+                # index_fill_ with a Python scalar: no host-to-device scalar copy (no sync).
+                x.view(-1).index_fill_(0, _h2d(flat, device), float("-inf"))
+        return x
+
+    @staticmethod
+    def _apply_penalties(x: torch.Tensor, rows: List[SamplingRow], pen_rows: List[int]) -> None:
+        device, vocab = x.device, x.shape[1]
+        rep = [i for i in pen_rows if rows[i].params.repetition_penalty != 1.0]
+        if rep:
+            ids = _padded_ids(
+                [list(rows[i].prompt_token_ids) + list(rows[i].output_token_ids) for i in rep],
+                vocab, device)
+            seen = torch.zeros(len(rep), vocab + 1, dtype=torch.bool, device=device)
+            seen.scatter_(1, ids, True)
+            seen = seen[:, :vocab]
+            idx = _h2d(rep, device)
+            pen = _h2d([rows[i].params.repetition_penalty for i in rep], device, torch.float32)[:, None]
+            sub = x[idx]
+            penalised = torch.where(sub > 0, sub / pen, sub * pen)
+            x[idx] = torch.where(seen, penalised, sub)
+        pf = [i for i in pen_rows
+              if rows[i].params.presence_penalty != 0.0 or rows[i].params.frequency_penalty != 0.0]
+        if pf:
+            ids = _padded_ids([rows[i].output_token_ids for i in pf], vocab, device)
+            counts = torch.zeros(len(pf), vocab + 1, dtype=torch.float32, device=device)
+            counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+            counts = counts[:, :vocab]
+            coef = _h2d([[rows[i].params.frequency_penalty, rows[i].params.presence_penalty]
+                         for i in pf], device, torch.float32)
+            idx = _h2d(pf, device)
+            x[idx] = x[idx] - coef[:, :1] * counts - coef[:, 1:] * (counts > 0).to(torch.float32)
+
+    def _sample(self, x: torch.Tensor, rows: List[SamplingRow], which: List[int]) -> torch.Tensor:
+        """Sample one token per row of ``x`` (already restricted to ``which``)."""
+        device = x.device
+        n, vocab = x.shape
+        ps = [rows[i].params for i in which]
+        ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in ps]
+        use_k = any(ks)
+        use_p = any(p.top_p < 1.0 for p in ps)
+        use_min_p = any(p.min_p > 0.0 for p in ps)
+        knobs = _h2d([[p.temperature, p.top_p, k, p.min_p] for p, k in zip(ps, ks)],
+                     device, torch.float32)
+        x = x / knobs[:, 0:1]
+
+        if use_k or use_p:
+            sv, si = torch.sort(x, dim=-1, descending=True, stable=True)
+            keep = torch.ones_like(sv, dtype=torch.bool)
+            if use_k:
+                k = knobs[:, 2:3]
+                pos = torch.arange(vocab, device=device, dtype=torch.float32)[None, :]
+                keep = (k <= 0) | (pos < k)
+                sv = sv.masked_fill(~keep, float("-inf"))
+            if use_p:
+                probs = sv.softmax(dim=-1)
+                cum = probs.cumsum(dim=-1)
+                # Mass of the strictly better tokens: keep while it is still < top_p.
+                before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)
+                top_p = knobs[:, 1:2]
+                keep_p = (before < top_p) | (top_p >= 1.0)
+                keep_p[:, 0] = True
+                keep = keep & keep_p
+            drop = torch.empty_like(keep).scatter_(1, si, ~keep)
+            x = x.masked_fill(drop, float("-inf"))
+
+        probs = x.softmax(dim=-1)
+        if use_min_p:
+            floor = knobs[:, 3:4] * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < floor, 0.0)
+
+        noise = torch.empty_like(probs)
+        unseeded = [j for j, i in enumerate(which) if rows[i].generator is None]
+        if len(unseeded) == n:
+            noise.exponential_(generator=self.generator)
+        else:
+            for j, i in enumerate(which):
+                gen = rows[i].generator
+                if gen is not None:
+                    noise[j].exponential_(generator=gen)
+            if unseeded:
+                idx = _h2d(unseeded, device)
+                noise[idx] = torch.empty(len(unseeded), vocab, device=device).exponential_(
+                    generator=self.generator)
+        # exponential_ may return exactly 0; keep 0/0 (NaN) away from argmax.
+        noise.clamp_min_(torch.finfo(torch.float32).tiny)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
+                       params: List[SamplingParams], want: List[int]) -> SamplerOutput:
+        batch = logits.shape[0]
+        device = logits.device
+        idx = _h2d(want, device)
+        lp = torch.log_softmax(logits[idx].to(torch.float32), dim=-1)
+        chosen = tokens[idx]
+        chosen_lp = lp.gather(1, chosen[:, None])[:, 0]
+        top_n = min(max(params[i].logprobs for i in want), logits.shape[1])
+        parts = [tokens.to(torch.float64), chosen_lp.to(torch.float64)]
+        if top_n:
+            top_v, top_i = lp.topk(top_n, dim=-1)
+            parts += [top_v.to(torch.float64).flatten(), top_i.to(torch.float64).flatten()]
+        flat = torch.cat(parts).tolist()  # the one host transfer
+        token_ids = [int(t) for t in flat[:batch]]
+        m = len(want)
+        chosen_vals = flat[batch:batch + m]
+        top_vals = flat[batch + m:batch + m + m * top_n]
+        top_ids = flat[batch + m + m * top_n:]
+        out: List[Optional[Dict[int, float]]] = [None] * batch
+        for j, i in enumerate(want):
+            d = {token_ids[i]: chosen_vals[j]}
+            for r in range(min(params[i].logprobs, top_n)):
+                d.setdefault(int(top_ids[j * top_n + r]), top_vals[j * top_n + r])
+            out[i] = d
+        return SamplerOutput(token_ids, out)

@@ -1,0 +1,152 @@
+"""SamplingParams: how one request's tokens are chosen and when it stops.
+
+Every field is validated in ``__post_init__``; a bad value (wrong type, out of
+range, NaN) raises ``SamplingError`` whose message names the field and the
+allowed range. ``stop`` and ``stop_token_ids`` are normalised to lists.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, List, Optional, Union
+
+# Below this temperature a request is decoded greedily.
+GREEDY_EPS = 1e-5
+MAX_LOGPROBS = 20
+
+
+class SamplingError(ValueError):
+    """A sampling parameter is invalid (the message names the field and range)."""
+
+
+def _is_int(value: Any) -> bool:
+    t = type(value)
+    if t is int:
+        return True
+    return t is not bool and isinstance(value, numbers.Integral)
+
+
+def _is_real(value: Any) -> bool:
+    t = type(value)
+    if t is float or t is int:
+        return True
+    return t is not bool and isinstance(value, numbers.Real)
+
+
+def _int(name: str, value: Any, allowed: str, lo: Optional[int] = None,
+         hi: Optional[int] = None) -> int:
+    if not _is_int(value):
+        raise SamplingError(f"{name} must be an integer {allowed}, got {value!r}")
+    value = int(value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise SamplingError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def _float(name: str, value: Any, allowed: str, ok) -> float:
+    if not _is_real(value):
+        raise SamplingError(f"{name} must be a number {allowed}, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or not ok(value):
+        raise SamplingError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SamplingError(f"{name} must be a bool (True or False), got {value!r}")
+    return value
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings (vLLM-like names and meanings)."""
+
+    n: int = 1  # only 1 is supported
+    temperature: float = 1.0  # >= 0; 0 means greedy
+    top_p: float = 1.0  # (0, 1]
+    top_k: int = 0  # 0 or -1 disables; else >= 1
+    min_p: float = 0.0  # [0, 1]
+    seed: Optional[int] = None  # per-request seed, independent of batch composition
+    repetition_penalty: float = 1.0  # > 0; HF-style over prompt + output tokens
+    presence_penalty: float = 0.0  # [-2, 2]; OpenAI-style over output tokens
+    frequency_penalty: float = 0.0  # [-2, 2]; OpenAI-style over output tokens
+    max_tokens: Optional[int] = 16  # >= 1; None = up to the context limit
+    min_tokens: int = 0  # EOS / stop_token_ids are masked until this many tokens exist
+    stop: Union[List[str], str, None] = None  # normalised to list[str]
+    stop_token_ids: Optional[List[int]] = None  # normalised to list[int]
+    ignore_eos: bool = False
+    logprobs: Optional[int] = None  # top-n logprobs per generated token, 0..20
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or int(self.n) != 1:
+            raise SamplingError(f"n must be 1 (only one sequence per request is supported), got {self.n!r}")
+        self.n = 1
+        self.temperature = _float("temperature", self.temperature, ">= 0", lambda v: v >= 0)
+        self.top_p = _float("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
+        if not _is_int(self.top_k) or not (int(self.top_k) in (0, -1) or int(self.top_k) >= 1):
+            raise SamplingError(f"top_k must be an integer >= 1, or 0 / -1 to disable, got {self.top_k!r}")
+        self.top_k = int(self.top_k)
+        self.min_p = _float("min_p", self.min_p, "in [0, 1]", lambda v: 0 <= v <= 1)
+        if self.seed is not None:
+            self.seed = _int("seed", self.seed, "(any integer) or None")
+        self.repetition_penalty = _float(
+            "repetition_penalty", self.repetition_penalty, "> 0", lambda v: v > 0)
+        self.presence_penalty = _float(
+            "presence_penalty", self.presence_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
+        self.frequency_penalty = _float(
+            "frequency_penalty", self.frequency_penalty, "in [-2, 2]", lambda v: -2 <= v <= 2)
+        if self.max_tokens is not None:
+            self.max_tokens = _int("max_tokens", self.max_tokens, ">= 1 (or None)", lo=1)
+        self.min_tokens = _int("min_tokens", self.min_tokens, ">= 0", lo=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        self.stop = self._norm_stop(self.stop)
+        self.stop_token_ids = self._norm_stop_ids(self.stop_token_ids)
+        self.ignore_eos = _bool("ignore_eos", self.ignore_eos)
+        if self.logprobs is not None:
+            self.logprobs = _int("logprobs", self.logprobs,
+                                 f"in [0, {MAX_LOGPROBS}] (or None)", lo=0, hi=MAX_LOGPROBS)
+        self.skip_special_tokens = _bool("skip_special_tokens", self.skip_special_tokens)
+        self.include_stop_str_in_output = _bool(
+            "include_stop_str_in_output", self.include_stop_str_in_output)
+
+    @staticmethod
+    def _norm_stop(stop: Any) -> List[str]:
+        if stop is None:
+            return []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, (list, tuple)):
+            raise SamplingError(f"stop must be a non-empty string, a list of them, or None, got {stop!r}")
+        out = []
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise SamplingError(f"stop must contain only non-empty strings, got {s!r}")
+            out.append(s)
+        return out
+
+    @staticmethod
+    def _norm_stop_ids(ids: Any) -> List[int]:
+        if ids is None:
+            return []
+        if _is_int(ids):
+            ids = [ids]
+        if not isinstance(ids, (list, tuple)):
+            raise SamplingError(f"stop_token_ids must be a list of integers >= 0, or None, got {ids!r}")
+        out = []
+        for t in ids:
+            if not _is_int(t) or int(t) < 0:
+                raise SamplingError(f"stop_token_ids must contain only integers >= 0, got {t!r}")
+            out.append(int(t))
+        return out
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this request is decoded by argmax (temperature ~ 0)."""
+        return self.temperature < GREEDY_EPS

@@ -1,0 +1,586 @@
+"""ingot.runner.decode_compile: options per PyTorch version, process setup, the builder, stats (CPU)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.config as dynamo_config
+import torch._dynamo.utils as dynamo_utils
+from torch._dynamo import trace_rules
+
+import ingot.ops  # noqa: F401  (registers torch.ops.ingot.*)
+from ingot.config import FUSIBLE_OPS, EngineConfig
+from ingot.ops import reference as ref
+from ingot.ops import use_native
+from ingot.runner import decode_compile as dc
+
+LOGGER = "ingot.runner.decode_compile"
+REAL_ADD = trace_rules.add
+CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def ns(**kw) -> SimpleNamespace:
+    return SimpleNamespace(**kw)
+
+
+def resolve(config, dotted: str):
+    return functools.reduce(getattr, dotted.split("."), config)
+
+
+def fake_inductor(version: str) -> SimpleNamespace:
+    """Namespaces shaped like torch._inductor.config of a PyTorch release (only the names we touch)."""
+    cfg = ns(triton=ns(cudagraphs=True, cudagraph_trees=True), fallback_random=False, emulate_precision_casts=False)
+    if version == "2.10":
+        cfg.emulate_divison_rounding = False
+        cfg.deterministic = False
+    elif version == "2.11":
+        cfg.eager_numerics = ns(division_rounding=False)
+        cfg.deterministic = False
+    elif version == "2.14":
+        cfg.eager_numerics = ns(division_rounding=False, disable_ftz=False, use_pytorch_libdevice=False)
+        cfg.deterministic = False
+    return cfg
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch, tmp_path):
+    """Fresh Dynamo and module state, limits restored, cache vars absent, skip rules recorded only."""
+    torch._dynamo.reset()
+    dc._reset_for_tests()
+    # config.patch restores the limits exactly (monkeypatch's undo would delete, i.e. hide, them)
+    limits = dynamo_config.patch({n: getattr(dynamo_config, n) for n in dc.dynamo_limit_names(dynamo_config)})
+    limits.__enter__()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for var in CACHE_VARS:
+        monkeypatch.setenv(var, "x")  # recorded, so whatever configure_process sets is undone
+        monkeypatch.delenv(var)
+    calls: list[str] = []
+    monkeypatch.setattr(trace_rules, "add", calls.append)
+    yield calls
+    limits.__exit__(None, None, None)
+    torch._dynamo.reset()
+    dc._reset_for_tests()
+
+
+# ------------------------------------------------------------ inductor_options
+
+
+@pytest.mark.parametrize(
+    "version, strict, expected",
+    [
+        ("2.8", False, {"triton.cudagraphs": False, "emulate_precision_casts": True}),
+        ("2.8", True, {"triton.cudagraphs": False, "emulate_precision_casts": True, "fallback_random": True}),
+        ("2.10", False, {"triton.cudagraphs": False, "emulate_precision_casts": True, "emulate_divison_rounding": True}),
+        (
+            "2.10",
+            True,
+            {
+                "triton.cudagraphs": False,
+                "emulate_precision_casts": True,
+                "emulate_divison_rounding": True,
+                "fallback_random": True,
+                "deterministic": True,
+            },
+        ),
+        (
+            "2.11",
+            False,
+            {"triton.cudagraphs": False, "emulate_precision_casts": True, "eager_numerics.division_rounding": True},
+        ),
+        (
+            "2.11",
+            True,
+            {
+                "triton.cudagraphs": False,
+                "emulate_precision_casts": True,
+                "eager_numerics.division_rounding": True,
+                "fallback_random": True,
+                "deterministic": True,
+            },
+        ),
+        (
+            "2.14",
+            False,
+            {"triton.cudagraphs": False, "emulate_precision_casts": True, "eager_numerics.division_rounding": True},
+        ),
+        (
+            "2.14",
+            True,
+            {
+                "triton.cudagraphs": False,
+                "emulate_precision_casts": True,
+                "eager_numerics.division_rounding": True,
+                "fallback_random": True,
+                "eager_numerics.disable_ftz": True,
+                "deterministic": True,
+            },
+        ),
+    ],
+)
+def test_inductor_options_per_version(version, strict, expected):
+    cfg = fake_inductor(version)
+    opts = dc.inductor_options(cfg, strict=strict)
+    assert opts == expected
+    for key in opts:  # never a key the config lacks
+        resolve(cfg, key)
+
+
+def test_inductor_options_prefers_new_division_name_and_drops_unknowns():
+    both = ns(emulate_divison_rounding=False, eager_numerics=ns(division_rounding=False))
+    assert dc.inductor_options(both) == {"eager_numerics.division_rounding": True}
+    assert dc.inductor_options(ns(), strict=True) == {}
+    # a sub-config without the leaf, a leaf without its sub-config
+    odd = ns(triton=ns(), eager_numerics=ns(disable_ftz=False), disable_ftz=False)
+    assert dc.inductor_options(odd, strict=True) == {"eager_numerics.disable_ftz": True}
+
+
+def test_has_option_dotted():
+    cfg = fake_inductor("2.14")
+    assert dc.has_option(cfg, "triton.cudagraphs")
+    assert dc.has_option(cfg, "eager_numerics.disable_ftz")
+    assert not dc.has_option(cfg, "eager_numerics.nope")
+    assert not dc.has_option(cfg, "nope.cudagraphs")
+
+
+def test_inductor_options_real_config_resolve():
+    import torch._inductor.config as inductor_config
+
+    known = inductor_config.get_config_copy() if hasattr(inductor_config, "get_config_copy") else None
+    for strict in (False, True):
+        opts = dc.inductor_options(inductor_config, strict=strict)
+        assert opts["triton.cudagraphs"] is False
+        for key in opts:
+            resolve(inductor_config, key)
+            if known is not None:
+                assert key in known, key
+        # Inductor validates options when torch.compile is called (no compile happens here)
+        torch.compile(lambda x: x, backend="inductor", options=opts, dynamic=False)
+
+
+def test_inductor_options_real_compile_on_cpu():
+    """One real Inductor compile with every option this torch has (a matmul: no C++ kernel to build)."""
+    import torch._inductor.config as inductor_config
+
+    opts = dc.inductor_options(inductor_config, strict=True)
+    fn = torch.compile(lambda a, b: a @ b, backend="inductor", options=opts, dynamic=False, fullgraph=True)
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(fn(a, b), a @ b)
+
+
+# ------------------------------------------------------------ dynamo limits
+
+
+def test_dynamo_limit_names():
+    new = ns(recompile_limit=8, accumulated_recompile_limit=256, cache_size_limit=8, accumulated_cache_size_limit=256)
+    assert dc.dynamo_limit_names(new) == ("recompile_limit", "accumulated_recompile_limit")
+    old = ns(cache_size_limit=8, accumulated_cache_size_limit=64)
+    assert dc.dynamo_limit_names(old) == ("cache_size_limit", "accumulated_cache_size_limit")
+    assert dc.dynamo_limit_names(ns(cache_size_limit=8)) == ("cache_size_limit",)
+    assert dc.dynamo_limit_names(ns()) == ()
+    assert dc.dynamo_limit_names(dynamo_config) == ("recompile_limit", "accumulated_recompile_limit")
+
+
+def test_skip_rule_targets_dedup_in_order():
+    cfg = EngineConfig(compile_skip_modules=("json", "triton", "json", "my_kernels"))
+    assert dc.skip_rule_targets(cfg) == ["triton", "flash_attn", "flash_attn_interface", "json", "my_kernels"]
+    assert dc.skip_rule_targets(EngineConfig()) == ["triton", "flash_attn", "flash_attn_interface"]
+
+
+# ------------------------------------------------------------ configure_process
+
+
+def test_configure_process_once(monkeypatch, clean_state, tmp_path):
+    counts = {"limits": 0, "dirs": 0}
+
+    def counting(key, fn):
+        def wrapper(*a, **k):
+            counts[key] += 1
+            return fn(*a, **k)
+
+        return wrapper
+
+    monkeypatch.setattr(dc, "_raise_dynamo_limits", counting("limits", dc._raise_dynamo_limits))
+    monkeypatch.setattr(dc, "_set_cache_dirs", counting("dirs", dc._set_cache_dirs))
+    cfg = EngineConfig(compile_skip_modules=("json", "ingot_no_such_module_xyz"))
+    dc.configure_process(cfg)
+    dc.configure_process(cfg)
+    assert counts == {"limits": 1, "dirs": 1}
+    assert dynamo_config.recompile_limit == 1024
+    assert dynamo_config.accumulated_recompile_limit == 1024
+    expected = [m for m in ("triton", "flash_attn", "flash_attn_interface", "json") if dc._importable(m)]
+    assert clean_state == expected  # importable ones only, once
+    assert "json" in expected
+    # a later config only adds what is new
+    dc.configure_process(cfg.replace(compile_skip_modules=("json", "csv")))
+    assert clean_state == [*expected, "csv"]
+    assert counts == {"limits": 1, "dirs": 1}
+    base = tmp_path / "xdg" / "ingot"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(base / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(base / "triton")
+
+
+def test_configure_process_keeps_existing_env_and_higher_limits(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    dynamo_config.recompile_limit = 4096  # the fixture restores it
+    dc.configure_process(EngineConfig())
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "home" / ".cache" / "ingot" / "triton")
+    assert dynamo_config.recompile_limit == 4096  # raised, never lowered
+    assert dynamo_config.accumulated_recompile_limit == 1024
+
+
+def test_configure_process_replaces_inductors_own_defaults(monkeypatch, tmp_path):
+    """Importing torch._inductor writes its default dir into the variable: that is not the user's choice."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = os.path.abspath(default_cache_dir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)
+    monkeypatch.setenv("TRITON_CACHE_DIR", os.path.join(default, "triton", "0"))
+    dc.configure_process(EngineConfig())
+    base = tmp_path / "xdg" / "ingot"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(base / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(base / "triton")
+
+
+def test_configure_process_per_thread():
+    """On PyTorch >= 2.12 config assignments are per thread: a new thread configures itself."""
+    cfg = EngineConfig()
+    dc.configure_process(cfg)
+    seen = {}
+
+    def worker():
+        seen["before"] = dynamo_config.recompile_limit
+        dc.configure_process(cfg)
+        seen["after"] = dynamo_config.recompile_limit
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["after"] == 1024
+    if dc._config_is_thread_local():
+        assert seen["before"] != 1024
+    assert dynamo_config.recompile_limit == 1024
+
+
+def test_compiled_wrapper_configures_a_new_thread():
+    fwd = dc.build_decode_forward(lambda x: x + 1, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    seen = {}
+
+    def worker():
+        seen["out"] = fwd(torch.ones(3))
+        seen["limit"] = dynamo_config.recompile_limit
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert torch.equal(seen["out"], torch.full((3,), 2.0))
+    assert seen["limit"] == 1024
+
+
+def test_real_skip_rule_makes_dynamo_skip_the_module(monkeypatch, tmp_path):
+    name = f"ingot_skip_probe_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "mods" / f"{name}.py"
+    path.parent.mkdir()
+    path.write_text("def helper(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(path.parent))
+    monkeypatch.setattr(trace_rules, "add", REAL_ADD)
+    dirs_before = list(trace_rules.SKIP_DIRS) if hasattr(trace_rules, "SKIP_DIRS") else None
+    try:
+        dc.configure_process(EngineConfig(compile_skip_modules=(name,)))
+        assert name in dc._SKIPPED
+        if hasattr(trace_rules, "check_file"):
+            assert trace_rules.check_file(str(path)).skipped
+        mod = __import__(name)
+
+        def f(x):
+            return mod.helper(x * 2) * 3
+
+        snap = dc.stats_snapshot()
+        out = torch.compile(f, backend="eager", dynamic=False)(torch.ones(2))
+        stats = dc.stats_since(snap)
+        assert torch.equal(out, torch.full((2,), 9.0))
+        assert stats.graph_breaks >= 1  # the skipped function ran outside the graph
+    finally:
+        if dirs_before is not None:
+            trace_rules.SKIP_DIRS[:] = dirs_before
+            trace_rules._recompile_re()
+        sys.modules.pop(name, None)
+
+
+# ------------------------------------------------------------ supported / builder
+
+
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("2.8.0", True),
+        ("2.11.0+cu130", True),
+        ("2.13.0a0+git1234abc", True),
+        ("2.10.0.dev20251001", True),
+        ("3.0.0", True),
+        ("2.7.1+cu126", False),
+        ("1.13.1", False),
+        ("garbage", False),
+    ],
+)
+def test_supported(version, ok):
+    result, why = dc.supported(version)
+    assert result is ok
+    assert why
+    assert dc.supported()[0]  # the installed one
+
+
+def f_add(x):
+    return x * 2 + 1
+
+
+def test_disabled_returns_same_object():
+    assert dc.build_decode_forward(f_add, EngineConfig(), torch.device("cpu")) is f_add
+    assert dc.build_decode_forward(f_add, EngineConfig(), "cuda") is f_add
+    assert not getattr(f_add, "compiled", False)
+
+
+def test_cpu_without_allow_cpu_is_raw(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled"))
+    cfg = EngineConfig(decode_compile=True)
+    assert dc.build_decode_forward(f_add, cfg, torch.device("cpu")) is f_add
+    assert dc.build_decode_forward(f_add, cfg, "cpu", backend="eager") is f_add
+
+
+def test_unsupported_torch_is_raw_with_one_warning(monkeypatch, caplog):
+    monkeypatch.setattr(torch, "__version__", "2.7.1+cu126")
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled"))
+    cfg = EngineConfig(decode_compile=True)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert dc.build_decode_forward(f_add, cfg, "cuda") is f_add
+        assert dc.build_decode_forward(f_add, cfg, "cuda:0") is f_add
+    warnings = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "2.7.1" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_compile_call_arguments(monkeypatch, strict):
+    import torch._inductor.config as inductor_config
+
+    seen = {}
+
+    def fake_compile(fn, **kwargs):
+        seen.update(kwargs, fn=fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = EngineConfig(decode_compile=True, compile_strict_numerics=strict)
+    fwd = dc.build_decode_forward(f_add, cfg, "cuda")  # device type only: nothing runs on it
+    assert seen == {
+        "fn": f_add,
+        "fullgraph": False,
+        "dynamic": False,
+        "backend": "inductor",
+        "options": dc.inductor_options(inductor_config, strict),
+    }
+    assert fwd.compiled is True and fwd.raw is f_add
+    assert fwd.__name__ == "f_add"
+    assert dc.build_decode_forward(fwd, cfg, "cuda") is fwd  # never wrapped twice
+    assert dynamo_config.recompile_limit == 1024  # configure_process ran
+
+
+def rms_forward(x, w):
+    h = torch.ops.ingot.rms_norm(x * 2.0, w, 1e-6)
+    return h + 1.0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_custom_op_no_graph_breaks(backend):
+    x, w = torch.randn(3, 16), torch.rand(16) + 0.5
+    cfg = EngineConfig(decode_compile=True, compile_native_ops=())
+    fwd = dc.build_decode_forward(rms_forward, cfg, "cpu", backend=backend, allow_cpu=True)
+    assert fwd.compiled is True and fwd.raw is rms_forward
+    snap = dc.stats_snapshot()
+    out = fwd(x, w)
+    stats = dc.stats_since(snap)
+    torch.testing.assert_close(out, rms_forward(x, w))
+    assert stats.graph_breaks == 0, stats.describe()
+    assert stats.recompiles == 0
+    assert stats.graphs == 1 and stats.frames == 1
+    assert stats.compile_seconds is not None and stats.compile_seconds > 0
+
+
+def test_custom_op_stays_one_opaque_node():
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    cfg = EngineConfig(decode_compile=True, compile_native_ops=())
+    fwd = dc.build_decode_forward(rms_forward, cfg, "cpu", backend=record, allow_cpu=True)
+    fwd(torch.randn(2, 8), torch.ones(8))
+    assert len(graphs) == 1
+    assert "ingot.rms_norm" in str(graphs[0].graph)
+
+
+def policy_forward(x, w):
+    if use_native("rms_norm"):
+        return ref.rms_norm(x, w, 1e-6) * 2.0  # "native" marker: x2
+    return torch.ops.ingot.rms_norm(x, w, 1e-6) * 3.0
+
+
+def test_native_ops_active_inside_call_only():
+    x, w = torch.randn(2, 8), torch.rand(8) + 0.5
+    base = ref.rms_norm(x, w, 1e-6)
+    native = dc.build_decode_forward(
+        policy_forward, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True
+    )
+    for _ in range(2):
+        torch.testing.assert_close(native(x, w), base * 2.0)
+        assert not use_native("rms_norm")  # restored after the call
+    torch.testing.assert_close(policy_forward(x, w), base * 3.0)  # raw: policy off
+    opaque = dc.build_decode_forward(
+        policy_forward,
+        EngineConfig(decode_compile=True, compile_native_ops=("silu_and_mul",)),
+        "cpu",
+        backend="eager",
+        allow_cpu=True,
+    )
+    torch.testing.assert_close(opaque(x, w), base * 3.0)
+    assert set(FUSIBLE_OPS) >= {"rms_norm"}
+
+
+def test_repeated_calls_do_not_recompile():
+    x, w = torch.randn(2, 8), torch.ones(8)
+    fwd = dc.build_decode_forward(policy_forward, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    fwd(x, w)
+    with dc.forbid_recompiles():  # the native-ops policy guard holds call after call
+        for _ in range(3):
+            fwd(x, w)
+
+
+def test_forbid_recompiles_raises_on_new_shape():
+    fwd = dc.build_decode_forward(f_add, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    fwd(torch.ones(4))
+    with dc.forbid_recompiles():
+        fwd(torch.ones(4))  # cached: fine
+        with pytest.raises(Exception, match="(?i)recompil"):
+            fwd(torch.ones(5))
+    fwd(torch.ones(6))  # allowed again outside
+
+
+def test_forbid_recompiles_without_set_stance(monkeypatch):
+    monkeypatch.delattr(torch.compiler, "set_stance")
+    fn = torch.compile(f_add, backend="eager", dynamic=False)
+    fn(torch.ones(4))
+    with dc.forbid_recompiles():
+        assert dynamo_config.error_on_recompile
+        with pytest.raises(Exception, match="(?i)recompil"):
+            fn(torch.ones(5))
+    assert not dynamo_config.error_on_recompile
+
+
+# ------------------------------------------------------------ stats
+
+
+def with_print(x):
+    y = x * 2
+    print("graph break here")
+    return y + 1
+
+
+def with_item(x):
+    if (x.sum() > 0).item():
+        return x + 1
+    return x - 1
+
+
+@pytest.mark.parametrize("fn", [with_print, with_item])
+def test_stats_report_graph_breaks_with_reasons(fn, capsys):
+    fwd = dc.build_decode_forward(fn, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    snap = dc.stats_snapshot()
+    out = fwd(torch.ones(3))
+    stats = dc.stats_since(snap)
+    assert torch.equal(out, fn(torch.ones(3)))
+    assert stats.graph_breaks >= 1
+    assert len(stats.graph_break_reasons) == stats.graph_breaks
+    assert all(r for r in stats.graph_break_reasons)
+    assert any(Path(__file__).name in r for r in stats.graph_break_reasons)  # where it broke
+    text = stats.describe()
+    assert "graph break" in text and "break x" in text
+    # a second snapshot sees nothing new
+    snap = dc.stats_snapshot()
+    fwd(torch.ones(3))
+    assert dc.stats_since(snap).graph_breaks == 0
+
+
+def test_stats_report_recompiles_with_reasons():
+    fwd = dc.build_decode_forward(f_add, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    snap = dc.stats_snapshot()
+    fwd(torch.ones(4))
+    first = dc.stats_since(snap)
+    assert (first.frames, first.recompiles) == (1, 0)
+    snap = dc.stats_snapshot()
+    fwd(torch.ones(5))
+    fwd(torch.ones(6))
+    stats = dc.stats_since(snap)
+    assert stats.recompiles == 2 and stats.frames == 2
+    assert all(r.startswith("f_add:") for r in stats.recompile_reasons)
+    assert any("size" in r for r in stats.recompile_reasons), stats.recompile_reasons
+    assert stats.compile_seconds is not None and stats.compile_seconds > 0
+    assert stats.wall_seconds >= stats.compile_seconds * 0.5
+    assert "2 recompile(s)" in stats.describe()
+
+
+def test_stats_from_compilation_metrics_records(monkeypatch):
+    """Frame records count as frames (with recompile reasons); runtime records add compile time only."""
+
+    def rec(**kw):
+        base = dict(co_name="fwd", recompile_reason=None, is_runtime=False, duration_us=None, entire_frame_compile_time_s=None)
+        return SimpleNamespace(**{**base, **kw})
+
+    old = rec(duration_us=5_000_000)
+    records = [old]
+    monkeypatch.setattr(dynamo_utils, "get_compilation_metrics", lambda: list(records))
+    snap = dc.stats_snapshot()
+    records += [
+        rec(duration_us=1_500_000, recompile_reason="0/0: tensor 'x' size mismatch at index 0. expected 4, actual 8"),
+        rec(is_runtime=True, duration_us=250_000),
+        rec(co_name="resume", entire_frame_compile_time_s=0.25),
+    ]
+    stats = dc.stats_since(snap)
+    assert (stats.frames, stats.recompiles) == (2, 1)
+    assert stats.recompile_reasons == ["fwd: 0/0: tensor 'x' size mismatch at index 0. expected 4, actual 8"]
+    assert stats.compile_seconds == pytest.approx(2.0)
+
+
+def test_stats_degrade_without_compilation_metrics(monkeypatch):
+    monkeypatch.delattr(dynamo_utils, "get_compilation_metrics")
+    monkeypatch.setattr(dynamo_utils, "graph_break_reasons", None)  # fall back to counters too
+    fwd = dc.build_decode_forward(with_print, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    fwd(torch.ones(2))
+    snap = dc.stats_snapshot()
+    fwd(torch.ones(3))
+    stats = dc.stats_since(snap)
+    assert stats.graph_breaks >= 1 and all(stats.graph_break_reasons)
+    assert stats.recompiles >= 1  # guard failures: an upper bound
+    assert stats.compile_seconds is not None
+
+
+def test_stats_since_survives_dynamo_reset():
+    fwd = dc.build_decode_forward(with_print, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    fwd(torch.ones(2))
+    snap = dc.stats_snapshot()
+    torch._dynamo.reset()
+    fwd(torch.ones(2))
+    stats = dc.stats_since(snap)
+    assert stats.graph_breaks >= 1 and stats.recompiles == 0
