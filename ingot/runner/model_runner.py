@@ -35,6 +35,10 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.kv: Optional[KVCachePool] = None
         self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
+        if device.type == "cuda":
+            from ingot.ops.triton import register_cuda_kernels
+
+            register_cuda_kernels()  # Triton kernels become the CUDA dispatch of torch.ops.ingot.*
 
     # ------------------------------------------------------------------ KV cache
     def _bytes_per_block(self) -> int:

@@ -1,0 +1,116 @@
+"""Decode-step timing for eager, graph and compiled graph on one model, per batch size.
+
+Used by ``benchmarks/decode_graphs.py`` (random-weight model shapes). Each
+batch is a synthetic decode step: every sequence has ``context_len`` cached
+tokens in its own blocks, so attention reads real-sized context.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ingot.config import EngineConfig
+from ingot.engine.kv_cache import blocks_for
+from ingot.layers.attention import AttentionMetadata
+from ingot.models.loader import build_model, init_random
+from ingot.models.model_config import ModelConfig
+from ingot.runner.graph_runner import DecodeGraphRunner
+from ingot.runner.model_runner import ModelRunner
+from ingot.runner.step_inputs import StepInputs
+
+# HF config.json fields of the benchmark shapes (random weights).
+SHAPES: dict[str, dict] = {
+    "qwen2.5-1.5b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False),
+    "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+}
+
+
+@dataclass
+class BucketTiming:
+    batch: int
+    ms: dict[str, float] = field(default_factory=dict)  # mode -> median ms per step
+    warmup_s: dict[str, float] = field(default_factory=dict)  # mode -> warm-up (compile) seconds
+    capture_s: dict[str, float] = field(default_factory=dict)
+
+
+def synthetic_decode_inputs(batch: int, context_len: int, block_size: int, device: torch.device) -> StepInputs:
+    """Sequence i owns blocks 1 + i*n ... ; each decodes its token at position ``context_len``."""
+    n = blocks_for(context_len + 1, block_size)
+    tables = torch.arange(1, 1 + batch * n, dtype=torch.int32, device=device).view(batch, n)
+    pos = torch.full((batch,), context_len, dtype=torch.int64, device=device)
+    slots = tables[:, context_len // block_size].long() * block_size + context_len % block_size
+    meta = AttentionMetadata(False, slots, tables, torch.full((batch,), context_len + 1, dtype=torch.int32, device=device))
+    ids = torch.randint(0, 1000, (batch,), device=device)
+    return StepInputs(ids, pos, meta, torch.arange(batch, device=device), list(range(batch)))
+
+
+def time_cuda(fn, iters: int, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs, each timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def build_shape(shape: str, dtype: torch.dtype, device: torch.device, max_position: int) -> tuple[torch.nn.Module, ModelConfig]:
+    cfg = ModelConfig.from_hf(SHAPES[shape])
+    model = build_model(cfg, dtype, device, max_position)
+    return init_random(model), cfg
+
+
+def bench_decode(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    batches: list[int],
+    context_len: int,
+    modes: list[str],
+    iters: int = 30,
+    dtype: torch.dtype = torch.bfloat16,
+    config: Optional[EngineConfig] = None,
+) -> list[BucketTiming]:
+    device = next(model.parameters()).device
+    base = (config or EngineConfig()).replace(
+        max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False
+    )
+    runner = ModelRunner(model, cfg, base, device, dtype)
+    per_seq = blocks_for(context_len + 1, base.block_size)
+    runner.allocate_kv_cache(1 + max(batches) * per_seq)
+    inputs = {b: synthetic_decode_inputs(b, context_len, base.block_size, device) for b in batches}
+    results = {b: BucketTiming(b) for b in batches}
+    for mode in modes:
+        if mode == "eager":
+            runner.graphs = None
+            for b in batches:
+                results[b].ms[mode] = time_cuda(lambda: runner.forward_logits(inputs[b]), iters)
+            continue
+        cfg_mode = base.replace(decode_compile=(mode == "compiled"))
+        graphs = DecodeGraphRunner(model, cfg_mode, device, per_seq)
+        graphs.capture_all()
+        for b in batches:
+            info = graphs.info[b]
+            results[b].warmup_s[mode] = info.seconds_warmup
+            results[b].capture_s[mode] = info.seconds_capture
+            with torch.inference_mode():
+                results[b].ms[mode] = time_cuda(lambda: graphs.run(inputs[b]), iters)
+        del graphs
+        torch.cuda.empty_cache()
+    return [results[b] for b in batches]
