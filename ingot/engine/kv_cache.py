@@ -55,7 +55,12 @@ class BlockManager:
 
 
 class KVCachePool:
-    """All layers' K and V blocks in one tensor [layers, 2, blocks, block_size, kv_heads, head_dim]."""
+    """Each layer's K and V blocks, [blocks, block_size, kv_heads, head_dim], in separate tensors.
+
+    Separate allocations on purpose: views of one shared tensor would alias
+    each other as inputs of a compiled graph, and AOTAutograd then clones the
+    whole pool around every ``store_kv`` instead of mutating it in place.
+    """
 
     def __init__(
         self,
@@ -67,8 +72,9 @@ class KVCachePool:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
-        self.tensor = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -78,4 +84,11 @@ class KVCachePool:
         return num_layers * 2 * block_size * num_kv_heads * head_dim * elem
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.tensor[i, 0], self.tensor[i, 1]
+        return self.k[i], self.v[i]
+
+    def block_usage(self) -> torch.Tensor:
+        """[num_blocks] bool: blocks holding any non-zero K or V (tests, debugging)."""
+        used = torch.zeros(self.num_blocks, dtype=torch.bool, device=self.k[0].device)
+        for t in (*self.k, *self.v):
+            used |= t.flatten(1).ne(0).any(1)
+        return used

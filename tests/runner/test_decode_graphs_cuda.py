@@ -48,7 +48,7 @@ def report(name: str, data) -> None:
 @pytest.fixture(scope="module")
 def llm(smollm2_gguf):
     return LLM(str(smollm2_gguf), dtype="bfloat16", device="cuda", max_num_seqs=8,
-               cudagraph_capture_sizes=(1, 8), show_progress=False, max_model_len=1024)
+               cudagraph_capture_sizes=(1, 8), show_progress=False, max_model_len=1024, gpu_memory_utilization=0.3)
 
 
 def test_graph_replay_bitwise_equals_raw_forward(llm, monkeypatch):
@@ -95,7 +95,7 @@ def test_no_recompile_after_warmup(smollm2_gguf):
     from torch._dynamo.utils import counters
 
     llm = LLM(str(smollm2_gguf), dtype="bfloat16", device="cuda", max_num_seqs=4, cudagraph_capture_sizes=(1, 2, 4),
-              decode_compile=True, show_progress=False, max_model_len=512)
+              decode_compile=True, show_progress=False, max_model_len=512, num_kv_blocks=256)
     assert llm.engine.runner.graphs.compiled
     before = dict(counters["stats"])
     outs = llm.generate(["Hello there", "The sea is", "One, two,"], SamplingParams(temperature=0.0, max_tokens=32))

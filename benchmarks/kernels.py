@@ -1,0 +1,275 @@
+"""Benchmark the Triton kernels against the GPU's ceilings and the PyTorch references.
+
+    python benchmarks/kernels.py [--out PATH] [--no-ref] [--sweep]
+
+Ceilings (measured here, median of triton.testing.do_bench after warm-up, L2
+flushed between runs): device-to-device copy bandwidth (bytes read + written)
+and bf16 matmul TFLOP/s at 8192^3. Then each kernel, with its achieved GB/s or
+TFLOP/s, the % of the matching ceiling, the target, and the reference
+implementation's time. Writes JSON (default benchmarks/results/kernels-<date>.json)
+with the GPU name, torch/triton versions and the date.
+
+``--sweep`` also times decode attention over a grid of tile configurations
+(for retuning the fixed heuristic) and reports prefill's autotuned choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ingot.ops import reference as ref  # noqa: E402
+
+BF16 = torch.bfloat16
+DEV = "cuda"
+
+
+def bench(fn, rep_ms: int = 200) -> float:
+    """Median milliseconds of ``fn`` (after warm-up; L2 flushed between runs)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=50, rep=rep_ms, return_mode="median"))
+
+
+# ----------------------------------------------------------------------------- ceilings
+def copy_bandwidth() -> float:
+    n = 1 << 30  # bytes per buffer
+    src = torch.empty(n // 2, dtype=BF16, device=DEV).normal_()
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    return 2 * n / (ms * 1e-3) / 1e9  # GB/s, read + write
+
+
+def matmul_tflops() -> float:
+    n = 8192
+    a = torch.randn(n, n, dtype=BF16, device=DEV)
+    b = torch.randn(n, n, dtype=BF16, device=DEV)
+    ms = bench(lambda: torch.matmul(a, b))
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+# ----------------------------------------------------------------------------- cases
+def paged_cache(batch, ctx, hkv, d, page=16, gen=None):
+    blocks = -(-ctx // page)
+    nb = batch * blocks + 1
+    k_cache = torch.randn(nb, page, hkv, d, dtype=BF16, device=DEV)
+    v_cache = torch.randn(nb, page, hkv, d, dtype=BF16, device=DEV)
+    table = (torch.randperm(nb - 1, device=DEV)[: batch * blocks] + 1).view(batch, blocks).to(torch.int32)
+    return k_cache, v_cache, table
+
+
+def decode_case(batch, ctx, hq, hkv, d):
+    k_cache, v_cache, table = paged_cache(batch, ctx, hkv, d)
+    q = torch.randn(batch, hq, d, dtype=BF16, device=DEV)
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+    nbytes = 2 * batch * ctx * hkv * d * 2 + 2 * q.numel() * 2 + table.numel() * 4
+    return (q, k_cache, v_cache, table, seq_lens, d**-0.5), nbytes
+
+
+def prefill_case(tokens, hq, hkv, d, page=16):
+    k_cache, v_cache, table = paged_cache(1, tokens, hkv, d, page)
+    q = torch.randn(tokens, hq, d, dtype=BF16, device=DEV)
+    k = torch.randn(tokens, hkv, d, dtype=BF16, device=DEV)
+    v = torch.randn(tokens, hkv, d, dtype=BF16, device=DEV)
+    slots = (table[0].long()[:, None] * page + torch.arange(page, device=DEV)).view(-1)[:tokens]
+    ref.store_kv(k, v, k_cache, v_cache, slots)
+    cu = torch.tensor([0, tokens], dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor([tokens], dtype=torch.int32, device=DEV)
+    flops = 4 * tokens * tokens / 2 * hq * d
+    return (q, k, v, k_cache, v_cache, cu, seq_lens, table, d**-0.5), flops
+
+
+def run(args) -> dict:
+    import triton
+
+    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary
+
+    torch.manual_seed(0)
+    gpu = torch.cuda.get_device_name()
+    print(f"# {gpu} | torch {torch.__version__} | triton {triton.__version__}")
+    bw = copy_bandwidth()
+    tf = matmul_tflops()
+    print(f"# ceilings: copy {bw:,.0f} GB/s (read+write), bf16 matmul {tf:,.0f} TFLOP/s (8192^3)\n")
+
+    rows = []
+
+    def record(name, shape, fn, ref_fn, *, nbytes=None, flops=None, target=None):
+        ms = bench(fn)
+        ref_ms = None
+        if ref_fn is not None and not args.no_ref:
+            try:
+                ref_ms = bench(ref_fn, rep_ms=100)
+            except torch.OutOfMemoryError:
+                ref_ms = None
+            torch.cuda.empty_cache()
+        if nbytes is not None:
+            rate, unit, ceiling = nbytes / (ms * 1e-3) / 1e9, "GB/s", bw
+        else:
+            rate, unit, ceiling = flops / (ms * 1e-3) / 1e12, "TFLOP/s", tf
+        pct = 100 * rate / ceiling
+        row = dict(kernel=name, shape=shape, ms=ms, rate=rate, unit=unit, pct_of_ceiling=pct,
+                   target_pct=target, meets_target=None if target is None else pct >= target,
+                   ref_ms=ref_ms, speedup_vs_ref=None if ref_ms is None else ref_ms / ms)
+        rows.append(row)
+        ref_s = f"{ref_ms:9.3f}" if ref_ms is not None else "        -"
+        tgt = f"{target:>3d}%" if target is not None else "   -"
+        mark = "" if target is None else ("  ok" if pct >= target else "  BELOW")
+        print(f"{name:<22} {shape:<30} {ms:9.4f} {rate:10.1f} {unit:<7} {pct:6.1f}% {tgt} {ref_s}{mark}")
+
+    print(f"{'kernel':<22} {'shape':<30} {'ms':>9} {'rate':>10} {'':<7} {'%ceil':>7} {'tgt':>4} {'ref ms':>9}")
+
+    # decode attention
+    for hq, hkv in ((12, 2), (28, 4)):
+        call, nbytes = decode_case(64, 2048, hq, hkv, 128)
+        splits = decode_attention.choose_num_splits(64, hkv, call[3].shape[1], 16,
+                                                    decode_attention._tile_config(128)[0], call[0].device)
+        record("decode_attention", f"B64 ctx2048 {hq}/{hkv} d128 S{splits}",
+               lambda c=call: decode_attention.decode_attention(*c),
+               lambda c=call: ref.decode_attention(*c), nbytes=nbytes, target=60)
+    torch.cuda.empty_cache()
+
+    # store_kv
+    t, hkv, d = 4096, 4, 128
+    k_cache, v_cache, table = paged_cache(1, t, hkv, d)
+    k = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
+    v = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
+    slots = (table[0].long()[:, None] * 16 + torch.arange(16, device=DEV)).view(-1)[:t]
+    record("store_kv", f"T{t} {hkv}x{d}", lambda: kv_store.store_kv(k, v, k_cache, v_cache, slots),
+           lambda: ref.store_kv(k, v, k_cache, v_cache, slots), nbytes=4 * t * hkv * d * 2 + t * 8, target=70)
+
+    # elementwise at 4096 tokens x hidden 3584
+    t, h = 4096, 3584
+    x = torch.randn(t, h, dtype=BF16, device=DEV)
+    r = torch.randn(t, h, dtype=BF16, device=DEV)
+    w = torch.randn(h, dtype=BF16, device=DEV)
+    record("rms_norm", f"{t}x{h}", lambda: rms_norm.rms_norm(x, w, 1e-6),
+           lambda: ref.rms_norm(x, w, 1e-6), nbytes=2 * t * h * 2, target=70)
+    record("add_rms_norm", f"{t}x{h}", lambda: rms_norm.add_rms_norm(x, r, w, 1e-6),
+           lambda: ref.add_rms_norm(x, r, w, 1e-6), nbytes=4 * t * h * 2, target=70)
+
+    hq, hkv, d = 28, 4, 128
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=BF16, device=DEV)
+    q = qkv[:, : hq * d].view(t, hq, d)
+    kk = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    cache = torch.randn(32768, d, device=DEV)
+    pos = torch.randint(0, 32768, (t,), device=DEV)
+    record("rotary_embedding", f"T{t} {hq}/{hkv} d{d} (strided)",
+           lambda: rotary.rotary_embedding(pos, q, kk, cache),
+           lambda: ref.rotary_embedding(pos, q, kk, cache),
+           nbytes=2 * t * (hq + hkv) * d * 2 + t * d * 4 + t * 8, target=70)
+
+    for inter in (3584, 18944):
+        g = torch.randn(t, 2 * inter, dtype=BF16, device=DEV)
+        record("silu_and_mul", f"{t}x2*{inter}", lambda g=g: activation.silu_and_mul(g),
+               lambda g=g: ref.silu_and_mul(g), nbytes=3 * t * inter * 2, target=70)
+    torch.cuda.empty_cache()
+
+    # prefill attention: 4096-token causal, 28/4 heads, d128
+    call, flops = prefill_case(4096, 28, 4, 128)
+    record("prefill_attention", "T4096 causal 28/4 d128",
+           lambda: prefill_attention.prefill_attention(*call),
+           lambda: ref.prefill_attention(*call), flops=flops, target=35)
+    record("prefill (no autotune)", "T4096 causal 28/4 d128",
+           lambda: prefill_attention.prefill_attention(*call, autotune=False), None, flops=flops)
+    best = getattr(prefill_attention._prefill_kernel_tuned, "best_config", None)
+    if best is not None:
+        print(f"# prefill autotuned config: {best}")
+
+    # torch SDPA (flash) on the same shape, for context (not a reference impl)
+    q, k, v = call[0], call[1], call[2]
+    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    try:
+        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)  # noqa: E731
+        record("torch sdpa (context)", "T4096 causal 28/4 d128", sdpa, None, flops=flops)
+    except Exception as exc:  # older torch without enable_gqa
+        print(f"# sdpa skipped: {exc}")
+
+    # chunked prefill: 8 sequences of 512 new tokens after 1536 cached ones
+    gen_q = [512] * 8
+    call2, _ = _chunked_case(gen_q, [2048] * 8, 28, 4, 128)
+    flops2 = sum(4 * n * (c - n) + 4 * n * n / 2 for n, c in zip(gen_q, [2048] * 8)) * 28 * 128
+    record("prefill_attention", "8x(512 new | 2048 ctx) 28/4", lambda: prefill_attention.prefill_attention(*call2),
+           lambda: ref.prefill_attention(*call2), flops=flops2)
+    torch.cuda.empty_cache()
+
+    sweep = _sweep_decode(decode_attention) if args.sweep else None
+
+    return dict(
+        gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+        date=dt.datetime.now().isoformat(timespec="seconds"),
+        ceilings=dict(copy_gbps=bw, matmul_bf16_tflops=tf),
+        results=rows, decode_sweep=sweep,
+        prefill_autotuned=str(best) if best is not None else None,
+    )
+
+
+def _chunked_case(q_lens, ctx_lens, hq, hkv, d, page=16):
+    b = len(q_lens)
+    blocks = max(-(-c // page) for c in ctx_lens)
+    k_cache, v_cache, table = paged_cache(b, blocks * page, hkv, d, page)
+    t = sum(q_lens)
+    q = torch.randn(t, hq, d, dtype=BF16, device=DEV)
+    k = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
+    v = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEV)
+    return (q, k, v, k_cache, v_cache, cu, seq_lens, table, d**-0.5), None
+
+
+def _sweep_decode(mod) -> list:
+    print("\n# decode sweep (B64 ctx2048 d128): BLOCK_N warps stages waves -> ms per shape")
+    out = []
+    cases = {f"{hq}/{hkv}": decode_case(64, 2048, hq, hkv, 128) for hq, hkv in ((12, 2), (28, 4))}
+    for block_n in (32, 64, 128):
+        for warps in (2, 4, 8):
+            for stages in (2, 3, 4):
+                for waves in (1, 2, 4, 8):
+                    mod.CONFIG_OVERRIDE.clear()
+                    mod.CONFIG_OVERRIDE.update(BLOCK_N=block_n, num_warps=warps, num_stages=stages, waves=waves)
+                    res = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, waves=waves)
+                    for name, (call, nbytes) in cases.items():
+                        try:
+                            ms = bench(lambda c=call: mod.decode_attention(*c), rep_ms=50)
+                            res[name] = dict(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9)
+                        except Exception as exc:  # out of shared memory, ...
+                            res[name] = dict(error=type(exc).__name__)
+                    out.append(res)
+                    cells = "  ".join(
+                        f"{n}: {r['ms']:.4f} ms {r['gbps']:6.0f} GB/s" if "ms" in r else f"{n}: {r['error']}"
+                        for n, r in ((n, res[n]) for n in cases)
+                    )
+                    print(f"  {block_n:4d} {warps:2d} {stages:2d} {waves:2d}  {cells}")
+    mod.CONFIG_OVERRIDE.clear()
+    ok = [r for r in out if all("ms" in r[n] for n in cases)]
+    if ok:
+        best = min(ok, key=lambda r: sum(r[n]["ms"] for n in cases))
+        print(f"# best decode config: {best}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/kernels-<date>.json)")
+    parser.add_argument("--no-ref", action="store_true", help="skip timing the PyTorch reference implementations")
+    parser.add_argument("--sweep", action="store_true", help="also sweep decode tile configurations")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/kernels.py needs a CUDA GPU")
+    result = run(args)
+    out = args.out or ROOT / "benchmarks" / "results" / f"kernels-{dt.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

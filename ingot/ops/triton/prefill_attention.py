@@ -1,0 +1,274 @@
+"""Causal varlen prefill attention over packed tokens, with a paged context.
+
+Sequence ``b`` owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``n_b``
+of them), the last ``n_b`` of its ``seq_lens[b]`` tokens. Its first ``p_b =
+seq_lens[b] - n_b`` tokens (earlier chunks, chunked prefill) are read from the
+paged cache through the block table; the new tokens' keys and values are read
+directly from ``k``/``v`` (they are also in the cache, but the packed tensors
+need no block-table gather).
+
+Work is cut into query tiles of ``BLOCK_M`` rows per sequence. A tiny kernel
+builds ``tile_starts`` (prefix sums of the tiles per sequence) on the device;
+the main kernel gets an upper bound of the tile count from shapes (no host
+sync) and finds its sequence by binary search; programs past the real count
+exit at once. Grid ``(Hq, tiles)``: the query heads of one tile are neighbours
+in launch order, so a GQA group's K/V tiles come from L2. Tiles run
+heaviest-first (reverse order) to even out the causal triangle.
+
+Per program: flash attention with online softmax in base 2, fp32 statistics
+and accumulator, in three loops — the cached prefix (bounds mask only), the
+fully visible new-token tiles before the query tile (no mask), and the
+diagonal tiles (causal mask). The tile shape is autotuned once per head dim
+at the first call (prefill is never captured in a CUDA graph).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ingot.ops.triton._common import interpreting, last_dim_contiguous, next_pow2
+
+_LOG2E = 1.4426950408889634
+AUTOTUNE = True  # benchmarks may turn it off to compare with the fixed heuristic
+# Fixed tile configuration for tests and sweeps (keys BLOCK_N, num_warps,
+# num_stages); when set, autotuning is bypassed. Empty in normal use.
+CONFIG_OVERRIDE: dict = {}
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _tile_starts_kernel(cu_ptr, out_ptr, num_seqs, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+    """out[0] = 0, out[b + 1] = sum over sequences <= b of cdiv(n_b, BLOCK_M)."""
+    carry = tl.full([], 0, tl.int32)
+    tl.store(out_ptr, carry)
+    for b0 in range(0, num_seqs, BLOCK_B):
+        offs = b0 + tl.arange(0, BLOCK_B)
+        mask = offs < num_seqs
+        start = tl.load(cu_ptr + offs, mask=mask, other=0).to(tl.int32)
+        end = tl.load(cu_ptr + offs + 1, mask=mask, other=0).to(tl.int32)
+        tiles = tl.where(mask, (end - start + BLOCK_M - 1) // BLOCK_M, 0)
+        tl.store(out_ptr + 1 + offs, tl.cumsum(tiles, 0) + carry, mask=mask)
+        carry = carry + tl.sum(tiles, 0)
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, m_i, l_i, acc, valid, scale_log2, MASKED: tl.constexpr):
+    """One K/V tile of flash attention; ``valid`` [BM, BN] is used when MASKED."""
+    s = tl.dot(q, tl.trans(k)) * scale_log2
+    if MASKED:
+        s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+# runtime sizes that vary per step: not specialized (no recompiles mid-serving)
+@triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_tiles_ub", "stride_bt"])
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr,
+    cu_q_ptr, seq_lens_ptr, block_tables_ptr, tile_starts_ptr, out_ptr,
+    scale_log2,
+    num_seqs, search_steps, num_tiles_ub,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_bt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    h = tl.program_id(0)
+    t = num_tiles_ub - 1 - tl.program_id(1)  # heaviest tiles first
+    total = tl.load(tile_starts_ptr + num_seqs)
+    if t < total:
+        # sequence of tile t: the largest b with tile_starts[b] <= t
+        lo = tl.full([], 0, tl.int32)
+        hi = tl.full([], 0, tl.int32) + num_seqs - 1
+        for _ in range(search_steps):
+            mid = (lo + hi + 1) // 2
+            ok = tl.load(tile_starts_ptr + mid) <= t
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        b = lo
+        m0 = (t - tl.load(tile_starts_ptr + b)) * BLOCK_M
+        q_start = tl.load(cu_q_ptr + b).to(tl.int32)
+        q_len = tl.load(cu_q_ptr + b + 1).to(tl.int32) - q_start
+        prefix = tl.load(seq_lens_ptr + b).to(tl.int32) - q_len
+        kvh = h // GROUP
+
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        m_mask = offs_m < q_len
+        d_mask = offs_d < HEAD_DIM
+        q_rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(
+            q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+            mask=m_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if DOT_F32:
+            q = q.to(tl.float32)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+        # 1) the cached prefix (earlier chunks): every query sees all of it
+        bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+        kc_head = k_cache_ptr + kvh * stride_kch
+        vc_head = v_cache_ptr + kvh * stride_vch
+        for n0 in range(0, prefix, BLOCK_N):
+            pos = n0 + offs_n
+            n_mask = pos < prefix
+            blk = tl.load(bt_row + pos // PAGE, mask=n_mask, other=0).to(tl.int64)
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(kc_head + (blk * stride_kcb + (pos % PAGE) * stride_kcs)[:, None] + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+            v = tl.load(vc_head + (blk * stride_vcb + (pos % PAGE) * stride_vcs)[:, None] + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, n_mask[None, :], scale_log2, True)
+
+        # 2) new tokens before this query tile: fully visible (BLOCK_M % BLOCK_N == 0)
+        k_head = k_ptr + kvh * stride_kh
+        v_head = v_ptr + kvh * stride_vh
+        for n0 in range(0, m0, BLOCK_N):
+            rows = (q_start + n0 + offs_n).to(tl.int64)
+            k = tl.load(k_head + rows[:, None] * stride_kt + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_head + rows[:, None] * stride_vt + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, m_mask[:, None], scale_log2, False)
+
+        # 3) the diagonal: causal mask
+        n_end = tl.minimum(m0 + BLOCK_M, q_len)
+        for n0 in range(m0, n_end, BLOCK_N):
+            pos = n0 + offs_n
+            n_mask = pos < q_len
+            rows = (q_start + pos).to(tl.int64)
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_head + rows[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_head + rows[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            valid = (pos[None, :] <= offs_m[:, None]) & n_mask[None, :]
+            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, valid, scale_log2, True)
+
+        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & d_mask[None, :],
+        )
+
+
+def _configs() -> list:
+    cfgs = []
+    for block_n, warps, stages in ((64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3)):
+        cfgs.append(triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages))
+    return cfgs
+
+
+def _prune(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    block_m, block_d = args["BLOCK_M"], args["BLOCK_D"]
+    kept = []
+    for c in configs:
+        bn = c.kwargs["BLOCK_N"]
+        if bn > block_m or block_m % bn:
+            continue
+        if block_d >= 256 and (bn > 64 or c.num_stages > 3):
+            continue  # shared memory
+        kept.append(c)
+    return kept or [triton.Config({"BLOCK_N": min(32, block_m)}, num_warps=4, num_stages=2)]
+
+
+_prefill_kernel_tuned = triton.autotune(
+    configs=_configs(), key=["HEAD_DIM", "GROUP"], prune_configs_by={"early_config_prune": _prune}
+)(_prefill_kernel)
+
+
+def _heuristic(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) without autotuning."""
+    block_d = next_pow2(head_dim)
+    if block_d <= 64:
+        return 128, 64, 4, 3
+    if block_d <= 128:
+        return 128, 64, 8, 3
+    return 64, 32, 4, 2
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    autotune: bool | None = None,
+) -> torch.Tensor:
+    """Triton implementation of ``torch.ops.ingot.prefill_attention`` (see reference.py)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    num_seqs = seq_lens.shape[0]
+    out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV cache rows must be contiguous"
+    q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    if out.stride(-1) != 1:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    block_d = max(16, next_pow2(head_dim))
+    block_m, block_n, num_warps, num_stages = _heuristic(head_dim)
+    if CONFIG_OVERRIDE:
+        block_n = CONFIG_OVERRIDE.get("BLOCK_N", block_n)
+        num_warps = CONFIG_OVERRIDE.get("num_warps", num_warps)
+        num_stages = CONFIG_OVERRIDE.get("num_stages", num_stages)
+        assert block_m % block_n == 0, "BLOCK_N must divide BLOCK_M"
+
+    tile_starts = torch.empty(num_seqs + 1, dtype=torch.int32, device=q.device)
+    _tile_starts_kernel[(1,)](
+        cu_seqlens_q, tile_starts, num_seqs,
+        BLOCK_M=block_m, BLOCK_B=256, num_warps=4,
+    )
+    # sum_b cdiv(n_b, BM) <= (T + B * (BM - 1)) // BM: an upper bound from shapes alone
+    num_tiles_ub = (num_tokens + num_seqs * (block_m - 1)) // block_m
+    search_steps = max(1, (num_seqs - 1).bit_length() + 1)
+    grid = (num_q_heads, num_tiles_ub)
+    args = (
+        q, k, v, k_cache, v_cache,
+        cu_seqlens_q, seq_lens, block_tables, tile_starts, out,
+        float(scale) * _LOG2E,
+        num_seqs, search_steps, num_tiles_ub,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+    )
+    meta = dict(
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        PAGE=k_cache.shape[1], BLOCK_M=block_m, DOT_F32=interpreting(),
+    )
+    use_tuner = (AUTOTUNE if autotune is None else autotune) and not interpreting() and not CONFIG_OVERRIDE
+    if use_tuner:
+        _prefill_kernel_tuned[grid](*args, **meta)
+    else:
+        _prefill_kernel[grid](*args, **meta, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+__all__ = ["prefill_attention", "AUTOTUNE", "CONFIG_OVERRIDE"]

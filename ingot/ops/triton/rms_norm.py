@@ -1,0 +1,126 @@
+"""RMSNorm and fused residual-add + RMSNorm over the last dimension.
+
+Numerics follow ``reference.rms_norm``: the statistics in fp32, the normalized
+value cast to the input dtype, then multiplied by the weight (as torch does a
+bf16 x bf16 multiply: in fp32, rounded once). The fused variant first forms
+``x + residual`` in the input dtype (rounded once, like torch) and normalizes
+that.
+
+Inputs may be strided in their leading dims (e.g. q [T, H, D] sliced out of a
+fused qkv projection): rows are addressed as ``(row // inner) * s0 + (row %
+inner) * s1`` and only the last dim must be contiguous. Each program handles
+``BLOCK_R`` whole rows, so short rows (a per-head q/k norm) still give big
+enough programs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ingot.ops.triton._common import next_pow2
+
+_ELEMS_PER_PROGRAM = 4096
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr,
+    num_rows, inner, eps,
+    sx0, sx1, sr0, sr1, so0, so1, sq0, sq1,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    r_mask = rows < num_rows
+    c_mask = cols < N
+    mask = r_mask[:, None] & c_mask[None, :]
+    outer = rows // inner
+    mid = rows % inner
+
+    x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
+    dtype = x.dtype
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + (outer * sr0 + mid * sr1)[:, None] + cols[None, :], mask=mask, other=0.0)
+        s = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
+        tl.store(res_out_ptr + (outer * sq0 + mid * sq1)[:, None] + cols[None, :], s, mask=mask)
+        h = s.to(tl.float32)
+    else:
+        h = x.to(tl.float32)
+    var = tl.sum(h * h, 1) / N
+    rstd = tl.rsqrt(var + eps)
+    hn = (h * rstd[:, None]).to(dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)
+    y = w[None, :] * hn
+    tl.store(
+        out_ptr + (outer * so0 + mid * so1)[:, None] + cols[None, :],
+        y.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """A 3-D view [A, B, N] of ``t`` with a unit last stride (copies only if it must)."""
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() == 2:
+        t = t.unsqueeze(1)
+    elif t.dim() > 3:
+        t = t.reshape(-1, t.shape[-2], t.shape[-1])
+    if t.stride(-1) != 1 and t.shape[-1] != 1:
+        t = t.contiguous()
+    return t
+
+
+def _launch(x, residual, weight, eps, out, res_out):
+    n = x.shape[-1]
+    x3 = _as_rows(x)
+    o3 = _as_rows(out)
+    r3 = _as_rows(residual) if residual is not None else x3
+    q3 = _as_rows(res_out) if res_out is not None else o3
+    num_rows = x3.shape[0] * x3.shape[1]
+    if num_rows == 0:
+        return
+    inner = x3.shape[1]
+    block_n = next_pow2(n)
+    block_r = max(1, min(_ELEMS_PER_PROGRAM // block_n, next_pow2(num_rows)))
+    elems = block_r * block_n
+    num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
+        x3, r3, weight, o3, q3,
+        num_rows, inner, float(eps),
+        x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
+        o3.stride(0), o3.stride(1), q3.stride(0), q3.stride(1),
+        N=n, BLOCK_N=block_n, BLOCK_R=block_r,
+        HAS_RESIDUAL=residual is not None,
+        num_warps=num_warps,
+    )
+
+
+def _fresh(x: torch.Tensor) -> torch.Tensor:
+    """An output like ``x`` that ``_as_rows`` can view without copying."""
+    out = torch.empty_like(x)
+    if out.dim() > 3 and not out.is_contiguous():
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Triton implementation of ``torch.ops.ingot.rms_norm``."""
+    out = _fresh(x)
+    _launch(x, None, weight, eps, out, None)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton implementation of ``torch.ops.ingot.add_rms_norm``: (norm(x + r), x + r)."""
+    out = _fresh(x)
+    new_residual = _fresh(x)
+    _launch(x, residual, weight, eps, out, new_residual)
+    return out, new_residual

@@ -1,0 +1,289 @@
+"""The Triton kernels run on CPU through the Triton interpreter, against the references.
+
+Opt-in (CI installs no Triton): ``INGOT_TEST_TRITON_INTERPRET=1 pytest
+tests/ops/test_triton_interpret.py`` with ``triton`` installed. The module sets
+``TRITON_INTERPRET=1`` and imports the kernel modules afresh, so the
+``@triton.jit`` functions become interpreted ones; small shapes keep it quick.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+ENABLED = os.environ.get("INGOT_TEST_TRITON_INTERPRET") == "1"
+pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
+
+KERNEL_MODULES = ("activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary")
+
+
+def _numpy_compat() -> None:
+    """Triton 3.6's interpreter turns 1-element arrays into ints with int(array),
+    which NumPy >= 2.4 refuses; use .item() instead (test-only patch)."""
+    from triton.runtime import interpreter as interp
+
+    scope = getattr(interp, "_LangPatchScope", None)
+    if scope is None or getattr(scope.set_attr, "_ingot_compat", False):
+        return
+    original = scope.set_attr
+
+    def set_attr(self, obj, name, value):
+        if name == "__index__":
+            value = lambda t: int(t.handle.data.item())  # noqa: E731
+        return original(self, obj, name, value)
+
+    set_attr._ingot_compat = True
+    scope.set_attr = set_attr
+
+
+class PoisonTorch:
+    """``torch`` for the kernel modules, whose new tensors come pre-filled with
+    NaN (floats) or junk (ints), so an element a kernel fails to write fails."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def _poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan") if t.is_floating_point() else -77)
+
+    def empty(self, *args, **kwargs):
+        return self._poison(torch.empty(*args, **kwargs))
+
+    def empty_like(self, *args, **kwargs):
+        return self._poison(torch.empty_like(*args, **kwargs))
+
+
+if ENABLED and "triton" not in sys.modules:
+    # must precede the first import of triton: its own @jit helpers (tl.cdiv, ...)
+    # become interpreted functions only if the variable is set by then
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(scope="module")
+def K():
+    """The kernel modules, imported afresh under TRITON_INTERPRET=1."""
+    pytest.importorskip("triton")
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or not isinstance(standard.cdiv, InterpretedFunction):
+        pytest.skip("triton was imported before interpreter mode was set: run this file in its own pytest process")
+    _numpy_compat()
+    mods = {}
+    for name in KERNEL_MODULES:
+        full = f"ingot.ops.triton.{name}"
+        mod = sys.modules.get(full)
+        mods[name] = importlib.reload(mod) if mod is not None else importlib.import_module(full)
+    saved_torch = {name: mod.torch for name, mod in mods.items()}
+    for mod in mods.values():
+        mod.torch = PoisonTorch()  # outputs and scratch start as NaN / junk
+    yield type("Kernels", (), mods)
+    for name, mod in mods.items():
+        mod.torch = saved_torch[name]
+    import ingot.ops.triton as package
+
+    for name in KERNEL_MODULES:  # interpreted kernels must not leak into other modules
+        sys.modules.pop(f"ingot.ops.triton.{name}", None)
+        package.__dict__.pop(name, None)
+
+
+from ingot.ops import reference as ref  # noqa: E402
+
+
+def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
+    out, expected = out.float(), expected.float()
+    assert out.shape == expected.shape
+    assert not torch.isnan(out).any(), "NaN in the output"
+    return ((out - expected).norm() / expected.norm().clamp_min(1e-12)).item()
+
+
+def paged(lens, page, hkv, d, dtype, gen, extra_cols=1):
+    """Random caches and a shuffled block table covering ``lens`` (+ unused 0 columns)."""
+    b = len(lens)
+    m = max(-(-n // page) for n in lens) + extra_cols
+    nb = b * m + 2
+    k_cache = torch.randn(nb, page, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(nb, page, hkv, d, generator=gen).to(dtype)
+    ids = (torch.randperm(nb - 1, generator=gen) + 1)[: b * m].view(b, m)
+    table = torch.zeros(b, m, dtype=torch.int32)
+    for i, n in enumerate(lens):
+        used = -(-n // page)
+        table[i, :used] = ids[i, :used].to(torch.int32)
+    return k_cache, v_cache, table
+
+
+DECODE_CASES = [
+    # (Hq, Hkv, D, page, lens, splits)
+    (4, 4, 64, 16, [1, 37], None),
+    (8, 2, 64, 16, [100, 1, 17], 3),
+    (7, 1, 128, 16, [130, 65], 4),
+    (8, 1, 64, 16, [16, 32, 33], 64),  # more splits than tiles: empty slices
+    (16, 2, 32, 128, [300], None),  # page larger than the tile
+    (4, 2, 64, 8, [1, 1, 1, 1], 1),  # padding rows only, direct write
+    (6, 2, 48, 16, [50, 3], 2),  # head dim not a power of two
+]
+
+
+@pytest.mark.parametrize("hq,hkv,d,page,lens,splits", DECODE_CASES)
+def test_decode_attention(K, hq, hkv, d, page, lens, splits):
+    gen = torch.Generator().manual_seed(hash((hq, hkv, d, page, len(lens))) & 0xFFFF)
+    k_cache, v_cache, table = paged(lens, page, hkv, d, torch.bfloat16, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(torch.bfloat16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    scale = d**-0.5
+    out = K.decode_attention.decode_attention(q, k_cache, v_cache, table, seq_lens, scale, num_splits=splits)
+    expected = ref.decode_attention(q.float(), k_cache.float(), v_cache.float(), table, seq_lens, scale)
+    assert out.dtype == q.dtype
+    assert rel_err(out, expected) < 1e-2
+
+
+def test_decode_zero_length_is_finite(K):
+    gen = torch.Generator().manual_seed(1)
+    k_cache, v_cache, table = paged([5, 3], 16, 2, 64, torch.bfloat16, gen)
+    q = torch.randn(2, 4, 64, generator=gen).to(torch.bfloat16)
+    for splits in (1, 3):
+        out = K.decode_attention.decode_attention(
+            q, k_cache, v_cache, table, torch.tensor([0, 3], dtype=torch.int32), 0.125, num_splits=splits
+        )
+        assert torch.isfinite(out.float()).all()
+        assert (out[0] == 0).all()
+
+
+def test_choose_num_splits(K):
+    cpu = torch.device("cpu")
+    f = K.decode_attention.choose_num_splits
+    assert f(256, 8, 256, 16, 64, cpu) == 1  # plenty of programs already
+    assert f(1, 2, 256, 16, 64, cpu) == K.decode_attention.MAX_SPLITS
+    assert f(1, 2, 2, 16, 64, cpu) == 1  # a 32-token table is a single tile
+    assert 1 < f(64, 2, 128, 16, 64, cpu) <= 8
+
+
+def test_store_kv(K):
+    gen = torch.Generator().manual_seed(2)
+    t, hkv, d, page, nb = 9, 2, 64, 16, 6
+    qkv = torch.randn(t, (4 + 2 * hkv) * d, generator=gen).to(torch.bfloat16)
+    k = qkv[:, 4 * d : (4 + hkv) * d].reshape(t, hkv, d)  # strided views, as in the model
+    v = qkv[:, (4 + hkv) * d :].reshape(t, hkv, d)
+    slots = (torch.randperm((nb - 1) * page, generator=gen)[: t - 2] + page).tolist() + [0, 0]
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+    k_cache = torch.full((nb, page, hkv, d), float("nan"), dtype=torch.bfloat16)
+    v_cache = k_cache.clone()
+    k_exp, v_exp = k_cache.clone(), v_cache.clone()
+    K.kv_store.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    ref.store_kv(k, v, k_exp, v_exp, slot_mapping)
+    # block 0 is the padding dummy (racy by design); everything else must match exactly
+    assert torch.equal(k_cache[1:].nan_to_num(7.0), k_exp[1:].nan_to_num(7.0))
+    assert torch.equal(v_cache[1:].nan_to_num(7.0), v_exp[1:].nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(5, 96), (3, 4, 32), (1, 200)])
+def test_rms_norm(K, dtype, shape):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).to(dtype)
+    out = K.rms_norm.rms_norm(x, w, 1e-6)
+    expected = ref.rms_norm(x, w, 1e-6)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert rel_err(out, expected) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_rms_norm_strided_heads(K):
+    """The per-head q/k norm of Qwen3: [T, H, D] views into a fused qkv output."""
+    gen = torch.Generator().manual_seed(4)
+    t, h, d = 5, 3, 32
+    qkv = torch.randn(t, (h + 2) * d, generator=gen).to(torch.bfloat16)
+    q = qkv[:, : h * d].reshape(t, h, d)
+    w = torch.randn(d, generator=gen).to(torch.bfloat16)
+    out = K.rms_norm.rms_norm(q, w, 1e-6)
+    expected = ref.rms_norm(q, w, 1e-6)
+    assert rel_err(out, expected) < 1e-2
+
+
+def test_add_rms_norm(K):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
+    r = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
+    w = torch.randn(160, generator=gen).to(torch.bfloat16)
+    out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5)
+    exp_out, exp_res = ref.add_rms_norm(x, r, w, 1e-5)
+    # the interpreter truncates fp32 -> bf16 (GPUs round to nearest), so no
+    # bit-exactness here: tests/ops/test_triton_kernels.py checks that on the GPU
+    assert rel_err(res, exp_res) < 1e-2
+    assert rel_err(out, exp_out) < 1e-2
+
+
+@pytest.mark.parametrize("shape", [(7, 2 * 200), (2, 3, 2 * 64), (1, 2 * 1500)])
+def test_silu_and_mul(K, shape):
+    gen = torch.Generator().manual_seed(6)
+    x = (2 * torch.randn(*shape, generator=gen)).to(torch.bfloat16)
+    out = K.activation.silu_and_mul(x)
+    expected = ref.silu_and_mul(x)
+    assert out.shape == expected.shape
+    assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 64), (7, 1, 128), (2, 2, 32)])
+def test_rotary(K, hq, hkv, d):
+    gen = torch.Generator().manual_seed(7)
+    t, max_pos = 6, 64
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(torch.bfloat16)
+    q = qkv[:, : hq * d].reshape(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.arange(max_pos).float()[:, None] * inv[None, :]
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    positions = torch.randint(0, max_pos, (t,), generator=gen)
+    q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache)
+    q_exp, k_exp = ref.rotary_embedding(positions, q, k, cache)
+    assert rel_err(q_out, q_exp) < 1e-2 and rel_err(k_out, k_exp) < 1e-2
+
+
+def _prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype=torch.bfloat16):
+    """Packed new tokens whose k/v are already stored; returns the op's arguments."""
+    k_cache, v_cache, table = paged(ctx_lens, page, hkv, d, dtype, gen)
+    t = sum(q_lens)
+    q = torch.randn(t, hq, d, generator=gen).to(dtype)
+    k = torch.randn(t, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(t, hkv, d, generator=gen).to(dtype)
+    slots = []
+    for b, (n, total) in enumerate(zip(q_lens, ctx_lens)):
+        for pos in range(total - n, total):
+            slots.append(int(table[b, pos // page]) * page + pos % page)
+    ref.store_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64))
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32)
+    return q, k, v, k_cache, v_cache, cu, seq_lens, table
+
+
+PREFILL_CASES = [
+    # (q_lens, ctx_lens, Hq, Hkv, D, page)
+    ([5], [5], 2, 2, 64, 16),
+    ([130, 3, 17], [130, 3, 17], 4, 1, 64, 16),  # crosses a 128-row tile
+    ([20, 9], [70, 40], 4, 2, 32, 16),  # chunked prefill: cached prefixes
+    ([1, 33], [200, 33], 7, 1, 64, 8),  # a single new token after a long prefix
+    ([40], [300], 2, 2, 48, 64),  # head dim not a power of two, big pages
+]
+
+
+@pytest.mark.parametrize("q_lens,ctx_lens,hq,hkv,d,page", PREFILL_CASES)
+def test_prefill_attention(K, q_lens, ctx_lens, hq, hkv, d, page):
+    gen = torch.Generator().manual_seed(8 + sum(q_lens))
+    args = _prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen)
+    scale = d**-0.5
+    out = K.prefill_attention.prefill_attention(*args, scale)
+    f = [a.float() if a.is_floating_point() else a for a in args]
+    expected = ref.prefill_attention(*f, scale)
+    assert out.dtype == args[0].dtype
+    assert rel_err(out, expected) < 1e-2
+
+
+def test_outputs_are_poisoned(K):
+    """The harness itself: new tensors in the kernel modules start as NaN."""
+    assert torch.isnan(K.rms_norm.torch.empty(3)).all()
+    assert torch.isnan(K.decode_attention.torch.empty_like(torch.zeros(2))).all()
