@@ -42,12 +42,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--policies", default="native,opaque")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from benchmarks.decode_graphs import env_info
 
     report = {"env": env_info(), "steps": args.steps, "policies": {}}
-    for name, ops in POLICIES.items():
+    for name in args.policies.split(","):
+        ops = POLICIES[name]
         llm = LLM(None, dtype="bfloat16", device="cuda", max_num_seqs=8, cudagraph_capture_sizes=(1, 8),
                   show_progress=False, max_model_len=1024, gpu_memory_utilization=0.2, compile_native_ops=ops)
         tok = llm.get_tokenizer()

@@ -34,7 +34,7 @@ for stage in "$@"; do
     bench15)
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b --batches 1,8,32,64,256 --out $OUT/decode_graphs_15b.json 2>&1 | tail -30 ;;
     policy)
-      python3 benchmarks/compile_policy.py --steps 128 --out $OUT/compile_policy.json 2>&1 | grep -v "^Loading" | tail -30 ;;
+      python3 benchmarks/compile_policy.py --steps 128 --policies opaque --batches 1,8 --out $OUT/compile_policy.json 2>&1 | grep -v "^Loading" | tail -30 ;;
     bench7)
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-7b --batches 1,8,32,64,256 --out $OUT/decode_graphs_7b.json 2>&1 | tail -30 ;;
     startup)

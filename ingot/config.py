@@ -44,7 +44,8 @@ class EngineConfig:
     # scheduling
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 4096
-    # decode CUDA graphs and compile
+    # kernels, decode CUDA graphs and compile
+    triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
     eager_mode: bool = False
     cudagraph_capture_sizes: Optional[tuple[int, ...]] = None
     fake_graph_capture: bool = False  # padded bucket path without graphs (CPU tests)

@@ -35,7 +35,7 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.kv: Optional[KVCachePool] = None
         self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
-        if device.type == "cuda":
+        if device.type == "cuda" and config.triton_kernels:
             from ingot.ops.triton import register_cuda_kernels
 
             register_cuda_kernels()  # Triton kernels become the CUDA dispatch of torch.ops.ingot.*

@@ -4,8 +4,9 @@
 registers each kernel as the CUDA implementation of its op
 (``op.register_kernel("cuda")``), once. Triton is imported only there, so CPU
 installs never import it; without CUDA or without Triton the ops keep running
-the PyTorch references. ``INGOT_TRITON=0`` in the environment also keeps the
-references (for debugging a suspected kernel).
+the PyTorch references. ``EngineConfig.triton_kernels=False`` (``INGOT_TRITON_KERNELS=0``)
+keeps the references too, for debugging a suspected kernel: registration is
+process-wide, so it applies from the first engine of the process.
 
 Kernel modules, one per family: decode_attention, prefill_attention, kv_store,
 rms_norm, rotary, activation. Each exposes a function with its op's signature.
@@ -14,8 +15,6 @@ rms_norm, rotary, activation. Each exposes a function with its op's signature.
 from __future__ import annotations
 
 import logging
-import os
-
 log = logging.getLogger(__name__)
 _registered = False
 
@@ -32,14 +31,12 @@ def triton_available() -> bool:
 def register_cuda_kernels() -> bool:
     """Register Triton kernels as the CUDA dispatch of the ingot ops; False if none.
 
-    Idempotent. Returns False (and imports nothing) without a CUDA device, when
-    Triton is not installed, or when ``INGOT_TRITON=0``.
+    Idempotent. Returns False (and imports nothing) without a CUDA device or
+    when Triton is not installed.
     """
     global _registered
     if _registered:
         return True
-    if os.environ.get("INGOT_TRITON", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
     import torch
 
     if not torch.cuda.is_available():
