@@ -442,7 +442,7 @@ def test_native_ops_active_inside_call_only():
     x, w = torch.randn(2, 8), torch.rand(8) + 0.5
     base = ref.rms_norm(x, w, 1e-6)
     native = dc.build_decode_forward(
-        policy_forward, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True
+        policy_forward, EngineConfig(decode_compile=True, compile_native_ops=FUSIBLE_OPS), "cpu", backend="eager", allow_cpu=True
     )
     for _ in range(2):
         torch.testing.assert_close(native(x, w), base * 2.0)
