@@ -48,15 +48,15 @@ def load_checkpoint(
 
 def init_random(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module:
     """Random weights (norms at 1) for shape-only benchmarks; deterministic per seed."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
         elif name.endswith("bias"):
             param.data.zero_()
         else:
-            cpu = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
-            param.data.copy_(cpu)
+            param.data.normal_(0.0, std, generator=gen)
     return model
 
 
