@@ -42,6 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt")
     _engine_args(chat)
     _sampling_args(chat)
+    # `ingot bench ...` and `ingot check ...`: each command module adds its own parser
+    # and sets `func`; see ingot/bench/.
+    bench = sub.add_parser("bench", help="benchmarks: decode step times, serving throughput")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    check = sub.add_parser("check", help="checks: drift of compiled decode against eager")
+    check_sub = check.add_subparsers(dest="check_command", required=True)
+    from ingot.bench import commands
+
+    commands.add_parsers(bench_sub, check_sub, engine_args=_engine_args)
     return parser
 
 
@@ -121,7 +130,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
-        return cmd_chat(args)
+        if args.command == "chat":
+            return cmd_chat(args)
+        return int(args.func(args) or 0)
     except (ConfigError, CheckpointError, RequestError, SamplingError) as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)
         return 2
