@@ -21,6 +21,15 @@ def tiny(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "llama", "llama")
 
 
+def variant(tiny, dest, **config_changes):
+    """A copy of the tiny checkpoint with config.json fields changed."""
+    shutil.copytree(tiny, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg.update(config_changes)
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
 def test_unknown_path():
     with pytest.raises(CheckpointError, match="does not exist"):
         make("/no/such/model")
@@ -43,11 +52,7 @@ def test_truncated_safetensors(tmp_path, tiny):
 
 
 def test_unsupported_architecture(tmp_path, tiny):
-    bad = tmp_path / "arch"
-    shutil.copytree(tiny, bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["architectures"] = ["GPTNeoXForCausalLM"]
-    (bad / "config.json").write_text(json.dumps(cfg))
+    bad = variant(tiny, tmp_path / "arch", architectures=["GPTNeoXForCausalLM"])
     with pytest.raises(CheckpointError, match="unsupported architecture 'GPTNeoXForCausalLM'"):
         make(bad)
 
@@ -65,12 +70,7 @@ def test_missing_weights(tmp_path, tiny):
 
 
 def test_sliding_window_refused(tmp_path, tiny):
-    bad = tmp_path / "mistral"
-    shutil.copytree(tiny, bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["architectures"] = ["MistralForCausalLM"]
-    cfg["sliding_window"] = 32
-    (bad / "config.json").write_text(json.dumps(cfg))
+    bad = variant(tiny, tmp_path / "mistral", architectures=["MistralForCausalLM"], sliding_window=32)
     with pytest.raises(ConfigError, match="sliding attention window"):
         make(bad)
     make(bad, max_model_len=32)  # within the window it is plain attention

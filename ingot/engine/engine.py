@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from typing import Optional, Sequence as Seq, Union
 
 import torch
@@ -160,6 +161,8 @@ class Engine:
     def _append(self, seq: Sequence, token: int, logprobs: Optional[dict[int, float]]) -> None:
         p = seq.params
         seq.output_token_ids.append(token)
+        seq.token_times.append(time.monotonic())
+        seq.first_token_time = seq.token_times[0]
         if seq.logprobs is not None and logprobs is not None:
             seq.logprobs.append(logprobs)
         seq.detok.add([token])

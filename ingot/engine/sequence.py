@@ -51,6 +51,7 @@ class Sequence:
         self.status = Status.WAITING
         self.arrival_time = time.monotonic()
         self.first_token_time: Optional[float] = None
+        self.token_times: list[float] = []  # time.monotonic() of each output token
         self.finish_reason: Optional[str] = None
         self.stop_reason: Optional[object] = None
         self.logprobs: Optional[list[dict[int, float]]] = [] if params.logprobs is not None else None

@@ -93,28 +93,16 @@ def K():
 
 
 from ingot.ops import reference as ref  # noqa: E402
-
-
-def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
-    out, expected = out.float(), expected.float()
-    assert out.shape == expected.shape
-    assert not torch.isnan(out).any(), "NaN in the output"
-    return ((out - expected).norm() / expected.norm().clamp_min(1e-12)).item()
+from tests.ops.kernel_cases import rel_err  # noqa: E402
+from tests.ops.kernel_cases import paged as _paged  # noqa: E402
 
 
 def paged(lens, page, hkv, d, dtype, gen, extra_cols=1):
-    """Random caches and a shuffled block table covering ``lens`` (+ unused 0 columns)."""
-    b = len(lens)
-    m = max(-(-n // page) for n in lens) + extra_cols
-    nb = b * m + 2
-    k_cache = torch.randn(nb, page, hkv, d, generator=gen).to(dtype)
-    v_cache = torch.randn(nb, page, hkv, d, generator=gen).to(dtype)
-    ids = (torch.randperm(nb - 1, generator=gen) + 1)[: b * m].view(b, m)
-    table = torch.zeros(b, m, dtype=torch.int32)
-    for i, n in enumerate(lens):
-        used = -(-n // page)
-        table[i, :used] = ids[i, :used].to(torch.int32)
-    return k_cache, v_cache, table
+    return _paged(lens, page, hkv, d, dtype, gen, extra_cols)
+
+
+
+
 
 
 DECODE_CASES = [

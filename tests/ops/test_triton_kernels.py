@@ -21,6 +21,12 @@ import pytest
 import torch
 
 from ingot.ops import reference as ref
+from tests.ops.kernel_cases import rel_err
+from tests.ops.kernel_cases import paged as _paged
+
+
+def paged(lens, page, hkv, d, dtype, gen, extra_cols=2, device="cuda"):
+    return _paged(lens, page, hkv, d, dtype, gen, extra_cols, device)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
@@ -69,11 +75,6 @@ def K(monkeypatch):
     return type("Kernels", (), dict(mods, poison=poison))
 
 
-def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
-    out, expected = out.float(), expected.float()
-    assert out.shape == expected.shape
-    assert not torch.isnan(out).any(), "NaN in the output (unwritten element?)"
-    return ((out - expected).norm() / expected.norm().clamp_min(1e-12)).item()
 
 
 def mismatch(out: torch.Tensor, expected: torch.Tensor) -> float:
@@ -81,19 +82,6 @@ def mismatch(out: torch.Tensor, expected: torch.Tensor) -> float:
     return (out != expected).float().mean().item()
 
 
-def paged(lens, page, hkv, d, dtype, gen, extra_cols=2, device="cuda"):
-    """Random caches and a shuffled block table covering ``lens`` (unused columns 0)."""
-    b = len(lens)
-    m = max(-(-n // page) for n in lens) + extra_cols
-    nb = b * m + 2
-    k_cache = torch.randn(nb, page, hkv, d, generator=gen).to(dtype)
-    v_cache = torch.randn(nb, page, hkv, d, generator=gen).to(dtype)
-    ids = (torch.randperm(nb - 1, generator=gen) + 1)[: b * m].view(b, m)
-    table = torch.zeros(b, m, dtype=torch.int32)
-    for i, n in enumerate(lens):
-        used = -(-n // page)
-        table[i, :used] = ids[i, :used].to(torch.int32)
-    return k_cache.to(device), v_cache.to(device), table.to(device)
 
 
 def random_lens(batch, max_len, gen):
