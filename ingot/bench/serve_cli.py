@@ -1,7 +1,251 @@
-"""Placeholder: the command is being written."""
+"""`ingot bench serve`: end-to-end throughput and latency on a synthetic workload.
+
+For each decode-compile mode: build the engine, run one small warm-up request,
+then the workload (see ingot/bench/serve.py); print a table and optionally
+write every number, the workload and the environment as JSON.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ingot.config import DTYPES
+
+log = logging.getLogger(__name__)
+
+MODES = ("off", "on")
+
+
+def _range_arg(text: str) -> tuple[int, int]:
+    from ingot.bench.serve import parse_range
+
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rate_arg(text: str) -> float:
+    from ingot.bench.serve import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _modes_arg(text: str) -> list[str]:
+    modes = [m.strip().lower() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {'/'.join(MODES)}, got {text!r}")
+    return list(dict.fromkeys(modes))
+
 
 def add_parser(subparsers, engine_args) -> None:
-    return None
+    # engine_args is not used: its --decode-compile is an on/off flag, here it picks modes to compare.
+    p = subparsers.add_parser(
+        "serve",
+        help="end-to-end throughput and latency (TTFT, ITL) on a synthetic workload",
+        description="Send N synthetic requests (random token prompts, lengths drawn uniformly from ranges) "
+        "all at once or at a Poisson rate, and report throughput, time to first token and inter-token latency.",
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--num-requests", type=int, default=64, help="number of requests (default 64)")
+    w.add_argument("--input-len", type=_range_arg, default=(64, 1024), metavar="LOW-HIGH", help="prompt length range, inclusive (default 64-1024)")
+    w.add_argument("--output-len", type=_range_arg, default=(64, 512), metavar="LOW-HIGH", help="output length range, inclusive (default 64-512)")
+    w.add_argument("--request-rate", type=_rate_arg, default=float("inf"), metavar="RATE", help="requests/s, Poisson arrivals; inf (default) sends all at once")
+    w.add_argument("--seed", type=int, default=0, help="seed of lengths, prompts and arrival times (default 0)")
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct")
+    g.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length; default: the model's")
+    g.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch (default: the engine's)")
+    g.add_argument("--eager", action="store_true", help="no decode CUDA graphs")
+    g.add_argument(
+        "--compile-modes", "--decode-compile", dest="compile_modes", type=_modes_arg, nargs="?", const=["on"], default=["off"],
+        metavar="MODES", help="decode-compile modes to run, e.g. off,on (default off; alone: on). Compile only applies on CUDA",
+    )
+    o = p.add_argument_group("output")
+    o.add_argument("--json", type=Path, default=None, metavar="PATH", help="write all numbers, the workload and the environment here")
+    o.add_argument("--quiet", action="store_true", help="no progress or logs; only the table")
+    p.set_defaults(func=cmd_serve)
+
+
+def llm_kwargs(args: argparse.Namespace, decode_compile: bool) -> dict[str, Any]:
+    """The one place that turns parsed options into ``LLM(...)`` keyword arguments."""
+    kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile}
+    if args.max_model_len:
+        kw["max_model_len"] = args.max_model_len
+    if args.max_num_seqs:
+        kw["max_num_seqs"] = args.max_num_seqs
+    if args.eager:
+        kw["eager_mode"] = True
+    if args.quiet:
+        kw["show_progress"] = False
+    return kw
+
+
+def device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def environment(llm, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    import ingot
+
+    eng = llm.engine
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "ingot": ingot.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(eng.device),
+        "device_name": device_name(eng.device),
+        "cpu_threads": torch.get_num_threads(),
+        "model": args.model or "default (SmolLM2-135M-Instruct)",
+        "architecture": eng.model_config.architecture,
+        "dtype": str(eng.dtype).removeprefix("torch."),
+        "max_model_len": eng.max_model_len,
+        "max_num_seqs": eng.config.max_num_seqs,
+        "eager": eng.config.eager_mode,
+    }
+
+
+def run_mode(args: argparse.Namespace, workload, mode: str, console) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Build the engine for one compile mode, warm up, run the workload: (result, environment)."""
+    from ingot.bench.serve import check_fits, make_requests, run_workload, warm_up
+    from ingot.llm import LLM
+
+    say = (lambda *a: None) if args.quiet else console.print
+    say(f"[bold]decode-compile {mode}[/]: loading the model")
+    t0 = time.perf_counter()
+    llm = LLM(args.model, **llm_kwargs(args, decode_compile=(mode == "on")))
+    load_s = time.perf_counter() - t0
+    try:
+        eng = llm.engine
+        if mode == "on" and eng.device.type != "cuda":
+            console.print(f"[yellow]note[/]: decode compile only applies on CUDA; on {eng.device} decode runs uncompiled, as with off")
+        requests = make_requests(workload, eng.model_config.vocab_size)
+        check_fits(requests, eng.max_model_len)
+        warmup_s = warm_up(eng)
+        say(f"warm-up {warmup_s:.2f} s; running {len(requests)} requests")
+        metrics = _run_with_progress(eng, requests, args.quiet, console, run_workload)
+        result = {"mode": mode, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(metrics)}
+        env = environment(llm, args)
+    finally:
+        device = llm.engine.device
+        del llm
+        gc.collect()
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+    return result, env
+
+
+def _run_with_progress(eng, requests, quiet: bool, console, run_workload):
+    if quiet:
+        return run_workload(eng, requests)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("requests", total=len(requests))
+        return run_workload(eng, requests, on_finish=lambda: bar.advance(task))
+
+
+def _fmt(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render_table(results: list[dict[str, Any]], workload, env: dict[str, Any]):
+    from rich.table import Table
+
+    from ingot.bench.serve import format_rate
+
+    w = workload
+    title = (
+        f"ingot bench serve: {w.num_requests} requests, input {w.input_len[0]}-{w.input_len[1]}, "
+        f"output {w.output_len[0]}-{w.output_len[1]}, rate {format_rate(w.request_rate)}, seed {w.seed}"
+    )
+    caption = f"{env['model']} ({env['architecture']}, {env['dtype']}) on {env['device_name']} [{env['device']}], torch {env['torch']}"
+    table = Table(title=title, caption=caption)
+    table.add_column("metric")
+    for r in results:
+        table.add_column(f"compile {r['mode']}", justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("duration (s)", lambda r: _fmt(r["duration_s"], 2)),
+        ("requests/s", lambda r: _fmt(r["request_throughput"], 2)),
+        ("output tokens/s", lambda r: _fmt(r["output_throughput"], 1)),
+        ("total tokens/s", lambda r: _fmt(r["total_throughput"], 1)),
+        ("input / output tokens", lambda r: f"{r['input_tokens']:,} / {r['output_tokens']:,}"),
+    ]
+    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
+        for stat in ("mean", "p50", "p90", "p99"):
+            rows.append((f"{name} {stat} (ms)", lambda r, k=key, s=stat: _fmt(r[k][s], 1)))
+    rows += [
+        ("preemptions", lambda r: str(r["num_preemptions"])),
+        ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}"),
+    ]
+    for i, (name, cell) in enumerate(rows):
+        table.add_row(name, *[cell(r) for r in results], end_section=i in (4, 8, 12))
+    return table
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ingot.bench.serve import Workload
+
+    err = Console(stderr=True)
+    try:
+        workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed)
+    except ValueError as exc:
+        print(f"ingot: error: {exc}", file=sys.stderr)
+        return 2
+    results: list[dict[str, Any]] = []
+    env: dict[str, Any] = {}
+    for mode in args.compile_modes:
+        try:
+            result, env = run_mode(args, workload, mode, err)
+        except ValueError as exc:  # the workload does not fit the model (ConfigError etc. go to main)
+            from ingot.config import ConfigError
+            from ingot.engine.engine import RequestError
+            from ingot.sampling_params import SamplingError
+
+            if isinstance(exc, (ConfigError, RequestError, SamplingError)):
+                raise
+            print(f"ingot: error: {exc}", file=sys.stderr)
+            return 2
+        results.append(result)
+    Console().print(render_table(results, workload, env))
+    if args.json is not None:
+        doc = {"workload": workload.to_json(), "environment": env, "results": results}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        if not args.quiet:
+            err.print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,296 @@
+"""Serving benchmark: end-to-end throughput and latency on a synthetic workload.
+
+The workload is ``num_requests`` requests whose prompt and output lengths are
+drawn uniformly from inclusive ranges, with random prompt token ids, all from
+one seed. Requests arrive all at once (``request_rate=inf``) or as a Poisson
+process of the given rate (requests/s). The driver adds each request to the
+engine once its arrival time has passed and steps the engine in between.
+
+Metrics (pure functions, tested on hand-made streams):
+
+* TTFT: first output token time minus the request's *scheduled* arrival time
+  (so time spent waiting for a running step to end counts, as a client would see it).
+* ITL: every gap between consecutive output tokens of a request, pooled over requests.
+* throughput: requests, output tokens and prompt + output tokens per second of
+  ``duration`` (start of the run to the last token).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence
+
+from ingot.sampling_params import SamplingParams
+
+# Prompt token ids are drawn from [SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN):
+# special tokens (bos, eos, pad, chat markers) usually sit at either end of the vocab.
+SPECIAL_MARGIN = 10
+PERCENTILES = (50, 90, 99)
+
+
+# ---------------------------------------------------------------- workload
+@dataclass(frozen=True)
+class Workload:
+    """What to send: counts, inclusive length ranges, arrival rate and seed."""
+
+    num_requests: int
+    input_len: tuple[int, int]
+    output_len: tuple[int, int]
+    request_rate: float = math.inf  # requests/s; inf = all at once
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        for name in ("input_len", "output_len"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{name} range must satisfy 1 <= low <= high, got {lo}-{hi}")
+        if not self.request_rate > 0:  # also rejects NaN
+            raise ValueError(f"request_rate must be > 0 (or inf), got {self.request_rate}")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["input_len"], d["output_len"] = list(self.input_len), list(self.output_len)
+        d["request_rate"] = format_rate(self.request_rate)
+        return d
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_token_ids: list[int]
+    output_len: int
+    arrival_s: float  # seconds after the start of the run
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``"64-1024"`` -> (64, 1024); ``"32"`` -> (32, 32). Bounds are inclusive."""
+    parts = text.strip().split("-")
+    try:
+        if len(parts) == 1:
+            lo = hi = int(parts[0])
+        elif len(parts) == 2:
+            lo, hi = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"expected a length or a range LOW-HIGH, got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"range must satisfy 1 <= LOW <= HIGH, got {text!r}")
+    return lo, hi
+
+
+def parse_rate(text: str) -> float:
+    """Requests per second; ``inf`` (default) sends every request at once."""
+    rate = float(text)
+    if not rate > 0:
+        raise ValueError(f"request rate must be > 0 or inf, got {text!r}")
+    return rate
+
+
+def format_rate(rate: float) -> object:
+    return "inf" if math.isinf(rate) else rate
+
+
+def make_requests(workload: Workload, vocab_size: int) -> list[Request]:
+    """The workload's requests, in arrival order; the same seed gives the same requests.
+
+    Lengths and prompts come from one random stream and arrival gaps from another,
+    so changing the rate keeps the prompts and lengths. The first request arrives at 0.
+    """
+    lo_id, hi_id = SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN
+    if hi_id <= lo_id:
+        raise ValueError(f"vocab of {vocab_size} tokens is too small for random prompts")
+    rng = random.Random(workload.seed)
+    arrivals_rng = random.Random(f"arrivals-{workload.seed}")
+    out: list[Request] = []
+    t = 0.0
+    for i in range(workload.num_requests):
+        in_len = rng.randint(*workload.input_len)
+        out_len = rng.randint(*workload.output_len)
+        prompt = [rng.randrange(lo_id, hi_id) for _ in range(in_len)]
+        if i > 0 and not math.isinf(workload.request_rate):
+            t += arrivals_rng.expovariate(workload.request_rate)
+        out.append(Request(prompt, out_len, t))
+    return out
+
+
+# ---------------------------------------------------------------- metrics (pure)
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks.
+
+    Rank ``q/100 * (n-1)`` in the sorted values; the same definition as
+    numpy's default ("linear"). Raises ValueError on an empty sequence.
+    """
+    if not values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    s = sorted(values)
+    rank = q / 100 * (len(s) - 1)
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (rank - lo)
+
+
+def summarize(values: Sequence[float], scale: float = 1.0) -> dict[str, Optional[float]]:
+    """mean, p50, p90, p99 of ``values`` times ``scale``; all None when empty."""
+    keys = ["mean"] + [f"p{q}" for q in PERCENTILES]
+    if not values:
+        return dict.fromkeys(keys)
+    out: dict[str, Optional[float]] = {"mean": sum(values) / len(values) * scale}
+    for q in PERCENTILES:
+        out[f"p{q}"] = percentile(values, q) * scale
+    return out
+
+
+def ttft(arrival: float, token_times: Sequence[float]) -> Optional[float]:
+    """Time to first token (None if the request produced no token)."""
+    return token_times[0] - arrival if token_times else None
+
+
+def inter_token_latencies(token_times: Sequence[float]) -> list[float]:
+    """Gaps between consecutive output tokens of one request."""
+    return [b - a for a, b in zip(token_times, token_times[1:])]
+
+
+@dataclass
+class RequestRecord:
+    """One finished request: lengths and absolute (monotonic) times."""
+
+    input_len: int
+    output_len: int  # tokens produced
+    arrival: float
+    token_times: list[float]
+
+    @property
+    def ttft(self) -> Optional[float]:
+        return ttft(self.arrival, self.token_times)
+
+
+@dataclass
+class ServeMetrics:
+    duration_s: float
+    num_requests: int
+    input_tokens: int
+    output_tokens: int
+    request_throughput: float  # requests/s
+    output_throughput: float  # output tokens/s
+    total_throughput: float  # (prompt + output) tokens/s
+    ttft_ms: dict[str, Optional[float]]
+    itl_ms: dict[str, Optional[float]]
+    num_preemptions: int = 0  # sequences evicted (and later recomputed) for lack of KV cache
+    requests: list[dict] = field(default_factory=list)  # per request: lengths, arrival, ttft, latency
+
+
+def compute_metrics(records: Sequence[RequestRecord], start: float, end: float) -> ServeMetrics:
+    """Aggregate per-request records of a run that went from ``start`` to ``end``."""
+    duration = end - start
+    if duration <= 0:
+        raise ValueError(f"run duration must be positive, got {duration}")
+    inp = sum(r.input_len for r in records)
+    out = sum(r.output_len for r in records)
+    ttfts = [t for t in (r.ttft for r in records) if t is not None]
+    itls = [g for r in records for g in inter_token_latencies(r.token_times)]
+    per_request = [
+        {
+            "input_len": r.input_len,
+            "output_len": r.output_len,
+            "arrival_s": r.arrival - start,
+            "ttft_ms": None if r.ttft is None else r.ttft * 1e3,
+            "latency_s": (r.token_times[-1] - r.arrival) if r.token_times else None,
+        }
+        for r in records
+    ]
+    return ServeMetrics(
+        duration_s=duration,
+        num_requests=len(records),
+        input_tokens=inp,
+        output_tokens=out,
+        request_throughput=len(records) / duration,
+        output_throughput=out / duration,
+        total_throughput=(inp + out) / duration,
+        ttft_ms=summarize(ttfts, 1e3),
+        itl_ms=summarize(itls, 1e3),
+        requests=per_request,
+    )
+
+
+# ---------------------------------------------------------------- driving the engine
+def sampling_params(output_len: int) -> SamplingParams:
+    return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+
+
+def check_fits(requests: Sequence[Request], max_model_len: int) -> None:
+    """Every request must fit its prompt and all its output tokens in the context."""
+    worst = max(len(r.prompt_token_ids) + r.output_len for r in requests)
+    if worst > max_model_len:
+        raise ValueError(
+            f"a request needs {worst} tokens (prompt + output) but max_model_len is {max_model_len}; "
+            "lower --input-len/--output-len or raise --max-model-len"
+        )
+
+
+def warm_up(engine, num_prompt: int = 8, num_output: int = 8) -> float:
+    """Run one small request to completion; returns its wall time in seconds."""
+    vocab = engine.model_config.vocab_size
+    prompt = [SPECIAL_MARGIN + i % max(1, vocab - 2 * SPECIAL_MARGIN) for i in range(num_prompt)]
+    t0 = time.perf_counter()
+    seq = engine.add_request(prompt, sampling_params(num_output), request_id="serve-warmup")
+    try:
+        while not seq.finished:
+            engine.step()
+    finally:
+        engine.requests.pop(seq.request_id, None)
+    return time.perf_counter() - t0
+
+
+def run_workload(
+    engine,
+    requests: Sequence[Request],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_finish: Optional[Callable[[], None]] = None,
+) -> ServeMetrics:
+    """Send ``requests`` at their arrival times, step until all finish, measure.
+
+    ``clock`` must be the clock the engine stamps token times with (time.monotonic).
+    ``on_finish`` is called once per finished request (progress display).
+    """
+    if engine.has_unfinished():
+        raise RuntimeError("the engine has unfinished requests; run the benchmark on an idle engine")
+    check_fits(requests, engine.max_model_len)
+    pending = deque(sorted(enumerate(requests), key=lambda ir: ir[1].arrival_s))
+    live = []  # (request, sequence, scheduled arrival time)
+    preempted_before = engine.scheduler.num_preemptions
+    start = clock()
+    try:
+        while pending or engine.has_unfinished():
+            now = clock()
+            while pending and start + pending[0][1].arrival_s <= now:
+                i, req = pending.popleft()
+                seq = engine.add_request(req.prompt_token_ids, sampling_params(req.output_len), request_id=f"serve-{i}")
+                live.append((req, seq, start + req.arrival_s))
+            if engine.has_unfinished():
+                for seq in engine.step():
+                    if seq.finished and on_finish is not None:
+                        on_finish()
+            elif pending:
+                sleep(max(0.0, start + pending[0][1].arrival_s - clock()))
+        end = clock()
+    finally:
+        for _, seq, _ in live:
+            if not seq.finished:
+                engine.abort(seq.request_id)
+            engine.requests.pop(seq.request_id, None)
+    records = [
+        RequestRecord(len(req.prompt_token_ids), len(seq.output_token_ids), arrival, list(seq.token_times))
+        for req, seq, arrival in live
+    ]
+    metrics = compute_metrics(records, start, end)
+    metrics.num_preemptions = engine.scheduler.num_preemptions - preempted_before
+    return metrics
