@@ -49,13 +49,14 @@ class EngineConfig:
     eager_mode: bool = False
     cudagraph_capture_sizes: Optional[tuple[int, ...]] = None
     fake_graph_capture: bool = False  # padded bucket path without graphs (CPU tests)
-    decode_compile: bool = False
+    decode_compile: Union[bool, str] = False  # False, True or "auto" (per-bucket choice by measurement)
     # Default: every op stays an opaque kernel. Measured on the H200 (torch 2.11,
     # SmolLM2 bf16, 8 prompts x 128 steps): compiled decode was then bitwise equal
     # to graph-only decode, at the same speed as the all-native policy, which
     # drifted (top-1 99.2%, 1 of 8 greedy sequences identical). docs/decode-compile.md
     compile_native_ops: tuple[str, ...] = ()
     compile_strict_numerics: bool = False
+    auto_compile_max_drift: float = 1e-3  # auto: largest probe relative logit error a compiled bucket may show
     compile_skip_modules: tuple[str, ...] = ()
     # UX
     show_progress: bool = True
@@ -95,6 +96,10 @@ class EngineConfig:
             self.cudagraph_capture_sizes = tuple(int(s) for s in self.cudagraph_capture_sizes)
             if not self.cudagraph_capture_sizes or min(self.cudagraph_capture_sizes) < 1:
                 raise ConfigError("cudagraph_capture_sizes must be positive batch sizes")
+        if self.decode_compile not in (True, False, "auto"):
+            raise ConfigError(f"decode_compile must be True, False or 'auto', got {self.decode_compile!r}")
+        if not self.auto_compile_max_drift >= 0:
+            raise ConfigError(f"auto_compile_max_drift must be >= 0, got {self.auto_compile_max_drift}")
         self.compile_native_ops = tuple(self.compile_native_ops)
         bad = [op for op in self.compile_native_ops if op not in FUSIBLE_OPS]
         if bad:
@@ -137,6 +142,13 @@ def parse_value(text: str, tp: Any, name: str) -> Any:
     base, optional = _base_type(tp)
     if optional and text.strip().lower() in ("", "none"):
         return None
+    if tp == Union[bool, str]:  # a flag with one named extra mode: decode_compile=auto
+        if text.strip().lower() == "auto":
+            return "auto"
+        try:
+            return parse_bool(text, name)
+        except ConfigError:
+            raise ConfigError(f"{name}={text!r}: use 1/0, true/false, on/off or auto") from None
     try:
         if base is bool:
             return parse_bool(text, name)

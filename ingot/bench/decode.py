@@ -18,6 +18,7 @@ from ingot.engine.kv_cache import blocks_for
 from ingot.layers.attention import AttentionMetadata
 from ingot.models.loader import build_model, init_random
 from ingot.models.model_config import ModelConfig
+from ingot.runner.auto_compile import time_ms
 from ingot.runner.graph_runner import DecodeGraphRunner
 from ingot.runner.model_runner import ModelRunner
 from ingot.runner.step_inputs import StepInputs
@@ -57,18 +58,7 @@ def synthetic_decode_inputs(batch: int, context_len: int, block_size: int, devic
 
 def time_cuda(fn, iters: int, warmup: int = 3) -> float:
     """Median milliseconds of ``fn`` over ``iters`` runs, each timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(time_ms(fn, iters, torch.device("cuda"), warmup))
 
 
 def build_shape(shape: str, dtype: torch.dtype, device: torch.device, max_position: int) -> tuple[torch.nn.Module, ModelConfig]:

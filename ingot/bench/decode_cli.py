@@ -1,7 +1,328 @@
-"""Placeholder: the command is being written."""
+"""`ingot bench decode`: ms per decode step (eager, graph, compiled graph) per batch size.
+
+For every batch size it reports ms per step, tokens/s, the speed-up of the
+compiled graph over the graph, compile and capture seconds, and how close each
+mode gets to the memory floor: the time to read every weight plus the KV
+cache of the batch once, at the device-to-device copy bandwidth measured in
+the same run. Timing needs CUDA; the floor math, the summary, the table and
+the JSON/plot writers are plain functions that also run on CPU.
+
+    ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --json out.json --plot out.png
+    ingot bench decode --model Qwen/Qwen2.5-1.5B-Instruct --decode-compile off
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from ingot.bench import report
+from ingot.bench.decode import SHAPES, BucketTiming
+from ingot.config import DTYPES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHAPE = "qwen2.5-1.5b"
+COMPILE_CHOICES = ("off", "on", "auto")
+MODE_ORDER = ("eager", "graph", "compiled")
+COPY_BYTES = 1 << 30  # size of the bandwidth probe (each of source and destination)
+
+
+# ---------------------------------------------------------------------- floor math (pure)
+@dataclass(frozen=True)
+class ModelBytes:
+    """What one decode step must read at least: every weight, plus the batch's KV cache."""
+
+    weight_bytes: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_elem_size: int  # bytes per cached K or V element
+
+    def kv_bytes(self, batch: int, context_len: int) -> int:
+        """K and V of ``context_len`` cached tokens per sequence, every layer."""
+        return batch * context_len * self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv_elem_size
+
+    def step_bytes(self, batch: int, context_len: int) -> int:
+        return self.weight_bytes + self.kv_bytes(batch, context_len)
+
+    @classmethod
+    def of(cls, model: Any, cfg: Any, dtype: Any) -> "ModelBytes":
+        """From a built model (unique parameters; tied weights count once) and its ModelConfig."""
+        import torch
+
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        elem = torch.empty((), dtype=dtype).element_size()
+        return cls(int(weights), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
+
+
+def copy_bandwidth(nbytes: int, ms: float) -> float:
+    """Bytes/s of a device-to-device copy of ``nbytes``: it reads them and writes them."""
+    return 2 * nbytes / (ms / 1e3)
+
+
+def floor_ms(model_bytes: ModelBytes, batch: int, context_len: int, bandwidth: float) -> float:
+    """Milliseconds to move one step's minimum bytes at ``bandwidth`` bytes/s."""
+    return model_bytes.step_bytes(batch, context_len) / bandwidth * 1e3
+
+
+def floor_fraction(floor: float, step_ms: float) -> float:
+    """Fraction of the memory floor reached: 1.0 = the step runs at copy bandwidth."""
+    return floor / step_ms
+
+
+def tokens_per_s(batch: int, step_ms: float) -> float:
+    return batch / (step_ms / 1e3)
+
+
+# ---------------------------------------------------------------------- results
+@dataclass
+class DecodeBench:
+    """One run of the benchmark: what was timed, on what, and the per-batch timings."""
+
+    source: str  # "shape qwen2.5-1.5b (random weights)" or the model path / hub id
+    dtype: str
+    context_len: int
+    iters: int
+    decode_compile: str  # off | on | auto, as asked
+    modes: list[str]
+    bandwidth: float  # bytes/s, measured device-to-device copy
+    model_bytes: ModelBytes
+    rows: list[BucketTiming]
+    env: dict[str, Any] = field(default_factory=dict)
+
+
+def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
+    """Per batch size: the floor, and per mode ms, tokens/s, fraction of floor, speed-ups, compile/capture s."""
+    out = []
+    for row in bench.rows:
+        floor = floor_ms(bench.model_bytes, row.batch, bench.context_len, bench.bandwidth)
+        graph_ms = row.ms.get("graph")
+        modes: dict[str, dict[str, Any]] = {}
+        for mode in bench.modes:
+            ms = row.ms.get(mode)
+            if ms is None:
+                continue
+            modes[mode] = {
+                "ms": ms,
+                "tokens_per_s": tokens_per_s(row.batch, ms),
+                "floor_fraction": floor_fraction(floor, ms),
+                "speedup_vs_graph": graph_ms / ms if graph_ms is not None else None,
+                "warmup_s": row.warmup_s.get(mode),
+                "capture_s": row.capture_s.get(mode),
+            }
+        compiled_ms = row.ms.get("compiled")
+        out.append({
+            "batch": row.batch,
+            "kv_bytes": bench.model_bytes.kv_bytes(row.batch, bench.context_len),
+            "step_bytes": bench.model_bytes.step_bytes(row.batch, bench.context_len),
+            "floor_ms": floor,
+            "compiled_speedup_vs_graph": graph_ms / compiled_ms if graph_ms is not None and compiled_ms is not None else None,
+            "modes": modes,
+        })
+    return out
+
+
+def to_json(bench: DecodeBench) -> dict[str, Any]:
+    """Everything measured (raw BucketTiming rows) and everything derived (summary)."""
+    return {
+        "command": "ingot bench decode",
+        "env": bench.env,
+        "source": bench.source,
+        "dtype": bench.dtype,
+        "context_len": bench.context_len,
+        "iters": bench.iters,
+        "decode_compile": bench.decode_compile,
+        "modes": list(bench.modes),
+        "copy_bandwidth_bytes_per_s": bench.bandwidth,
+        "model_bytes": asdict(bench.model_bytes),
+        "timings": [asdict(r) for r in bench.rows],
+        "summary": summarize(bench),
+    }
+
+
+def make_table(bench: DecodeBench):
+    """One row per (batch size, mode); a separator between batch sizes."""
+    columns = ["batch", "mode", "ms/step", "tokens/s", "vs graph", "% of floor", "floor ms", "warm-up s", "capture s"]
+    rows: list[list[str]] = []
+    ends: list[int] = []
+    for s in summarize(bench):
+        for i, (mode, m) in enumerate(s["modes"].items()):
+            rows.append([
+                str(s["batch"]) if i == 0 else "",
+                mode,
+                report.fmt(m["ms"], ".3f"),
+                report.fmt(m["tokens_per_s"], ",.0f"),
+                report.fmt(m["speedup_vs_graph"], ".2f") + ("x" if m["speedup_vs_graph"] is not None else ""),
+                report.fmt(100 * m["floor_fraction"], ".1f"),
+                report.fmt(s["floor_ms"], ".3f") if i == 0 else "",
+                report.fmt(m["warmup_s"], ".1f"),
+                report.fmt(m["capture_s"], ".3f"),
+            ])
+        ends.append(len(rows) - 1)
+    bw = bench.bandwidth / 1e9
+    title = f"decode step, {bench.source}, {bench.dtype}, context {bench.context_len} (median of {bench.iters})"
+    caption = (f"floor = ({bench.model_bytes.weight_bytes / 1e9:.2f} GB weights + KV of the batch) / "
+               f"{bw:,.0f} GB/s copy bandwidth; warm-up includes the compile")
+    return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
+
+
+def plot(bench: DecodeBench, path: str) -> None:
+    """ms per step against batch size, one line per mode, the memory floor dashed."""
+    summary = summarize(bench)
+    x = [s["batch"] for s in summary]
+    series: dict[str, list[Optional[float]]] = {
+        mode: [s["modes"].get(mode, {}).get("ms") for s in summary] for mode in bench.modes
+    }
+    series["memory floor"] = [s["floor_ms"] for s in summary]
+    report.plot_lines(
+        path, x, series, dashed=["memory floor"], xlabel="batch size", ylabel="ms per decode step",
+        title=f"{bench.source}, {bench.dtype}, context {bench.context_len}",
+    )
+
+
+# ---------------------------------------------------------------------- measuring (CUDA)
+def modes_for(decode_compile: str) -> list[str]:
+    return ["eager", "graph"] if decode_compile == "off" else ["eager", "graph", "compiled"]
+
+
+def measure_copy_bandwidth(device: Any, nbytes: int = COPY_BYTES, iters: int = 20) -> float:
+    """Bytes/s of a large device-to-device copy, timed with CUDA events (median)."""
+    import torch
+
+    from ingot.bench.decode import time_cuda
+
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = max(1 << 20, min(nbytes, free // 4))
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    ms = time_cuda(lambda: dst.copy_(src), iters, warmup=5)
+    del src, dst
+    torch.cuda.empty_cache()
+    return copy_bandwidth(nbytes, ms)
+
+
+def _load(args: argparse.Namespace, device: Any):
+    """(model, ModelConfig, dtype, source label): a checkpoint's real weights, or a random-weight shape."""
+    from ingot.bench.decode import build_shape
+    from ingot.config import ConfigError
+    from ingot.loading.checkpoint import open_checkpoint
+    from ingot.models.loader import load_checkpoint, resolve_dtype
+
+    max_position = args.context_len + 64
+    if args.model is not None:
+        ckpt = open_checkpoint(args.model)
+        if args.context_len + 1 > ckpt.config.max_position_embeddings:
+            raise ConfigError(f"--context-len {args.context_len} does not fit the model's "
+                              f"{ckpt.config.max_position_embeddings} positions")
+        dtype = resolve_dtype(args.dtype, device, ckpt.config.torch_dtype)
+        model = load_checkpoint(ckpt, dtype, device, min(max_position, ckpt.config.max_position_embeddings), progress=not args.quiet)
+        return model, ckpt.config, dtype, args.model
+    shape = args.shape or DEFAULT_SHAPE
+    dtype = resolve_dtype(args.dtype, device)
+    model, cfg = build_shape(shape, dtype, device, max_position)
+    return model, cfg, dtype, f"shape {shape} (random weights)"
+
+
+def run(args: argparse.Namespace, device: Any) -> DecodeBench:
+    import torch
+
+    from ingot.bench.decode import bench_decode
+    from ingot.config import EngineConfig
+
+    modes = modes_for(args.decode_compile)
+    if "compiled" in modes:
+        from ingot.runner import decode_compile
+
+        ok, why = decode_compile.supported()
+        if not ok:
+            print(f"ingot bench decode: compiled mode skipped: {why}", file=sys.stderr)
+            modes.remove("compiled")
+    bandwidth = measure_copy_bandwidth(device)
+    model, cfg, dtype, source = _load(args, device)
+    config = EngineConfig.create(show_progress=not args.quiet)
+    rows = bench_decode(model, cfg, args.batch_sizes, args.context_len, modes, iters=args.iters, dtype=dtype, config=config)
+    bench = DecodeBench(
+        source=source,
+        dtype=str(dtype).removeprefix("torch."),
+        context_len=args.context_len,
+        iters=args.iters,
+        decode_compile=args.decode_compile,
+        modes=modes,
+        bandwidth=bandwidth,
+        model_bytes=ModelBytes.of(model, cfg, dtype),
+        rows=rows,
+        env=report.env_info(),
+    )
+    del model
+    torch.cuda.empty_cache()
+    return bench
+
+
+def _cuda_device(name: str):
+    """The CUDA device to time on, or None (with the reason printed) if there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "PyTorch sees no CUDA GPU"
+    elif name != "auto" and not name.startswith("cuda"):
+        why = f"--device {name} is not a CUDA device"
+    else:
+        return torch.device("cuda" if name == "auto" else name)
+    print(f"ingot bench decode: error: timing decode steps needs a CUDA GPU ({why}); "
+          "run it on a machine with CUDA (for a CPU check of graphs vs eager use `ingot check drift --fake-graphs`)",
+          file=sys.stderr)
+    return None
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    if args.decode_compile == "auto":
+        print("ingot bench decode: --decode-compile auto is not implemented yet (per-bucket automatic choice "
+              "is planned); timing as --decode-compile on", file=sys.stderr)
+    try:
+        if args.plot:
+            report.require_matplotlib()  # fail before minutes of timing, not after
+        device = _cuda_device(args.device)
+        if device is None:
+            return 2
+        bench = run(args, device)
+        report.console(width=160).print(make_table(bench))
+        if args.json:
+            print(f"wrote {report.write_json(args.json, to_json(bench))}")
+        if args.plot:
+            plot(bench, args.plot)
+            print(f"wrote {args.plot}")
+    except report.ReportError as exc:
+        print(f"ingot bench decode: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
 
 def add_parser(subparsers, engine_args) -> None:
-    return None
+    # Not engine_args: its --decode-compile is a flag, here it picks which modes to time.
+    p = subparsers.add_parser(
+        "decode",
+        help="ms per decode step (eager, graph, compiled graph) per batch size, against the memory floor",
+        description="Time decode steps per batch size with CUDA events: eager, CUDA graph and compiled graph; "
+                    "tokens/s, compiled-vs-graph speed-up and the fraction of the memory floor "
+                    "(weights + KV read once at the measured copy bandwidth). Needs CUDA.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id: time it with its real weights")
+    src.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                     help=f"random-weight model of this shape (default {DEFAULT_SHAPE} when --model is not given)")
+    p.add_argument("--batch-sizes", type=report.positive_int_list, default=[1, 8, 32, 64, 256], metavar="N,N,...",
+                   help="batch sizes to time (default 1,8,32,64,256)")
+    p.add_argument("--context-len", type=report.positive_int, default=512, help="cached tokens per sequence (default 512)")
+    p.add_argument("--decode-compile", choices=COMPILE_CHOICES, default="on",
+                   help="off: time eager + graph; on: eager + graph + compiled graph (default); auto: not implemented yet, same as on")
+    p.add_argument("--iters", type=report.positive_int, default=30, help="timed steps per mode and batch size; the median is reported (default 30)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
+    p.add_argument("--plot", default=None, metavar="PATH.png", help="plot ms/step vs batch size (needs matplotlib)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA")
+    p.add_argument("--device", default="auto", help="auto or cuda[:N]")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or logs")
+    p.set_defaults(func=cmd_decode)

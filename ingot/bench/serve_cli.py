@@ -218,29 +218,19 @@ def render_table(results: list[dict[str, Any]], workload, env: dict[str, Any]):
 def cmd_serve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ingot.bench.serve import Workload
+    from ingot.bench.serve import Workload, WorkloadError
 
     err = Console(stderr=True)
-    try:
-        workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed)
-    except ValueError as exc:
-        print(f"ingot: error: {exc}", file=sys.stderr)
-        return 2
     results: list[dict[str, Any]] = []
     env: dict[str, Any] = {}
-    for mode in args.compile_modes:
-        try:
+    try:
+        workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed)
+        for mode in args.compile_modes:
             result, env = run_mode(args, workload, mode, err)
-        except ValueError as exc:  # the workload does not fit the model (ConfigError etc. go to main)
-            from ingot.config import ConfigError
-            from ingot.engine.engine import RequestError
-            from ingot.sampling_params import SamplingError
-
-            if isinstance(exc, (ConfigError, RequestError, SamplingError)):
-                raise
-            print(f"ingot: error: {exc}", file=sys.stderr)
-            return 2
-        results.append(result)
+            results.append(result)
+    except WorkloadError as exc:
+        print(f"ingot: error: {exc}", file=sys.stderr)
+        return 2
     Console().print(render_table(results, workload, env))
     if args.json is not None:
         doc = {"workload": workload.to_json(), "environment": env, "results": results}

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ingot.config import EngineConfig
 from ingot.layers.attention import AttentionMetadata
-from ingot.runner import decode_compile
+from ingot.runner import auto_compile, decode_compile
 from ingot.runner.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
@@ -113,11 +113,37 @@ class StaticBuffers:
         self.block_tables[:b, :width].copy_(a.block_tables, non_blocking=True)
         self.block_tables[:b, width:].zero_()
         if bucket > b:
-            self.input_ids[b:bucket].zero_()
-            self.positions[b:bucket].zero_()
-            self.slot_mapping[b:bucket].zero_()
-            self.block_tables[b:bucket].zero_()
-            self.seq_lens[b:bucket].fill_(1)
+            self.reset(b, bucket)
+
+    def reset(self, start: int, end: int) -> None:
+        """Rows [start, end) become padding: token 0 at position 0, K/V to the dummy slot."""
+        self.input_ids[start:end].zero_()
+        self.positions[start:end].zero_()
+        self.slot_mapping[start:end].zero_()
+        self.block_tables[start:end].zero_()
+        self.seq_lens[start:end].fill_(1)
+
+    def probe(self, n: int, vocab: int) -> None:
+        """A fixed probe batch for auto-compile: varied tokens, each alone at position 0 (dummy slot)."""
+        self.reset(0, n)
+        ids = (torch.arange(n, device=self.input_ids.device) * 7919 + 13) % vocab
+        self.input_ids[:n].copy_(ids)
+
+
+@dataclass
+class CapturedBucket:
+    """One bucket's forward and, on CUDA, its graph and the graph's output buffer."""
+
+    forward: DecodeForward
+    compiled: bool
+    graph: Optional[torch.cuda.CUDAGraph] = None
+    output: Optional[torch.Tensor] = None
+
+    def replay(self, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if self.graph is None:  # fake capture: run the forward on the padded buffers
+            return self.forward(*args)
+        self.graph.replay()
+        return self.output
 
 
 class DecodeGraphRunner:
@@ -125,30 +151,30 @@ class DecodeGraphRunner:
         self.model = model
         self.config = config
         self.device = device
-        self.fake = device.type != "cuda"  # only reached with fake_graph_capture on CPU
-        if config.fake_graph_capture:
-            self.fake = True
+        self.fake = device.type != "cuda" or config.fake_graph_capture
+        self.auto = config.decode_compile == "auto"
         self.buckets = capture_sizes(config)
         self.max_blocks = max_blocks_per_seq
         self.buffers = StaticBuffers.allocate(self.buckets[-1], max_blocks_per_seq, device)
         self.raw_forward = make_decode_forward(model)
         self._forward: Optional[DecodeForward] = None  # built lazily at the first capture
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.entries: dict[int, CapturedBucket] = {}
         self.info: dict[int, BucketInfo] = {}
+        self.decisions: dict[int, auto_compile.BucketDecision] = {}
         self.pool = None
 
     # ------------------------------------------------------------------ build
     @property
     def forward(self) -> DecodeForward:
-        """The forward captured into graphs: compiled only if enabled (built once, lazily)."""
+        """The compiled forward if compile is on (built once, lazily), else the raw one."""
         if self._forward is None:
             self._forward = decode_compile.build_decode_forward(self.raw_forward, self.config, self.device)
         return self._forward
 
     @property
     def compiled(self) -> bool:
-        return self._forward is not None and getattr(self._forward, "compiled", False)
+        """Whether any bucket replays the compiled forward."""
+        return any(e.compiled for e in self.entries.values())
 
     def bucket_for(self, batch: int) -> Optional[int]:
         for size in self.buckets:
@@ -168,35 +194,70 @@ class DecodeGraphRunner:
             bar.set_postfix_str(f"bs={size} warmup {info.seconds_warmup:.1f}s capture {info.seconds_capture:.2f}s")
         bar.close()
         total = sum(i.seconds_warmup + i.seconds_capture for i in self.info.values())
-        log.info("decode graphs ready: %d buckets in %.1fs (compile %s)", len(self.info), total, "on" if self.compiled else "off")
+        log.info("decode graphs ready: %d buckets in %.1fs (compiled: %s)", len(self.info), total,
+                 sorted(s for s, e in self.entries.items() if e.compiled) or "none")
+        if self.decisions:
+            log.info("decode_compile=auto, per bucket:\n%s", auto_compile.decision_table(list(self.decisions.values())))
 
     @torch.inference_mode()
     def capture(self, size: int) -> BucketInfo:
+        info = BucketInfo(size)
         forward = self.forward
-        info = BucketInfo(size, compiled=self.compiled)
+        is_compiled = bool(getattr(forward, "compiled", False))
+        if self.auto and is_compiled:
+            raw = self._warm_and_capture(self.raw_forward, False, size, info)
+            comp = self._warm_and_capture(forward, True, size, info)
+            decision = self._decide(size, raw, comp)
+            self.decisions[size] = decision
+            self.entries[size] = comp if decision.use_compiled else raw
+        else:
+            self.entries[size] = self._warm_and_capture(forward, is_compiled, size, info)
+        info.compiled = self.entries[size].compiled
+        self.info[size] = info
+        return info
+
+    def _warm_and_capture(self, forward: DecodeForward, compiled: bool, size: int, info: BucketInfo) -> CapturedBucket:
+        """Warm up (compiling, when on, and autotuning kernels), then capture one graph."""
         args = self.buffers.view(size)
         snap = decode_compile.stats_snapshot()
         t0 = time.perf_counter()
-        for _ in range(2):  # the first call compiles (when on) and autotunes kernels
+        for _ in range(2):
             forward(*args)
         self._sync()
-        info.seconds_warmup = time.perf_counter() - t0
-        info.stats = decode_compile.stats_since(snap)
-        if info.compiled and info.stats is not None and (info.stats.graph_breaks or info.stats.recompiles):
-            log.info("bucket %d: %s", size, info.stats.describe())
-        if not self.fake:
-            t0 = time.perf_counter()
-            graph = torch.cuda.CUDAGraph()
-            with decode_compile.forbid_recompiles() if info.compiled else contextlib.nullcontext():
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self.outputs[size] = forward(*args)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[size] = graph
-            self._sync()
-            info.seconds_capture = time.perf_counter() - t0
-        self.info[size] = info
-        return info
+        info.seconds_warmup += time.perf_counter() - t0
+        if compiled:
+            info.stats = decode_compile.stats_since(snap)
+            if info.stats is not None and (info.stats.graph_breaks or info.stats.recompiles):
+                log.info("bucket %d: %s", size, info.stats.describe())
+        entry = CapturedBucket(forward, compiled)
+        if self.fake:
+            return entry
+        t0 = time.perf_counter()
+        entry.graph = torch.cuda.CUDAGraph()
+        with decode_compile.forbid_recompiles() if compiled else contextlib.nullcontext():
+            with torch.cuda.graph(entry.graph, pool=self.pool):
+                entry.output = forward(*args)
+        if self.pool is None:
+            self.pool = entry.graph.pool()
+        self._sync()
+        info.seconds_capture += time.perf_counter() - t0
+        return entry
+
+    def _decide(self, size: int, raw: CapturedBucket, comp: CapturedBucket, rounds: int = 5, iters: int = 6) -> auto_compile.BucketDecision:
+        """Probe drift and interleaved replay timings of both graphs of a bucket."""
+        args = self.buffers.view(size)
+        vocab = raw.replay(args).shape[-1]  # learnt from the output: the runner knows no model
+        self.buffers.probe(size, vocab)
+        out_raw = raw.replay(args).float().clone()
+        out_comp = comp.replay(args).float().clone()
+        drift = auto_compile.ProbeDrift.measure(out_comp, out_raw)
+        t_raw: list[float] = []
+        t_comp: list[float] = []
+        for _ in range(rounds):  # interleaved, so drifting clocks hit both alike
+            t_raw += auto_compile.time_ms(lambda: raw.replay(args), iters, self.device, warmup=1)
+            t_comp += auto_compile.time_ms(lambda: comp.replay(args), iters, self.device, warmup=1)
+        self.buffers.reset(0, size)
+        return auto_compile.decide(size, t_raw, t_comp, drift, self.config.auto_compile_max_drift)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -209,10 +270,4 @@ class DecodeGraphRunner:
         bucket = self.bucket_for(b)
         assert bucket is not None, "caller checks fits()"
         self.buffers.fill(inputs, bucket)
-        if self.fake:
-            logits = self.forward(*self.buffers.view(bucket))
-        else:
-            self.graphs[bucket].replay()
-            logits = self.outputs[bucket]
-        return logits[:b]
-
+        return self.entries[bucket].replay(self.buffers.view(bucket))[:b]

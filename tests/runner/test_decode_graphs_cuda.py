@@ -63,8 +63,9 @@ def test_graph_replay_bitwise_equals_raw_forward(llm, monkeypatch):
         graphs.buffers.fill(inputs, bucket)
         with torch.inference_mode():
             raw = graphs.raw_forward(*graphs.buffers.view(bucket)).clone()
-        graphs.graphs[bucket].replay()
-        out = graphs.outputs[bucket]
+        entry = graphs.entries[bucket]
+        entry.graph.replay()
+        out = entry.output
         steps.append(bucket)
         if not torch.equal(out, raw):
             mismatches.append((len(steps), float((out.float() - raw.float()).abs().max())))

@@ -1,0 +1,226 @@
+"""`ingot bench decode` on CPU: parsing, floor math, table / JSON / plot writers on fabricated rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ingot.bench import decode_cli, report
+from ingot.bench.decode import BucketTiming
+from ingot.bench.decode_cli import DecodeBench, ModelBytes
+from ingot.cli import build_parser, main
+
+
+# ---------------------------------------------------------------------- parsing
+def test_parse_defaults():
+    args = build_parser().parse_args(["bench", "decode"])
+    assert args.func is decode_cli.cmd_decode
+    assert args.model is None and args.shape is None
+    assert args.batch_sizes == [1, 8, 32, 64, 256]
+    assert args.context_len == 512 and args.iters == 30
+    assert args.decode_compile == "on"
+    assert args.json is None and args.plot is None
+    assert args.dtype == "auto" and args.device == "auto"
+
+
+def test_parse_options():
+    args = build_parser().parse_args([
+        "bench", "decode", "--shape", "qwen2.5-7b", "--batch-sizes", "1, 8,8,64", "--context-len", "1024",
+        "--decode-compile", "off", "--iters", "5", "--json", "o.json", "--plot", "o.png", "--dtype", "bfloat16",
+        "--device", "cuda:1",
+    ])
+    assert args.shape == "qwen2.5-7b" and args.batch_sizes == [1, 8, 64]
+    assert (args.context_len, args.decode_compile, args.iters) == (1024, "off", 5)
+    assert (args.json, args.plot, args.dtype, args.device) == ("o.json", "o.png", "bfloat16", "cuda:1")
+    assert build_parser().parse_args(["bench", "decode", "--model", "org/name"]).model == "org/name"
+    assert build_parser().parse_args(["bench", "decode", "--decode-compile", "auto"]).decode_compile == "auto"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--batch-sizes", "0,8"],
+    ["--batch-sizes", "a"],
+    ["--batch-sizes", ""],
+    ["--context-len", "0"],
+    ["--shape", "gpt-5"],
+    ["--decode-compile", "maybe"],
+    ["--model", "x", "--shape", "qwen2.5-7b"],  # one or the other
+])
+def test_parse_rejects(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["bench", "decode", *argv])
+    assert exc.value.code == 2
+
+
+def test_modes_for():
+    assert decode_cli.modes_for("off") == ["eager", "graph"]
+    assert decode_cli.modes_for("on") == ["eager", "graph", "compiled"]
+    assert decode_cli.modes_for("auto") == ["eager", "graph", "compiled"]
+
+
+# ---------------------------------------------------------------------- floor math
+MB = ModelBytes(weight_bytes=1_000_000_000, num_layers=2, num_kv_heads=2, head_dim=64, kv_elem_size=2)
+
+
+def test_kv_bytes_by_hand():
+    # 4 seqs * 100 tokens * 2 layers * (K and V) * 2 heads * 64 dims * 2 bytes
+    assert MB.kv_bytes(4, 100) == 4 * 100 * 2 * 2 * 2 * 64 * 2 == 409_600
+    assert MB.step_bytes(4, 100) == 1_000_409_600
+    assert MB.kv_bytes(0, 100) == 0
+
+
+def test_copy_bandwidth_counts_read_and_write():
+    # 1 GiB copied in 0.5 ms: 2 GiB moved -> 4.294967296e12 B/s
+    assert decode_cli.copy_bandwidth(1 << 30, 0.5) == pytest.approx(4.294967296e12)
+
+
+def test_floor_ms_and_fraction_by_hand():
+    floor = decode_cli.floor_ms(MB, 4, 100, 4e12)
+    assert floor == pytest.approx(1_000_409_600 / 4e12 * 1e3) == pytest.approx(0.2501024)
+    assert decode_cli.floor_fraction(floor, 0.5) == pytest.approx(0.5002048)
+    assert decode_cli.tokens_per_s(8, 2.5) == pytest.approx(3200.0)
+
+
+def test_floor_qwen_1_5b_shape_by_hand():
+    # Qwen2.5-1.5B, bf16: 28 layers, 2 KV heads of 128; batch 64 at context 512
+    mb = ModelBytes(weight_bytes=3_087_467_008, num_layers=28, num_kv_heads=2, head_dim=128, kv_elem_size=2)
+    kv = 64 * 512 * 28 * 2 * 2 * 128 * 2
+    assert mb.kv_bytes(64, 512) == kv == 939_524_096
+    assert decode_cli.floor_ms(mb, 64, 512, 4.0e12) == pytest.approx((3_087_467_008 + kv) / 4.0e9)
+
+
+def test_model_bytes_of_counts_tied_weights_once():
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4, dtype=torch.bfloat16)
+            self.head = torch.nn.Linear(4, 10, bias=False, dtype=torch.bfloat16)
+            self.head.weight = self.embed.weight  # tied
+            self.norm = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+            self.register_buffer("cache", torch.zeros(1000))  # buffers are not weights
+
+    cfg = SimpleNamespace(num_layers=3, num_kv_heads=2, head_dim=8)
+    mb = ModelBytes.of(Tiny(), cfg, torch.bfloat16)
+    assert mb == ModelBytes(weight_bytes=(40 + 4) * 2, num_layers=3, num_kv_heads=2, head_dim=8, kv_elem_size=2)
+
+
+# ---------------------------------------------------------------------- writers on fabricated rows
+def fabricated(modes=("eager", "graph", "compiled")) -> DecodeBench:
+    rows = [
+        BucketTiming(1, ms={"eager": 16.5, "graph": 1.8, "compiled": 1.6},
+                     warmup_s={"graph": 0.4, "compiled": 27.1}, capture_s={"graph": 0.011, "compiled": 0.013}),
+        BucketTiming(8, ms={"eager": 18.0, "graph": 2.5, "compiled": 2.0},
+                     warmup_s={"graph": 0.5, "compiled": 25.9}, capture_s={"graph": 0.012, "compiled": 0.014}),
+    ]
+    for r in rows:
+        for d in (r.ms, r.warmup_s, r.capture_s):
+            for m in list(d):
+                if m not in modes:
+                    del d[m]
+    return DecodeBench(source="shape qwen2.5-1.5b (random weights)", dtype="bfloat16", context_len=100, iters=30,
+                       decode_compile="on", modes=list(modes), bandwidth=4e12, model_bytes=MB, rows=rows,
+                       env={"gpu": "fabricated", "torch": torch.__version__})
+
+
+def test_summarize():
+    s = decode_cli.summarize(fabricated())
+    assert [r["batch"] for r in s] == [1, 8]
+    b8 = s[1]
+    assert b8["kv_bytes"] == MB.kv_bytes(8, 100)
+    assert b8["floor_ms"] == pytest.approx(decode_cli.floor_ms(MB, 8, 100, 4e12))
+    assert b8["compiled_speedup_vs_graph"] == pytest.approx(2.5 / 2.0)
+    assert b8["modes"]["graph"]["tokens_per_s"] == pytest.approx(3200.0)
+    assert b8["modes"]["compiled"]["floor_fraction"] == pytest.approx(b8["floor_ms"] / 2.0)
+    assert b8["modes"]["eager"]["warmup_s"] is None
+    assert b8["modes"]["compiled"]["warmup_s"] == 25.9 and b8["modes"]["compiled"]["capture_s"] == 0.014
+
+
+def test_summarize_without_compiled():
+    s = decode_cli.summarize(fabricated(("eager", "graph")))
+    assert s[0]["compiled_speedup_vs_graph"] is None
+    assert list(s[0]["modes"]) == ["eager", "graph"]
+
+
+def test_table_text():
+    text = report.table_text(decode_cli.make_table(fabricated()))
+    for needle in ["ms/step", "tokens/s", "% of floor", "eager", "graph", "compiled",
+                   "16.500", "1.600", "3,200", "4,000", "1.25x", "27.1", "0.013", "4,000 GB/s"]:
+        assert needle in text, needle
+    floor8 = decode_cli.floor_ms(MB, 8, 100, 4e12)
+    assert f"{floor8:.3f}" in text
+    assert f"{100 * floor8 / 2.0:.1f}" in text
+
+
+def _numbers(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _numbers(v)
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield obj
+
+
+def test_json_round_trip(tmp_path):
+    bench = fabricated()
+    path = report.write_json(tmp_path / "sub" / "decode.json", decode_cli.to_json(bench))
+    data = json.loads(path.read_text())
+    assert data["context_len"] == 100 and data["iters"] == 30 and data["modes"] == ["eager", "graph", "compiled"]
+    assert data["copy_bandwidth_bytes_per_s"] == 4e12
+    assert data["model_bytes"] == {"weight_bytes": 1_000_000_000, "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "kv_elem_size": 2}
+    # every measured number comes back exactly
+    for row, got in zip(bench.rows, data["timings"]):
+        assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s}
+    # and every derived number
+    assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
+    written = set(_numbers(data))
+    for s in decode_cli.summarize(bench):
+        for v in _numbers(s):
+            assert v in written
+
+
+def test_write_json_makes_nan_null(tmp_path):
+    path = report.write_json(tmp_path / "x.json", {"a": float("nan"), 1: (1.5, float("inf"))})
+    assert json.loads(path.read_text()) == {"a": None, "1": [1.5, None]}
+
+
+def test_plot_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots" / "decode.png"
+    decode_cli.plot(fabricated(), str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    with pytest.raises(report.ReportError, match="pip install matplotlib"):
+        decode_cli.plot(fabricated(), str(tmp_path / "x.png"))
+    assert not (tmp_path / "x.png").exists()
+
+
+# ---------------------------------------------------------------------- the command without CUDA
+def test_cpu_device_exits_2(capsys):
+    assert main(["bench", "decode", "--device", "cpu", "--iters", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="would run the benchmark")
+def test_no_cuda_exits_2(capsys):
+    assert main(["bench", "decode", "--shape", "qwen2.5-1.5b", "--batch-sizes", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_auto_compile_is_announced(capsys):
+    assert main(["bench", "decode", "--device", "cpu", "--decode-compile", "auto"]) == 2
+    assert "auto is not implemented yet" in capsys.readouterr().err
+
+
+def test_plot_needs_matplotlib_before_timing(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["bench", "decode", "--plot", str(tmp_path / "p.png")]) == 2
+    assert "pip install matplotlib" in capsys.readouterr().err

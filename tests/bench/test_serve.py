@@ -1,0 +1,275 @@
+"""`ingot bench serve`: metrics on hand-made token streams, the workload, the driver, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from ingot.bench.serve import (
+    RequestRecord,
+    Workload,
+    WorkloadError,
+    compute_metrics,
+    inter_token_latencies,
+    make_requests,
+    parse_range,
+    parse_rate,
+    percentile,
+    run_workload,
+    summarize,
+    ttft,
+)
+from ingot.cli import main
+from tests.helpers import TINY, write_tiny_checkpoint
+
+
+# ---------------------------------------------------------------- metrics
+def test_percentile_hand_computed():
+    vals = [10, 1, 4, 2, 3]  # sorted: 1 2 3 4 10
+    assert percentile(vals, 50) == 3
+    assert percentile(vals, 90) == pytest.approx(7.6)  # rank 3.6: 4 + 0.6 * (10 - 4)
+    assert percentile(vals, 99) == pytest.approx(9.76)  # rank 3.96
+    assert percentile(vals, 0) == 1 and percentile(vals, 100) == 10
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+    assert percentile([5.0], 99) == 5.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_percentile_matches_numpy_linear():
+    np = pytest.importorskip("numpy")
+    rng = random.Random(3)
+    for n in (1, 2, 7, 100):
+        vals = [rng.expovariate(1.0) for _ in range(n)]
+        for q in (0, 13, 50, 90, 99, 100):
+            assert percentile(vals, q) == pytest.approx(float(np.percentile(vals, q)))
+
+
+def test_ttft_and_itl_of_one_stream():
+    times = [1.0, 1.5, 2.5, 2.75]
+    assert ttft(0.25, times) == pytest.approx(0.75)
+    assert inter_token_latencies(times) == pytest.approx([0.5, 1.0, 0.25])
+    assert inter_token_latencies([3.0]) == []
+    assert ttft(0.0, []) is None
+
+
+def test_summarize_empty_and_scaled():
+    assert summarize([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
+    s = summarize([1.0, 3.0], scale=1e3)
+    assert s["mean"] == pytest.approx(2000) and s["p50"] == pytest.approx(2000) and s["p90"] == pytest.approx(2800)
+
+
+def test_compute_metrics_hand_computed():
+    records = [
+        RequestRecord(input_len=4, output_len=4, arrival=10.25, token_times=[11.0, 11.5, 12.5, 12.75]),
+        RequestRecord(input_len=6, output_len=2, arrival=10.0, token_times=[10.5, 11.0]),
+        RequestRecord(input_len=5, output_len=1, arrival=10.0, token_times=[12.0]),  # one token: no ITL
+    ]
+    m = compute_metrics(records, start=10.0, end=13.0)
+    assert m.duration_s == pytest.approx(3.0)
+    assert m.num_requests == 3 and m.input_tokens == 15 and m.output_tokens == 7
+    assert m.request_throughput == pytest.approx(1.0)
+    assert m.output_throughput == pytest.approx(7 / 3)
+    assert m.total_throughput == pytest.approx(22 / 3)
+    # TTFTs 0.75, 0.5, 2.0 s -> sorted 0.5 0.75 2.0
+    assert m.ttft_ms["mean"] == pytest.approx(3250 / 3)
+    assert m.ttft_ms["p50"] == pytest.approx(750)
+    assert m.ttft_ms["p90"] == pytest.approx(1750)  # rank 1.8: 0.75 + 0.8 * 1.25
+    # ITLs 0.5 1.0 0.25 | 0.5 -> sorted 0.25 0.5 0.5 1.0
+    assert m.itl_ms["mean"] == pytest.approx(562.5)
+    assert m.itl_ms["p50"] == pytest.approx(500)
+    assert m.itl_ms["p90"] == pytest.approx(850)  # rank 2.7
+    assert m.itl_ms["p99"] == pytest.approx(985)  # rank 2.97
+    assert [r["ttft_ms"] for r in m.requests] == pytest.approx([750, 500, 2000])
+    assert [r["arrival_s"] for r in m.requests] == pytest.approx([0.25, 0.0, 0.0])
+    assert [r["latency_s"] for r in m.requests] == pytest.approx([2.5, 1.0, 2.0])
+
+
+# ---------------------------------------------------------------- workload
+def test_parse_range_and_rate():
+    assert parse_range("64-1024") == (64, 1024)
+    assert parse_range("32") == (32, 32)
+    for bad in ("0-4", "9-3", "a-b", "1-2-3", ""):
+        with pytest.raises(ValueError):
+            parse_range(bad)
+    assert math.isinf(parse_rate("inf")) and parse_rate("2.5") == 2.5
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
+
+
+def test_workload_deterministic_and_in_range():
+    w = Workload(50, (3, 9), (2, 5), seed=7)
+    a, b = make_requests(w, 384), make_requests(w, 384)
+    assert a == b
+    assert make_requests(Workload(50, (3, 9), (2, 5), seed=8), 384) != a
+    assert all(3 <= len(r.prompt_token_ids) <= 9 and 2 <= r.output_len <= 5 for r in a)
+    assert all(10 <= t < 384 - 10 for r in a for t in r.prompt_token_ids)
+    assert {len(r.prompt_token_ids) for r in a} == set(range(3, 10))  # uniform: every length shows up
+    assert all(r.arrival_s == 0.0 for r in a)
+
+
+def test_poisson_arrivals():
+    inf = make_requests(Workload(2000, (1, 4), (1, 4), seed=1), 100)
+    timed = make_requests(Workload(2000, (1, 4), (1, 4), request_rate=10.0, seed=1), 100)
+    assert [(r.prompt_token_ids, r.output_len) for r in timed] == [(r.prompt_token_ids, r.output_len) for r in inf]
+    arrivals = [r.arrival_s for r in timed]
+    assert arrivals[0] == 0.0 and all(x < y for x, y in zip(arrivals, arrivals[1:]))
+    assert arrivals[-1] / (len(arrivals) - 1) == pytest.approx(0.1, rel=0.1)  # mean gap 1/rate
+    assert make_requests(Workload(2000, (1, 4), (1, 4), request_rate=10.0, seed=1), 100) == timed
+
+
+def test_workload_validation():
+    with pytest.raises(WorkloadError):
+        Workload(0, (1, 2), (1, 2))
+    with pytest.raises(WorkloadError):
+        Workload(1, (3, 2), (1, 2))
+    with pytest.raises(WorkloadError):
+        Workload(1, (1, 2), (1, 2), request_rate=0.0)
+    with pytest.raises(WorkloadError):
+        make_requests(Workload(1, (1, 2), (1, 2)), vocab_size=20)
+
+
+# ---------------------------------------------------------------- driver on a fake engine and clock
+class _FakeSeq:
+    def __init__(self, rid, n):
+        self.request_id, self.n = rid, n
+        self.output_token_ids, self.token_times = [], []
+
+    @property
+    def finished(self):
+        return len(self.output_token_ids) >= self.n
+
+
+class _FakeEngine:
+    """Every step takes 0.25 s of fake time and gives every live sequence one token."""
+
+    max_model_len = 1000
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.requests = {}
+        self.scheduler = type("S", (), {"num_preemptions": 0})()
+        self.added_at = {}
+
+    def add_request(self, prompt, params, request_id):
+        seq = _FakeSeq(request_id, params.max_tokens)
+        self.requests[request_id] = seq
+        self.added_at[request_id] = self.clock.t
+        return seq
+
+    def has_unfinished(self):
+        return any(not s.finished for s in self.requests.values())
+
+    def step(self):
+        self.clock.t += 0.25
+        live = [s for s in self.requests.values() if not s.finished]
+        for s in live:
+            s.output_token_ids.append(0)
+            s.token_times.append(self.clock.t)
+        return live
+
+    def abort(self, rid):
+        pass
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 64.0  # fake times are binary fractions: exact sums
+        self.slept = []
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, dt):
+        self.slept.append(dt)
+        self.t += dt
+
+
+def test_driver_adds_requests_at_their_arrival_times():
+    from ingot.bench.serve import Request
+
+    reqs = [Request([11], 3, 0.0), Request([12], 2, 0.125), Request([13], 2, 2.0)]
+    clock = _Clock()
+    eng = _FakeEngine(clock)
+    m = run_workload(eng, reqs, clock=clock, sleep=clock.sleep)
+    # r0 added at once; r1 (due at +0.125) waits for the step in flight (added at +0.25); r2 after an idle sleep
+    assert eng.added_at == {"serve-0": 64.0, "serve-1": 64.25, "serve-2": 66.0}
+    assert clock.slept == [1.25]  # r0 and r1 both end at +0.75: idle until +2.0
+    assert m.output_tokens == 7 and m.duration_s == 2.5
+    # TTFT counts from the scheduled arrival: r1 was due at +0.125, first token at +0.5
+    assert [r["ttft_ms"] for r in m.requests] == pytest.approx([250, 375, 250])
+    assert eng.requests == {}  # the driver cleans up after itself
+
+
+# ---------------------------------------------------------------- CLI end to end on a tiny checkpoint
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("serve") / "llama", "llama")
+
+
+def _serve(tiny, tmp_path, *extra):
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--model", str(tiny), "--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
+            "--input-len", "8-32", "--output-len", "8-32", "--seed", "5", "--quiet", "--json", str(out), *extra]
+    assert main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def _check_consistent(doc, workload):
+    drawn = make_requests(workload, TINY["vocab_size"])
+    for r in doc["results"]:
+        assert r["num_requests"] == workload.num_requests
+        assert r["output_tokens"] == sum(q.output_len for q in drawn)
+        assert r["input_tokens"] == sum(len(q.prompt_token_ids) for q in drawn)
+        assert [q["output_len"] for q in r["requests"]] == [q.output_len for q in drawn]
+        dur = r["duration_s"]
+        assert dur > 0
+        assert all(0 < q["ttft_ms"] <= dur * 1e3 for q in r["requests"])
+        assert all(q["latency_s"] <= dur for q in r["requests"])
+        assert r["request_throughput"] == pytest.approx(workload.num_requests / dur, rel=1e-6)
+        assert r["output_throughput"] == pytest.approx(r["output_tokens"] / dur, rel=1e-6)
+        assert r["total_throughput"] == pytest.approx((r["input_tokens"] + r["output_tokens"]) / dur, rel=1e-6)
+        for key in ("ttft_ms", "itl_ms"):
+            s = r[key]
+            assert 0 < s["p50"] <= s["p90"] <= s["p99"]
+        assert r["ttft_ms"]["p99"] <= dur * 1e3
+
+
+def test_cli_all_at_once_both_modes(tiny, tmp_path, capsys):
+    doc = _serve(tiny, tmp_path, "--num-requests", "6", "--compile-modes", "off,on")
+    assert [r["mode"] for r in doc["results"]] == ["off", "on"]
+    assert doc["workload"] == {"num_requests": 6, "input_len": [8, 32], "output_len": [8, 32], "request_rate": "inf", "seed": 5}
+    env = doc["environment"]
+    assert env["device"] == "cpu" and env["torch"] and env["date"] and env["max_model_len"] == 256
+    _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5))
+    out = capsys.readouterr().out
+    assert "TTFT p99 (ms)" in out and "output tokens/s" in out and "compile on" in out
+
+
+def test_cli_poisson_rate_finishes_all(tiny, tmp_path):
+    doc = _serve(tiny, tmp_path, "--num-requests", "8", "--request-rate", "40")
+    assert doc["workload"]["request_rate"] == 40.0
+    (r,) = doc["results"]
+    _check_consistent(doc, Workload(8, (8, 32), (8, 32), request_rate=40.0, seed=5))
+    arrivals = [q["arrival_s"] for q in r["requests"]]
+    assert arrivals[0] == 0.0 and arrivals == sorted(arrivals) and arrivals[-1] > 0
+    assert r["duration_s"] >= arrivals[-1]
+
+
+def test_cli_workload_too_long_for_context(tiny, tmp_path, capsys):
+    argv = ["bench", "serve", "--model", str(tiny), "--device", "cpu", "--max-model-len", "64",
+            "--input-len", "40-60", "--output-len", "8-32", "--num-requests", "4", "--quiet"]
+    assert main(argv) == 2
+    assert "max_model_len is 64" in capsys.readouterr().err
+
+
+def test_cli_rejects_bad_modes(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "serve", "--compile-modes", "off,maybe"])
+    assert "off/on" in capsys.readouterr().err
