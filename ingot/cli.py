@@ -17,7 +17,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output); default: the model's")
     g.add_argument("--eager", action="store_true", help="no decode CUDA graphs (debugging)")
-    g.add_argument("--decode-compile", action="store_true", help="torch.compile the decode step before graph capture (CUDA only; see docs/decode-compile.md)")
+    g.add_argument("--decode-compile", nargs="?", const="on", default=None, choices=["on", "off", "auto"],
+                   help="torch.compile the decode step before graph capture (CUDA only): on, off, or auto = "
+                        "per batch bucket, only where measured faster without drift (see docs/decode-compile.md)")
     g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
 
 
@@ -62,8 +64,8 @@ def _make_llm(args: argparse.Namespace):
         extra["max_model_len"] = args.max_model_len
     if args.eager:
         extra["eager_mode"] = True
-    if args.decode_compile:
-        extra["decode_compile"] = True
+    if args.decode_compile is not None:
+        extra["decode_compile"] = {"on": True, "off": False, "auto": "auto"}[args.decode_compile]
     if args.quiet:
         extra["show_progress"] = False
     return LLM(args.model, dtype=args.dtype, device=args.device, **extra)
