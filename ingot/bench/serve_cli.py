@@ -23,7 +23,8 @@ from ingot.config import DTYPES
 
 log = logging.getLogger(__name__)
 
-MODES = ("off", "on")
+# --compile-modes names -> EngineConfig.decode_compile
+MODES = {"off": False, "on": True, "auto": "auto"}
 
 
 def _range_arg(text: str) -> tuple[int, int]:
@@ -75,7 +76,7 @@ def add_parser(subparsers, engine_args) -> None:
     g.add_argument("--eager", action="store_true", help="no decode CUDA graphs")
     g.add_argument(
         "--compile-modes", "--decode-compile", dest="compile_modes", type=_modes_arg, nargs="?", const=["on"], default=["off"],
-        metavar="MODES", help="decode-compile modes to run, e.g. off,on (default off; alone: on). Compile only applies on CUDA",
+        metavar="MODES", help="decode-compile modes to run, comma-separated from off,on,auto (default off; alone: on). Compile only applies on CUDA",
     )
     o = p.add_argument_group("output")
     o.add_argument("--json", type=Path, default=None, metavar="PATH", help="write all numbers, the workload and the environment here")
@@ -83,7 +84,7 @@ def add_parser(subparsers, engine_args) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def llm_kwargs(args: argparse.Namespace, decode_compile: bool) -> dict[str, Any]:
+def llm_kwargs(args: argparse.Namespace, decode_compile: Any) -> dict[str, Any]:
     """The one place that turns parsed options into ``LLM(...)`` keyword arguments."""
     kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile}
     if args.max_model_len:
@@ -143,11 +144,11 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console) -> tuple[di
     say = (lambda *a: None) if args.quiet else console.print
     say(f"[bold]decode-compile {mode}[/]: loading the model")
     t0 = time.perf_counter()
-    llm = LLM(args.model, **llm_kwargs(args, decode_compile=(mode == "on")))
+    llm = LLM(args.model, **llm_kwargs(args, decode_compile=MODES[mode]))
     load_s = time.perf_counter() - t0
     try:
         eng = llm.engine
-        if mode == "on" and eng.device.type != "cuda":
+        if mode != "off" and eng.device.type != "cuda":
             console.print(f"[yellow]note[/]: decode compile only applies on CUDA; on {eng.device} decode runs uncompiled, as with off")
         requests = make_requests(workload, eng.model_config.vocab_size)
         check_fits(requests, eng.max_model_len)
@@ -181,18 +182,23 @@ def _fmt(value: Any, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def render_table(results: list[dict[str, Any]], workload, env: dict[str, Any]):
-    from rich.table import Table
-
+def header(workload, env: dict[str, Any]) -> str:
     from ingot.bench.serve import format_rate
 
     w = workload
-    title = (
-        f"ingot bench serve: {w.num_requests} requests, input {w.input_len[0]}-{w.input_len[1]}, "
-        f"output {w.output_len[0]}-{w.output_len[1]}, rate {format_rate(w.request_rate)}, seed {w.seed}"
+    return (
+        f"[bold]ingot bench serve[/]: {w.num_requests} requests, input {w.input_len[0]}-{w.input_len[1]}, "
+        f"output {w.output_len[0]}-{w.output_len[1]} tokens, rate {format_rate(w.request_rate)} req/s, seed {w.seed}\n"
+        f"{env['model']} ({env['architecture']}, {env['dtype']}, max_model_len {env['max_model_len']}, "
+        f"max_num_seqs {env['max_num_seqs']}) on {env['device_name']} [{env['device']}], "
+        f"torch {env['torch']}, {env['date']}"
     )
-    caption = f"{env['model']} ({env['architecture']}, {env['dtype']}) on {env['device_name']} [{env['device']}], torch {env['torch']}"
-    table = Table(title=title, caption=caption)
+
+
+def render_table(results: list[dict[str, Any]]):
+    from rich.table import Table
+
+    table = Table()
     table.add_column("metric")
     for r in results:
         table.add_column(f"compile {r['mode']}", justify="right")
@@ -231,7 +237,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except WorkloadError as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)
         return 2
-    Console().print(render_table(results, workload, env))
+    out = Console()
+    out.print(header(workload, env), highlight=False)
+    out.print(render_table(results))
     if args.json is not None:
         doc = {"workload": workload.to_json(), "environment": env, "results": results}
         args.json.parent.mkdir(parents=True, exist_ok=True)

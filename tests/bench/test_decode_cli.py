@@ -224,3 +224,49 @@ def test_plot_needs_matplotlib_before_timing(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["bench", "decode", "--plot", str(tmp_path / "p.png")]) == 2
     assert "pip install matplotlib" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- the whole command, CUDA timing faked on CPU
+def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
+    """Everything but the CUDA events: a tiny checkpoint, the padded (fake) graph path, CPU wall-clock timing."""
+    import statistics
+    import time
+
+    from ingot.bench import decode as decode_mod
+    from tests.helpers import write_tiny_checkpoint
+
+    def cpu_timer(fn, iters, warmup=3):
+        fn()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    tiny = write_tiny_checkpoint(tmp_path / "llama", "llama")
+    synthetic = decode_mod.synthetic_decode_inputs
+
+    def in_vocab(*args, **kwargs):  # synthetic ids go up to 1000; the tiny vocab has 384
+        inputs = synthetic(*args, **kwargs)
+        inputs.input_ids.remainder_(384)
+        return inputs
+
+    monkeypatch.setattr(decode_mod, "time_cuda", cpu_timer)
+    monkeypatch.setattr(decode_mod, "synthetic_decode_inputs", in_vocab)
+    monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
+    out = tmp_path / "decode.json"
+    argv = ["bench", "decode", "--model", str(tiny), "--batch-sizes", "1,2", "--context-len", "16", "--iters", "2",
+            "--dtype", "float32", "--json", str(out), "--quiet"]
+    assert main(argv) == 0
+    assert "compiled" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["source"] == str(tiny) and data["dtype"] == "float32" and data["modes"] == ["eager", "graph", "compiled"]
+    assert data["model_bytes"]["num_layers"] == 2 and data["model_bytes"]["kv_elem_size"] == 4
+    # tiny llama: untied embed + lm_head 2*384*64, 2 layers of attention (64*64*2 + 64*32*2) and MLP (3*64*128), norms
+    layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64
+    assert data["model_bytes"]["weight_bytes"] == 4 * (2 * 384 * 64 + 2 * layer + 64)
+    assert [r["batch"] for r in data["summary"]] == [1, 2]
+    for row in data["summary"]:
+        assert set(row["modes"]) == {"eager", "graph", "compiled"} and all(m["ms"] > 0 for m in row["modes"].values())

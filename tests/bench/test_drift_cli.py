@@ -102,7 +102,7 @@ def test_bucket_table_and_gate():
 # ---------------------------------------------------------------------- end to end on CPU
 def _argv(tiny, prompt_file, *extra):
     return ["check", "drift", "--model", str(tiny), "--prompts", str(prompt_file), "--steps", "4", "--buckets", "1,2",
-            "--device", "cpu", "--dtype", "float32", "--fake-graphs", *extra]
+            "--device", "cpu", "--dtype", "float32", "--fake-graphs", "--max-model-len", "32", *extra]  # short: fast on CPU
 
 
 def test_fake_graphs_end_to_end(tiny, prompt_file, tmp_path, capsys):
@@ -139,5 +139,5 @@ def test_cpu_without_fake_graphs_exits_2(tiny, prompt_file, capsys):
 
 
 def test_steps_beyond_max_model_len_exits_2(tiny, prompt_file, capsys):
-    assert main(_argv(tiny, prompt_file, "--max-model-len", "8")) == 2
+    assert main(_argv(tiny, prompt_file, "--max-model-len", "8")) == 2  # the later value wins
     assert "max_model_len" in capsys.readouterr().err

@@ -269,7 +269,14 @@ def test_cli_workload_too_long_for_context(tiny, tmp_path, capsys):
     assert "max_model_len is 64" in capsys.readouterr().err
 
 
-def test_cli_rejects_bad_modes(capsys):
+def test_cli_compile_modes_parsing(capsys):
+    from ingot.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["bench", "serve"]).compile_modes == ["off"]
+    assert parse(["bench", "serve", "--compile-modes", "off,on"]).compile_modes == ["off", "on"]
+    assert parse(["bench", "serve", "--decode-compile", "auto, off,auto"]).compile_modes == ["auto", "off"]
+    assert parse(["bench", "serve", "--decode-compile"]).compile_modes == ["on"]
     with pytest.raises(SystemExit):
         main(["bench", "serve", "--compile-modes", "off,maybe"])
-    assert "off/on" in capsys.readouterr().err
+    assert "off/on/auto" in capsys.readouterr().err
