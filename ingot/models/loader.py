@@ -61,12 +61,16 @@ def init_random(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module
 
 
 def resolve_dtype(name: str, device: torch.device, model_dtype: Optional[torch.dtype] = None) -> torch.dtype:
-    """'auto' is bf16 (fp16 without bf16 support) on CUDA and fp32 on CPU."""
+    """'auto' on CUDA: the checkpoint's half dtype if it has one, else bf16 (fp16 without
+    bf16 support); on CPU fp32 (half-precision matmuls are slow there)."""
     if name != "auto":
         return getattr(torch, name)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    if device.type != "cuda":
+        return torch.float32
+    bf16_ok = torch.cuda.is_bf16_supported()
+    if model_dtype == torch.float16 or (model_dtype != torch.bfloat16 and not bf16_ok):
+        return torch.float16
+    return torch.bfloat16 if bf16_ok else torch.float16
 
 
 def resolve_device(name: str) -> torch.device:
