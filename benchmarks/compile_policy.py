@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingot import LLM  # noqa: E402
 from ingot.bench.decode import bench_decode, build_shape  # noqa: E402
+from ingot.bench.report import env_info  # noqa: E402
 from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced  # noqa: E402
 from ingot.config import FUSIBLE_OPS, EngineConfig  # noqa: E402
 
@@ -45,8 +46,6 @@ def main() -> None:
     ap.add_argument("--policies", default="native,opaque")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from benchmarks.decode_graphs import env_info
-
     report = {"env": env_info(), "steps": args.steps, "policies": {}}
     for name in args.policies.split(","):
         ops = POLICIES[name]
