@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b")
     ap.add_argument("--batches", default="1,8,32,64,256")
     ap.add_argument("--context", type=int, default=512, help="cached tokens per sequence")
-    ap.add_argument("--modes", default="eager,graph,compiled")
+    ap.add_argument("--modes", default="eager,graph,compiled", help="any of eager,graph,compiled,gemm_only")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--startup", default=None, help="shape to time cold and warm compiled start-up for")
     ap.add_argument("--startup-child", default=None, help=argparse.SUPPRESS)

@@ -30,13 +30,13 @@ for stage in "$@"; do
     graphs)
       INGOT_REPORT_DIR=$OUT python3 -m pytest -q -s tests/runner/test_decode_graphs_cuda.py 2>&1 | tee $OUT/graphs_tests.log | grep -v "^Loading" | tail -60 || status=1 ;;
     bench)
-      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,32,64,256 --out $OUT/decode_graphs.json 2>&1 | tail -30 ;;
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,32,64,256 --modes eager,graph,compiled,gemm_only --out $OUT/decode_graphs.json 2>&1 | tail -30 ;;
     bench15)
-      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b --batches 1,8,32,64,256 --out $OUT/decode_graphs_15b.json 2>&1 | tail -30 ;;
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b --batches 1,8,32,64,256 --modes eager,graph,compiled,gemm_only --out $OUT/decode_graphs_15b.json 2>&1 | tail -30 ;;
     policy)
       python3 benchmarks/compile_policy.py --steps 128 --policies opaque --batches 1,8 --out $OUT/compile_policy.json 2>&1 | grep -v "^Loading" | tail -30 ;;
     bench7)
-      python3 benchmarks/decode_graphs.py --shapes qwen2.5-7b --batches 1,8,32,64,256 --out $OUT/decode_graphs_7b.json 2>&1 | tail -30 ;;
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-7b --batches 1,8,32,64,256 --modes eager,graph,compiled,gemm_only --out $OUT/decode_graphs_7b.json 2>&1 | tail -30 ;;
     startup)
       python3 benchmarks/decode_graphs.py --shapes "" --startup qwen2.5-1.5b --batches 1,8,32,64,256 --out $OUT/startup.json 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage"; status=1 ;;

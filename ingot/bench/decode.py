@@ -18,6 +18,7 @@ from ingot.engine.kv_cache import blocks_for
 from ingot.layers.attention import AttentionMetadata
 from ingot.models.loader import build_model, init_random
 from ingot.models.model_config import ModelConfig
+from ingot.bench.gemm_floor import gemm_only_ms
 from ingot.runner.auto_compile import time_ms
 from ingot.runner.graph_runner import DecodeGraphRunner
 from ingot.runner.model_runner import ModelRunner
@@ -77,6 +78,8 @@ def bench_decode(
     dtype: torch.dtype = torch.bfloat16,
     config: Optional[EngineConfig] = None,
 ) -> list[BucketTiming]:
+    """ms per decode step per batch size for each mode: eager, graph, compiled, and
+    gemm_only (the model's linear layers alone, the floor a step cannot beat)."""
     device = next(model.parameters()).device
     base = (config or EngineConfig()).replace(
         max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False
@@ -87,6 +90,10 @@ def bench_decode(
     inputs = {b: synthetic_decode_inputs(b, context_len, base.block_size, device, cfg.vocab_size) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
     for mode in modes:
+        if mode == "gemm_only":
+            for b in batches:
+                results[b].ms[mode] = gemm_only_ms(model, b, iters)
+            continue
         if mode == "eager":
             runner.graphs = None
             for b in batches:
