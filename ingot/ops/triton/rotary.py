@@ -21,11 +21,25 @@ from ingot.ops.triton._common import last_dim_contiguous, next_pow2
 
 
 @triton.jit
+def _rne_bf16(x):
+    """fp32 -> the nearest bf16 value (ties to even), kept in fp32, by integer ops.
+
+    Written out rather than ``x.to(bf16).to(fp32)``: on the H200 that round trip
+    did not round the products the way eager does (1-ulp differences in 19% of
+    elements; the products of bf16 values are exact in fp32, so only a skipped
+    intermediate rounding explains them). Integer ops cannot be folded away.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _rotate_chunk(
     src_ptr, dst_ptr, t, h0, num_heads,
     stride_st, stride_sh, stride_dt, stride_dh,
     cos, sin,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BF16: tl.constexpr,
 ):
     offs_h = h0 + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -39,8 +53,12 @@ def _rotate_chunk(
     c = cos[None, :]
     s = sin[None, :]
     # first half: x1 * cos + (-x2) * sin; second half: x2 * cos + x1 * sin
-    o1 = ((a1 * c).to(dtype).to(tl.float32) + (-a2 * s).to(dtype).to(tl.float32)).to(dtype)
-    o2 = ((a2 * c).to(dtype).to(tl.float32) + (a1 * s).to(dtype).to(tl.float32)).to(dtype)
+    if BF16:
+        o1 = _rne_bf16(_rne_bf16(a1 * c) + _rne_bf16(-a2 * s)).to(dtype)
+        o2 = _rne_bf16(_rne_bf16(a2 * c) + _rne_bf16(a1 * s)).to(dtype)
+    else:
+        o1 = ((a1 * c).to(dtype).to(tl.float32) + (-a2 * s).to(dtype).to(tl.float32)).to(dtype)
+        o2 = ((a2 * c).to(dtype).to(tl.float32) + (a1 * s).to(dtype).to(tl.float32)).to(dtype)
     dst = dst_ptr + t * stride_dt + offs_h[:, None] * stride_dh + offs_d[None, :]
     tl.store(dst, o1.to(dst_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + HALF, o2.to(dst_ptr.dtype.element_ty), mask=mask)
@@ -53,7 +71,7 @@ def _rotary_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh,
     stride_qot, stride_qoh, stride_kot, stride_koh,
     stride_cache,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BF16: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -64,19 +82,23 @@ def _rotary_kernel(
     cos = tl.load(row + offs_d, mask=d_mask, other=0.0)
     sin = tl.load(row + HALF + offs_d, mask=d_mask, other=0.0)
     # the table is cast to the activation dtype first, as the reference does
-    cos = cos.to(q_ptr.dtype.element_ty).to(tl.float32)
-    sin = sin.to(q_ptr.dtype.element_ty).to(tl.float32)
+    if BF16:
+        cos = _rne_bf16(cos)
+        sin = _rne_bf16(sin)
+    else:
+        cos = cos.to(q_ptr.dtype.element_ty).to(tl.float32)
+        sin = sin.to(q_ptr.dtype.element_ty).to(tl.float32)
     if chunk < q_chunks:
         _rotate_chunk(
             q_ptr, q_out_ptr, t, chunk * BLOCK_H, num_q_heads,
             stride_qt, stride_qh, stride_qot, stride_qoh,
-            cos, sin, HALF, BLOCK_H, BLOCK_HALF,
+            cos, sin, HALF, BLOCK_H, BLOCK_HALF, BF16,
         )
     else:
         _rotate_chunk(
             k_ptr, k_out_ptr, t, (chunk - q_chunks) * BLOCK_H, num_k_heads,
             stride_kt, stride_kh, stride_kot, stride_koh,
-            cos, sin, HALF, BLOCK_H, BLOCK_HALF,
+            cos, sin, HALF, BLOCK_H, BLOCK_HALF, BF16,
         )
 
 
@@ -107,7 +129,7 @@ def rotary_embedding(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         cache.stride(0),
-        HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half,
+        HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, BF16=q.dtype == torch.bfloat16,
         num_warps=4 if elems <= 1024 else 8,
     )
     return q_out, k_out
