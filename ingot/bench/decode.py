@@ -44,6 +44,7 @@ class BucketTiming:
     ms: dict[str, float] = field(default_factory=dict)  # mode -> median ms per step
     warmup_s: dict[str, float] = field(default_factory=dict)  # mode -> warm-up (compile) seconds
     capture_s: dict[str, float] = field(default_factory=dict)
+    auto_choice: Optional[str] = None  # with mode "auto": "compiled" or "graph", and why
 
 
 def synthetic_decode_inputs(batch: int, context_len: int, block_size: int, device: torch.device, vocab_size: int = 1000) -> StepInputs:
@@ -78,8 +79,9 @@ def bench_decode(
     dtype: torch.dtype = torch.bfloat16,
     config: Optional[EngineConfig] = None,
 ) -> list[BucketTiming]:
-    """ms per decode step per batch size for each mode: eager, graph, compiled, and
-    gemm_only (the model's linear layers alone, the floor a step cannot beat)."""
+    """ms per decode step per batch size for each mode: eager, graph, compiled, auto
+    (per-bucket choice, see runner/auto_compile.py) and gemm_only (the model's linear
+    layers alone, the floor a step cannot beat)."""
     device = next(model.parameters()).device
     base = (config or EngineConfig()).replace(
         max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False
@@ -99,13 +101,16 @@ def bench_decode(
             for b in batches:
                 results[b].ms[mode] = time_cuda(lambda: runner.forward_logits(inputs[b]), iters)
             continue
-        cfg_mode = base.replace(decode_compile=(mode == "compiled"))
+        cfg_mode = base.replace(decode_compile={"graph": False, "compiled": True, "auto": "auto"}[mode])
         graphs = DecodeGraphRunner(model, cfg_mode, device, per_seq)
         graphs.capture_all()
         for b in batches:
             info = graphs.info[b]
             results[b].warmup_s[mode] = info.seconds_warmup
             results[b].capture_s[mode] = info.seconds_capture
+            if b in graphs.decisions:
+                d = graphs.decisions[b]
+                results[b].auto_choice = f"{'compiled' if d.use_compiled else 'graph'}: {d.reason}"
             with torch.inference_mode():
                 results[b].ms[mode] = time_cuda(lambda: graphs.run(inputs[b]), iters)
         del graphs

@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHAPE = "qwen2.5-1.5b"
 COMPILE_CHOICES = ("off", "on", "auto")
-MODE_ORDER = ("eager", "graph", "compiled")
 COPY_BYTES = 1 << 30  # size of the bandwidth probe (each of source and destination)
 
 
@@ -186,7 +185,9 @@ def plot(bench: DecodeBench, path: str) -> None:
 
 # ---------------------------------------------------------------------- measuring (CUDA)
 def modes_for(decode_compile: str) -> list[str]:
-    return ["eager", "graph"] if decode_compile == "off" else ["eager", "graph", "compiled"]
+    """off: eager + graph; on: + compiled graph; auto: + compiled + auto's per-bucket choice."""
+    return {"off": ["eager", "graph"], "on": ["eager", "graph", "compiled"],
+            "auto": ["eager", "graph", "compiled", "auto"]}[decode_compile]
 
 
 def measure_copy_bandwidth(device: Any, nbytes: int = COPY_BYTES, iters: int = 20) -> float:
@@ -281,9 +282,6 @@ def _cuda_device(name: str):
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    if args.decode_compile == "auto":
-        print("ingot bench decode: --decode-compile auto is not implemented yet (per-bucket automatic choice "
-              "is planned); timing as --decode-compile on", file=sys.stderr)
     try:
         if args.plot:
             report.require_matplotlib()  # fail before minutes of timing, not after
@@ -292,6 +290,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
             return 2
         bench = run(args, device)
         report.console(width=160).print(make_table(bench))
+        for row in bench.rows:
+            if row.auto_choice:
+                print(f"auto, batch {row.batch}: {row.auto_choice}")
         if args.json:
             print(f"wrote {report.write_json(args.json, to_json(bench))}")
         if args.plot:
@@ -320,7 +321,8 @@ def add_parser(subparsers, engine_args) -> None:
                    help="batch sizes to time (default 1,8,32,64,256)")
     p.add_argument("--context-len", type=report.positive_int, default=512, help="cached tokens per sequence (default 512)")
     p.add_argument("--decode-compile", choices=COMPILE_CHOICES, default="on",
-                   help="off: time eager + graph; on: eager + graph + compiled graph (default); auto: not implemented yet, same as on")
+                   help="off: time eager + graph; on: eager + graph + compiled graph (default); auto: also decode_compile=auto, "
+                        "which keeps a bucket's compiled graph only where it is faster without drift")
     p.add_argument("--iters", type=report.positive_int, default=30, help="timed steps per mode and batch size; the median is reported (default 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
     p.add_argument("--plot", default=None, metavar="PATH.png", help="plot ms/step vs batch size (needs matplotlib)")

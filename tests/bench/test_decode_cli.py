@@ -58,7 +58,7 @@ def test_parse_rejects(argv, capsys):
 def test_modes_for():
     assert decode_cli.modes_for("off") == ["eager", "graph"]
     assert decode_cli.modes_for("on") == ["eager", "graph", "compiled"]
-    assert decode_cli.modes_for("auto") == ["eager", "graph", "compiled"]
+    assert decode_cli.modes_for("auto") == ["eager", "graph", "compiled", "auto"]
 
 
 # ---------------------------------------------------------------------- floor math
@@ -174,7 +174,7 @@ def test_json_round_trip(tmp_path):
     assert data["model_bytes"] == {"weight_bytes": 1_000_000_000, "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "kv_elem_size": 2}
     # every measured number comes back exactly
     for row, got in zip(bench.rows, data["timings"]):
-        assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s}
+        assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s, "auto_choice": row.auto_choice}
     # and every derived number
     assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
     written = set(_numbers(data))
@@ -215,9 +215,9 @@ def test_no_cuda_exits_2(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_auto_compile_is_announced(capsys):
+def test_auto_compile_parses_and_still_needs_cuda(capsys):
     assert main(["bench", "decode", "--device", "cpu", "--decode-compile", "auto"]) == 2
-    assert "auto is not implemented yet" in capsys.readouterr().err
+    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_plot_needs_matplotlib_before_timing(monkeypatch, capsys, tmp_path):
