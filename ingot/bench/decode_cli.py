@@ -9,6 +9,7 @@ the JSON/plot writers are plain functions that also run on CPU.
 
     ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --json out.json --plot out.png
     ingot bench decode --model Qwen/Qwen2.5-1.5B-Instruct --decode-compile off
+    ingot bench decode --shape qwen2.5-7b --compare-hf   # + transformers' static-cache compiled decode
 """
 
 from __future__ import annotations
@@ -262,6 +263,10 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
     )
     del model
     torch.cuda.empty_cache()
+    if getattr(args, "compare_hf", False):
+        from ingot.bench import hf_compare
+
+        hf_compare.add_hf_mode(bench, args, device, dtype)
     return bench
 
 
@@ -323,6 +328,10 @@ def add_parser(subparsers, engine_args) -> None:
     p.add_argument("--decode-compile", choices=COMPILE_CHOICES, default="on",
                    help="off: time eager + graph; on: eager + graph + compiled graph (default); auto: also decode_compile=auto, "
                         "which keeps a bucket's compiled graph only where it is faster without drift")
+    p.add_argument("--compare-hf", action="store_true",
+                   help="also time Hugging Face transformers' decode on the same model and batch sizes "
+                        "(StaticCache + torch.compile reduce-overhead, fullgraph) as mode hf_static_compiled; "
+                        "needs transformers")
     p.add_argument("--iters", type=report.positive_int, default=30, help="timed steps per mode and batch size; the median is reported (default 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
     p.add_argument("--plot", default=None, metavar="PATH.png", help="plot ms/step vs batch size (needs matplotlib)")
