@@ -30,6 +30,7 @@ class Checkpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     weights: Callable[[torch.dtype], Iterator[tuple[str, torch.Tensor]]]
+    num_tensors: Optional[int] = None  # for the loading progress bar
 
 
 def default_model_path() -> Path:
@@ -79,7 +80,7 @@ def _open_hf_dir(path: Path) -> Checkpoint:
     config.eos_token_ids = list(eos)
     files = hf.safetensors_files(path)
     tok = Tokenizer.from_hf_dir(path, eos)
-    return Checkpoint(str(path), config, tok, lambda dtype: hf.iter_safetensors(files, dtype))
+    return Checkpoint(str(path), config, tok, lambda dtype: hf.iter_safetensors(files, dtype), hf.count_tensors(files))
 
 
 def _open_gguf(path: Path) -> Checkpoint:
@@ -95,4 +96,4 @@ def _open_gguf(path: Path) -> Checkpoint:
         eos_token_ids=config.eos_token_ids,
         prepend_bos=g.add_bos_token,
     )
-    return Checkpoint(str(path), config, tok, g.weights)
+    return Checkpoint(str(path), config, tok, g.weights, g.num_tensors)

@@ -89,6 +89,10 @@ class GGUFCheckpoint:
     _buf: mmap.mmap = field(repr=False)
     _tensors: list[tuple[str, _TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
 
+    @property
+    def num_tensors(self) -> int:
+        return len(self._tensors)
+
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor in ``dtype``) one at a time, so peak memory stays at one tensor."""
         for hf_name, info, heads in self._tensors:

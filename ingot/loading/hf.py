@@ -39,6 +39,18 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
+def count_tensors(files: list[Path]) -> int:
+    """Tensors across the files (header reads only), for the loading progress bar."""
+    total = 0
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                total += len(f.keys())
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise CheckpointError(f"corrupt or truncated safetensors file {file}: {exc}") from None
+    return total
+
+
 def iter_safetensors(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor cast to dtype), one tensor at a time (memory-mapped)."""
     for file in files:

@@ -38,7 +38,7 @@ def load_checkpoint(
     ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_position: int, progress: bool = True
 ) -> nn.Module:
     model = build_model(ckpt.config, dtype, device, max_position)
-    weights = tqdm(ckpt.weights(dtype), desc="Loading weights", unit=" tensors", disable=not progress, leave=False)
+    weights = tqdm(ckpt.weights(dtype), total=ckpt.num_tensors, desc="Loading weights", unit=" tensors", disable=not progress, leave=False)
     try:
         model.load_weights(weights)
     finally:
