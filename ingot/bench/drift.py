@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 
 from ingot.engine.engine import Engine
+from ingot.engine.kv_cache import blocks_for
 from ingot.runner.graph_runner import DecodeGraphRunner
 from ingot.runner.step_inputs import StepInputs, build_step_inputs
 from ingot.sampling_params import SamplingParams
@@ -74,7 +75,7 @@ class DecodeModes:
         self.bucket = bucket
         self.runners: dict[Mode, Optional[DecodeGraphRunner]] = {"eager": None}
         base = engine.config.replace(cudagraph_capture_sizes=(bucket,), max_num_seqs=max(bucket, engine.config.max_num_seqs))
-        max_blocks = -(-engine.max_model_len // engine.config.block_size)
+        max_blocks = blocks_for(engine.max_model_len, engine.config.block_size)
         for mode, compile_on in (("graph", False), ("compiled", True)):
             cfg = base.replace(decode_compile=compile_on, show_progress=False)
             runner = DecodeGraphRunner(engine.runner.model, cfg, engine.device, max_blocks)

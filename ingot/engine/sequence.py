@@ -63,9 +63,18 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of prompt + output, without joining the two lists.
+
+        Called for every sequence on every step: a decode step needs only the
+        last token, so building the whole token list there would cost O(length).
+        """
+        p = len(self.prompt_token_ids)
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     @property
     def is_prefill(self) -> bool:

@@ -72,7 +72,7 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
         ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
-        pos = torch.arange(tokens, device=self.device) % self.model_config.max_position_embeddings
+        pos = torch.arange(tokens, device=self.device).clamp(max=self.rotary_len() - 1)
         meta = AttentionMetadata(
             is_prefill=True,
             slot_mapping=torch.arange(tokens, device=self.device) + self.block_size,
@@ -81,7 +81,7 @@ class ModelRunner:
             cu_seqlens_q=torch.tensor([0, tokens], dtype=torch.int32, device=self.device),
         )
         with torch.inference_mode():
-            hidden = self.model(ids, pos.clamp(max=self.rotary_len() - 1), meta)
+            hidden = self.model(ids, pos, meta)
             self.model.compute_logits(hidden[-self.config.max_num_seqs :])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base

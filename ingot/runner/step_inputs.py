@@ -36,8 +36,7 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.devi
     for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
         start = seq.num_computed_tokens
         end = start + n
-        tokens = seq.token_ids
-        ids.extend(tokens[start:end])
+        ids.extend(seq.tokens(start, end))
         positions.extend(range(start, end))
         for pos in range(start, end):
             slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)

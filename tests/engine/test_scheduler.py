@@ -90,3 +90,11 @@ def test_preemption_evicts_newest_and_recomputes():
     batch = sched.schedule()
     assert batch.is_prefill and batch.seqs == [b] and batch.num_new_tokens == [8]
     assert batch.samples(0)
+
+
+def test_tokens_slices_prompt_and_output_without_joining():
+    s = seq(5)  # prompt 3..7
+    s.output_token_ids = [100, 101, 102]
+    whole = s.prompt_token_ids + s.output_token_ids
+    for start, end in [(0, 5), (2, 5), (5, 8), (7, 8), (3, 7), (0, 8)]:
+        assert s.tokens(start, end) == whole[start:end]
