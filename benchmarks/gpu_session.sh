@@ -37,6 +37,13 @@ for stage in "$@"; do
       python3 benchmarks/compile_policy.py --steps 128 --policies opaque --batches 1,8 --out $OUT/compile_policy.json 2>&1 | grep -v "^Loading" | tail -30 ;;
     bench7)
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-7b --batches 1,8,32,64,256 --modes eager,graph,compiled,gemm_only --out $OUT/decode_graphs_7b.json 2>&1 | tail -30 ;;
+    sweep)
+      python3 benchmarks/kernels.py --no-ref --sweep --out $OUT/kernels_sweep.json 2>&1 | grep -v "^  " | tail -40 ;;
+    profile)
+      python3 benchmarks/profile_step.py --shape qwen2.5-1.5b --batches 1,64 --out $OUT/profile_15b.json 2>&1 | tail -50
+      python3 benchmarks/profile_step.py --shape qwen2.5-7b --batches 1 --out $OUT/profile_7b.json 2>&1 | tail -25 ;;
+    floor)
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,32,64,256 --modes graph,gemm_only --out $OUT/floor.json 2>&1 | tail -20 ;;
     startup)
       python3 benchmarks/decode_graphs.py --shapes "" --startup qwen2.5-1.5b --batches 1,8,32,64,256 --out $OUT/startup.json 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage"; status=1 ;;
