@@ -1,4 +1,9 @@
-"""Paged attention: store this step's K/V into the cache, then attend over it."""
+"""Paged attention: rotary, store this step's K/V into the cache, then attend over it.
+
+Decode runs the three as one op (``decode_attention_rope``: one kernel launch
+per layer on CUDA); prefill, and decode under a compile policy that keeps
+rotary in its PyTorch form (so Inductor can fuse it), run them one by one.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ from typing import Optional
 
 import torch
 from torch import nn
+
+from ingot.layers.rotary import RotaryEmbedding
+from ingot.ops import use_native
 
 
 @dataclass
@@ -39,10 +47,22 @@ class Attention(nn.Module):
         self.v_cache: Optional[torch.Tensor] = None
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        rotary: RotaryEmbedding,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D], not yet rotated -> [T, Hq, D]."""
         assert self.k_cache is not None, "KV cache not bound: ModelRunner allocates it"
+        if not meta.is_prefill and not use_native("rotary"):
+            return torch.ops.ingot.decode_attention_rope(
+                q, k, v, positions, rotary.cos_sin_cache, self.k_cache, self.v_cache,
+                meta.slot_mapping, meta.block_tables, meta.seq_lens, self.scale,
+            )
+        q, k = rotary(positions, q, k)
         torch.ops.ingot.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_prefill:
             return torch.ops.ingot.prefill_attention(

@@ -43,8 +43,7 @@ class LlamaAttention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v, meta)
+        out = self.attn(positions, q, k, v, meta, self.rotary)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 

@@ -94,6 +94,31 @@ def _(q, k_cache, v_cache, block_tables, seq_lens, scale):
     return torch.empty_like(q)
 
 
+@custom_op("ingot::decode_attention_rope", mutates_args=("k_cache", "v_cache"))
+def decode_attention_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """rotary_embedding + store_kv + decode_attention as one op (one launch on CUDA)."""
+    return ref.decode_attention_rope(
+        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale
+    )
+
+
+@decode_attention_rope.register_fake
+def _(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale):
+    return torch.empty_like(q)
+
+
 @custom_op("ingot::prefill_attention", mutates_args=())
 def prefill_attention(
     q: torch.Tensor,

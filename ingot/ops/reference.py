@@ -112,6 +112,28 @@ def decode_attention(
     return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
 
 
+def decode_attention_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """A decode step's attention from its unrotated q, k, v: rotary, KV store, attention.
+
+    Exactly the three reference ops in sequence (the fused kernel's ground truth).
+    """
+    q, k = rotary_embedding(positions, q, k, cos_sin_cache)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -26,3 +26,49 @@ def paged(lens, page, hkv, d, dtype, gen, extra_cols=2, device="cpu"):
         used = -(-n // page)
         table[i, :used] = ids[i, :used].to(torch.int32)
     return k_cache.to(device), v_cache.to(device), table.to(device)
+
+
+def rope_table(max_pos: int, d: int, base: float = 1e6) -> torch.Tensor:
+    """fp32 ``[max_pos, d]`` cos|sin table, built as the model builds it."""
+    inv = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.arange(max_pos).float()[:, None] * inv[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+def rope_decode_case(lens, hq, hkv, d, page, dtype, gen, device="cpu", pad_row=True):
+    """Arguments of ``decode_attention_rope`` for one decode step of sequences of ``lens``
+    (this step's token included): q/k/v are strided views of one qkv tensor, as in the
+    model; each new token's cache slot starts as NaN, so reading it from the cache
+    instead of registers fails. With ``pad_row`` the last row is a graph padding row
+    (length 1, empty block table, slot 0 in the dummy block)."""
+    k_cache, v_cache, table = paged(lens, page, hkv, d, dtype, gen)
+    b = len(lens)
+    qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=gen).to(dtype)
+    q = qkv[:, : hq * d].view(b, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(b, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
+    positions = torch.tensor(lens, dtype=torch.int64) - 1
+    slots = torch.stack([table[i, int(p) // page].long() * page + int(p) % page for i, p in enumerate(positions)])
+    if pad_row:
+        table[-1] = 0
+        slots[-1] = 0
+    for s in slots.tolist():
+        k_cache[s // page, s % page] = float("nan")
+        v_cache[s // page, s % page] = float("nan")
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    args = [q, k, v, positions, rope_table(max(lens) + 1, d), k_cache, v_cache, slots, table, seq_lens, d**-0.5]
+    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def check_rope_decode(fn, args, tol: float = 1e-2) -> None:
+    """Run ``fn`` (a kernel) on ``args`` and the reference on copies; compare outputs and caches."""
+    from ingot.ops import reference as ref
+
+    exp_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    out = fn(*args)
+    expected = ref.decode_attention_rope(*exp_args)
+    assert out.dtype == args[0].dtype
+    assert rel_err(out, expected) < tol
+    for got, want in ((args[5], exp_args[5]), (args[6], exp_args[6])):  # k_cache, v_cache
+        # block 0 is the padding dummy; every other row (the rotated new k included) bit-exact
+        assert torch.equal(got[1:].nan_to_num(7.0), want[1:].nan_to_num(7.0))

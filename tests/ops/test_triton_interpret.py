@@ -93,7 +93,7 @@ def K():
 
 
 from ingot.ops import reference as ref  # noqa: E402
-from tests.ops.kernel_cases import rel_err  # noqa: E402
+from tests.ops.kernel_cases import check_rope_decode, rel_err, rope_decode_case, rope_table  # noqa: E402
 from tests.ops.kernel_cases import paged as _paged  # noqa: E402
 
 
@@ -128,6 +128,34 @@ def test_decode_attention(K, hq, hkv, d, page, lens, splits):
     expected = ref.decode_attention(q.float(), k_cache.float(), v_cache.float(), table, seq_lens, scale)
     assert out.dtype == q.dtype
     assert rel_err(out, expected) < 1e-2
+
+
+ROPE_DECODE_CASES = [
+    # (Hq, Hkv, D, page, lens, splits)
+    (4, 2, 64, 16, [37, 1], None),
+    (8, 2, 64, 16, [100, 17, 16, 1], 3),  # new token first of its tile / block
+    (7, 1, 128, 16, [130, 65, 1], 4),
+    (4, 4, 32, 8, [64, 65, 1], 64),  # more splits than tiles
+    (8, 2, 64, 16, [129, 1], 1),  # direct write
+]
+
+
+@pytest.mark.parametrize("hq,hkv,d,page,lens,splits", ROPE_DECODE_CASES)
+def test_decode_attention_rope(K, hq, hkv, d, page, lens, splits):
+    gen = torch.Generator().manual_seed(hash((hq, d, page, len(lens))) & 0xFFFF)
+    args = rope_decode_case(lens, hq, hkv, d, page, torch.bfloat16, gen)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
+
+
+def test_decode_merge_kernel_fallback(K):
+    """The separate merge kernel (used when the split counters are unavailable) agrees."""
+    gen = torch.Generator().manual_seed(8)
+    args = rope_decode_case([90, 33, 1], 8, 2, 64, 16, torch.bfloat16, gen)
+    K.decode_attention.CONFIG_OVERRIDE["merge_kernel"] = True
+    try:
+        check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=4), args)
+    finally:
+        K.decode_attention.CONFIG_OVERRIDE.clear()
 
 
 def test_decode_zero_length_is_finite(K):
@@ -223,9 +251,7 @@ def test_rotary(K, hq, hkv, d):
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(torch.bfloat16)
     q = qkv[:, : hq * d].reshape(t, hq, d)
     k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
-    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
-    freqs = torch.arange(max_pos).float()[:, None] * inv[None, :]
-    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    cache = rope_table(max_pos, d, 10000.0)
     positions = torch.randint(0, max_pos, (t,), generator=gen)
     q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache)
     q_exp, k_exp = ref.rotary_embedding(positions, q, k, cache)

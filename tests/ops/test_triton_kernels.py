@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ingot.ops import reference as ref
-from tests.ops.kernel_cases import rel_err
+from tests.ops.kernel_cases import check_rope_decode, rel_err, rope_decode_case, rope_table
 from tests.ops.kernel_cases import paged as _paged
 
 
@@ -224,6 +224,43 @@ def test_decode_attention_cuda_graph_replay(K):
         assert rel_err(out, expected) < TOL, lens
 
 
+@gpu
+@pytest.mark.parametrize("batch", [1, 3, 17, 64, 256])
+@pytest.mark.parametrize("hq,hkv", GQA)
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_attention_rope(K, batch, hq, hkv, d):
+    """Fused rotary + KV store + attention against the three reference ops; the new
+    token's slot starts as NaN, so a program reading it from the cache fails."""
+    gen = torch.Generator().manual_seed(batch * 7 + hq + d)
+    lens = random_lens(batch, 700 if batch <= 64 else 300, gen) if batch > 1 else [677]
+    if batch > 1:
+        lens[-1] = 1  # the graph padding row
+    args = rope_decode_case(lens, hq, hkv, d, 16, BF16, gen, device="cuda", pad_row=batch > 1)
+    check_rope_decode(K.decode_attention.decode_attention_rope, args)
+    counters = K.decode_attention._counters.get(torch.device("cuda", torch.cuda.current_device()))
+    assert counters is None or int(counters.count_nonzero()) == 0  # reset for the next call
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_decode_attention_rope_splits(K, splits):
+    gen = torch.Generator().manual_seed(splits)
+    lens = [1000, 129, 128, 65, 64, 17, 2, 1]  # new token first / last of a 64- or 128-token tile
+    args = rope_decode_case(lens, 28, 4, 128, 16, BF16, gen, device="cuda")
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
+
+
+@gpu
+def test_decode_merge_kernel_fallback(K):
+    gen = torch.Generator().manual_seed(4)
+    args = rope_decode_case([900, 33, 1], 12, 2, 128, 16, BF16, gen, device="cuda")
+    K.decode_attention.CONFIG_OVERRIDE["merge_kernel"] = True
+    try:
+        check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=6), args)
+    finally:
+        K.decode_attention.CONFIG_OVERRIDE.clear()
+
+
 # ----------------------------------------------------------------------------- store_kv
 @gpu
 @pytest.mark.parametrize("t,hkv,d", [(1, 8, 128), (37, 4, 128), (300, 2, 64), (64, 8, 256)])
@@ -309,9 +346,7 @@ def test_rotary(K, t, hq, hkv, d):
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(BF16).cuda()
     q = qkv[:, : hq * d].reshape(t, hq, d)  # strided, as the model passes them
     k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
-    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2).float() / d))
-    freqs = torch.arange(max_pos).float()[:, None] * inv[None, :]
-    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).cuda()
+    cache = rope_table(max_pos, d).cuda()
     positions = torch.randint(0, max_pos, (t,), generator=gen).cuda()
     q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache)
     q_exp, k_exp = ref.rotary_embedding(positions, q, k, cache)
@@ -425,3 +460,6 @@ def test_ops_dispatch_to_triton(K):
     sl = torch.tensor([70, 1, 33], dtype=torch.int32, device="cuda")
     out = ran_triton(lambda: ops.decode_attention(qd, kc, vc, table, sl, 0.125))
     assert rel_err(out, ref.decode_attention(qd.float(), kc.float(), vc.float(), table, sl, 0.125)) < TOL
+
+    args = rope_decode_case([70, 33, 1], 8, 2, 64, 16, BF16, gen, device="cuda")
+    check_rope_decode(lambda *a: ran_triton(lambda: ops.decode_attention_rope(*a)), args)

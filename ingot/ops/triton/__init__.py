@@ -62,6 +62,7 @@ def register_cuda_kernels() -> bool:
     library.silu_and_mul.register_kernel("cuda")(activation.silu_and_mul)
     library.store_kv.register_kernel("cuda")(kv_store.store_kv)
     library.decode_attention.register_kernel("cuda")(_decode_op(decode_attention.decode_attention))
+    library.decode_attention_rope.register_kernel("cuda")(_decode_rope_op(decode_attention.decode_attention_rope))
     library.prefill_attention.register_kernel("cuda")(_prefill_op(prefill_attention.prefill_attention))
     _registered = True
     return True
@@ -73,6 +74,13 @@ def _decode_op(fn):
         return fn(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
     return decode_attention
+
+
+def _decode_rope_op(fn):
+    def decode_attention_rope(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale):
+        return fn(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale)
+
+    return decode_attention_rope
 
 
 def _prefill_op(fn):

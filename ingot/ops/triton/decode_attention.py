@@ -1,19 +1,29 @@
-"""Paged decode attention: split-K flash-decoding over the block table.
+"""Paged decode attention: split-K flash-decoding over the block table, in one launch.
 
 One query token per sequence, ``q [B, Hq, D]``, GQA with ``G = Hq / Hkv``.
 
-Kernel 1 (``_decode_split_kernel``), grid ``(B, Hkv, S)``: each program takes
-one sequence, one KV head and one of ``S`` contiguous slices of that sequence's
-context, and handles the whole query-head group at once (the ``G`` query rows
-are the M side of a ``tl.dot``), so each K/V row is read from memory once per
-group. Slices are cut on the device from ``seq_lens[b]`` (so the same captured
-graph serves any lengths); a slice past the end of a short sequence writes an
-empty partial. It writes the slice's normalized partial output and its
-log-sum-exp (base 2) to fp32 scratch; with ``S == 1`` it writes the final
-output directly and the second kernel is skipped.
+Grid ``(B, Hkv, S)``: each program takes one sequence, one KV head and one of
+``S`` contiguous slices of that sequence's context, and handles the whole
+query-head group at once (the ``G`` query rows are the M side of a ``tl.dot``),
+so each K/V row is read from memory once per group. Slices are cut on the
+device from ``seq_lens[b]`` (so one captured graph serves any lengths); a slice
+past the end of a short sequence yields an empty partial.
 
-Kernel 2 (``_decode_reduce_kernel``), grid ``(B, Hq)``: merges the ``S``
-partials of each head with the usual max-rescaled weights.
+With ``S == 1`` a program writes the output directly. Otherwise it writes its
+normalized partial and log-sum-exp (base 2) to fp32 scratch and bumps a
+per-(sequence, KV head) counter; the program that finishes last merges the
+``S`` partials and resets the counter to 0 for the next call (or graph replay).
+So no second kernel is launched: at batch 1 that launch was a third of the
+attention time. (If the counters cannot be allocated, during a capture that
+needs more than were allocated before it, the merge runs as its own kernel.)
+
+Fused variant (``decode_attention_rope``): the program also applies the rotary
+embedding to q and to this step's k, and stores the new k/v row into the cache
+by slot mapping. The new token is not read back from the cache: the one
+program whose slice holds the last position takes it from registers, and every
+program masks that position out of its cache reads, so the store races with
+nothing. This replaces three launches per layer (rotary, store_kv, attention)
+with one.
 
 ``S`` comes from static shapes only (B, Hkv, the block table width and the SM
 count), so it is fixed for a captured graph; scratch sizes likewise. No host
@@ -30,21 +40,72 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms
+from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
-# programs we aim to launch, in units of SMs (a few waves balance uneven lengths)
-_TARGET_WAVES = 4
+# programs we aim to launch, in units of SMs (benchmarks/kernels.py --sweep chose 1:
+# fewer, longer slices beat more waves of short ones at batch 64, context 2048)
+_TARGET_WAVES = 1
+# split counters: one int32 per (sequence, KV head), allocated once per device
+_COUNTERS_MIN = 1 << 16
+_counters: dict[torch.device, torch.Tensor] = {}
 # Optional override for tuning sweeps (benchmarks/kernels.py): keys BLOCK_N,
-# num_warps, num_stages, waves. Empty in normal use.
+# num_warps, num_stages, waves, merge_kernel. Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
+
+
+@triton.jit
+def _merge_splits(
+    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits,
+    stride_ob, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_GM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Combine the S partials of one group's heads with max-rescaled weights; write the output."""
+    offs_g = tl.arange(0, BLOCK_GM)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    row0 = (b.to(tl.int64) * NUM_Q_HEADS + heads) * num_splits  # [G]
+    m = tl.full([BLOCK_GM], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_GM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_GM, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_idx = s0 + offs_s
+        gs_mask = g_mask[:, None] & (s_idx < num_splits)[None, :]
+        rows = row0[:, None] + s_idx[None, :]  # [G, S]
+        # .cg: read at L2, where the other programs' partials are (L1 is not coherent)
+        lse = tl.load(mid_lse_ptr + rows, mask=gs_mask, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(
+            mid_o_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+            mask=gs_mask[:, :, None] & d_mask[None, None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m_new = tl.maximum(m, tl.max(lse, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights 0
+        alpha = tl.exp2(m - m_ref)
+        w = tl.exp2(lse - m_ref[:, None])  # 0 for empty slices
+        l = l * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
+        m = m_new
+    res = acc / tl.where(l > 0.0, l, 1.0)[:, None]  # every slice empty (seq_len 0): output 0
+    tl.store(
+        out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+        res.to(out_ptr.dtype.element_ty),
+        mask=g_mask[:, None] & d_mask[None, :],
+    )
 
 
 # the block table's width varies between eager steps: not specialized
 @triton.jit(do_not_specialize=["stride_bt"])
-def _decode_split_kernel(
+def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, mid_o_ptr, mid_lse_ptr,
+    out_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
+    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
     scale_log2,
     num_splits,
     stride_qb, stride_qh,
@@ -52,15 +113,18 @@ def _decode_split_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_bt,
     stride_ob, stride_oh,
-    NUM_Q_HEADS: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+    stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cs,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    b64 = b.to(tl.int64)
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
@@ -69,51 +133,82 @@ def _decode_split_kernel(
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     offs_g = tl.arange(0, BLOCK_G)
+    offs_h = tl.arange(0, BLOCK_HALF)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     g_mask = offs_g < GROUP
+    h_mask = offs_h < HALF
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
 
-    q = tl.load(
-        q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    if DOT_F32:
-        q = q.to(tl.float32)
+    # q as two halves (the rotary pairs), so the fused variant rotates it in registers
+    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_h[None, :]
+    gh_mask = g_mask[:, None] & h_mask[None, :]
+    q1 = tl.load(q_rows, mask=gh_mask, other=0.0)
+    q2 = tl.load(q_rows + HALF, mask=gh_mask, other=0.0)
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    kv_limit = seq_len  # cache positions this program may read
+    if ROPE:
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q1.dtype, BF16)
+        q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
+        # the new token: rotated k and v from registers, stored by its owner program
+        kv_limit = seq_len - 1
+        owner = (seq_len > 0) & (split == (num_tiles - 1) // tiles_per_split)
+        k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
+        k1, k2 = rope_pair(
+            tl.load(k_row, mask=h_mask & owner, other=0.0),
+            tl.load(k_row + HALF, mask=h_mask & owner, other=0.0),
+            cos, sin, BF16,
+        )
+        v_new = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask & owner, other=0.0)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        store = owner & (slot >= 0)
+        k_dst = k_cache_ptr + (slot // PAGE) * stride_kb + (slot % PAGE) * stride_ks + kvh * stride_kh
+        v_dst = v_cache_ptr + (slot // PAGE) * stride_vb + (slot % PAGE) * stride_vs + kvh * stride_vh
+        tl.store(k_dst + offs_h, k1.to(k_cache_ptr.dtype.element_ty), mask=h_mask & store)
+        tl.store(k_dst + HALF + offs_h, k2.to(k_cache_ptr.dtype.element_ty), mask=h_mask & store)
+        tl.store(v_dst + offs_d, v_new.to(v_cache_ptr.dtype.element_ty), mask=d_mask & store)
+        s_new = tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
+        s_new += tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)
+        m_i = tl.where(owner, s_new * scale_log2, m_i)
+        l_i = tl.where(owner, 1.0, l_i)
+        acc = tl.where(owner, acc + v_new.to(tl.float32)[None, :], acc)
+    if DOT_F32:
+        q1 = q1.to(tl.float32)
+        q2 = q2.to(tl.float32)
 
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    bt_row = block_tables_ptr + b64 * stride_bt
     k_head = k_cache_ptr + kvh * stride_kh
     v_head = v_cache_ptr + kvh * stride_vh
 
     for tile in range(tile_lo, tile_hi):
-        pos = tile * BLOCK_N + offs_n
-        n_mask = pos < seq_len
+        pos_n = tile * BLOCK_N + offs_n
+        n_mask = pos_n < kv_limit
         if PAGE % BLOCK_N == 0:
             # the whole tile lies in one cache block
             blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE).to(tl.int64)
-            k_rows = blk * stride_kb + (pos % PAGE) * stride_ks
-            v_rows = blk * stride_vb + (pos % PAGE) * stride_vs
         else:
-            blk = tl.load(bt_row + pos // PAGE, mask=n_mask, other=0).to(tl.int64)
-            k_rows = blk * stride_kb + (pos % PAGE) * stride_ks
-            v_rows = blk * stride_vb + (pos % PAGE) * stride_vs
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_head + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            blk = tl.load(bt_row + pos_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        k_rows = k_head + blk * stride_kb + (pos_n % PAGE) * stride_ks
+        v_rows = v_head + blk * stride_vb + (pos_n % PAGE) * stride_vs
+        nh_mask = n_mask[:, None] & h_mask[None, :]
+        k1t = tl.load(k_rows[:, None] + offs_h[None, :], mask=nh_mask, other=0.0)
+        k2t = tl.load(k_rows[:, None] + HALF + offs_h[None, :], mask=nh_mask, other=0.0)
         if DOT_F32:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 domain
+            k1t = k1t.to(tl.float32)
+            k2t = k2t.to(tl.float32)
+        s = (tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t))) * scale_log2  # log2 domain
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         if DOT_F32:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -121,58 +216,50 @@ def _decode_split_kernel(
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    store_mask = g_mask[:, None] & d_mask[None, :]
+    gd_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:
         tl.store(
-            out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
             o.to(out_ptr.dtype.element_ty),
-            mask=store_mask,
+            mask=gd_mask,
         )
     else:
         # scratch layout: mid_o [B, Hq, S, D], mid_lse [B, Hq, S] (contiguous)
-        row = (b.to(tl.int64) * NUM_Q_HEADS + heads) * num_splits + split  # [BLOCK_G]
-        tl.store(mid_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=store_mask)
+        row = (b64 * NUM_Q_HEADS + heads) * num_splits + split  # [BLOCK_G]
+        tl.store(mid_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=gd_mask)
         lse = m_i + tl.log2(l_safe)  # -inf for an empty slice
         tl.store(mid_lse_ptr + row, lse, mask=g_mask)
+        if MERGE_HERE:
+            tl.debug_barrier()  # every thread's partial is written before the release below
+            counter = counter_ptr + b * NUM_KV_HEADS + kvh
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == num_splits - 1:
+                _merge_splits(
+                    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, stride_ob, stride_oh,
+                    NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S,
+                )
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _decode_reduce_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr,
-    num_splits,
-    stride_ob, stride_oh,
-    NUM_Q_HEADS: tl.constexpr,
+def _merge_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_GM: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    d_mask = offs_d < HEAD_DIM
-    row0 = (b.to(tl.int64) * NUM_Q_HEADS + h) * num_splits
-    lse = tl.load(mid_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # every slice empty (seq_len 0): output 0
-    w = tl.exp2(lse - m)  # 0 for empty slices
-    denom = tl.sum(w, 0)
-    o = tl.load(
-        mid_o_ptr + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    res = tl.sum(o * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
-    tl.store(
-        out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
-        res.to(out_ptr.dtype.element_ty),
-        mask=d_mask,
+    _merge_splits(
+        mid_o_ptr, mid_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), num_splits, stride_ob, stride_oh,
+        NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S,
     )
 
 
 def _tile_config(head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for a head dim; fixed, no autotune."""
-    # K and V tiles of BLOCK_N x D bf16: 16 KiB each up to D=128 (32 tokens at D=256)
-    cfg = (64, 4, 3) if next_pow2(head_dim) <= 128 else (32, 4, 3)
+    """(BLOCK_N, num_warps, num_stages) for a head dim; fixed, no autotune.
+
+    From ``benchmarks/kernels.py --sweep`` on the H200 (batch 64, context 2048):
+    128-token tiles, 8 warps, 4 stages for D <= 128; half the tile at D=256.
+    """
+    cfg = (128, 8, 4) if next_pow2(head_dim) <= 128 else (64, 8, 3)
     o = CONFIG_OVERRIDE
     return o.get("BLOCK_N", cfg[0]), o.get("num_warps", cfg[1]), o.get("num_stages", cfg[2])
 
@@ -190,6 +277,96 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int,
     return int(max(1, min(want, max_tiles, MAX_SPLITS)))
 
 
+def _split_counters(device: torch.device, needed: int) -> Optional[torch.Tensor]:
+    """The zeroed counters of ``device`` (kept zero by the kernels), or None if too few exist
+    and a CUDA graph capture is under way (allocating there would tie them to the graph)."""
+    have = _counters.get(device)
+    if have is not None and have.numel() >= needed:
+        return have
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    have = torch.zeros(max(needed, _COUNTERS_MIN), dtype=torch.int32, device=device)
+    _counters[device] = have
+    return have
+
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: Optional[int],
+    rope: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
+    batch, num_q_heads, head_dim = q.shape
+    _, page, num_kv_heads, _ = k_cache.shape
+    assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
+    assert head_dim % 2 == 0, "decode attention needs an even head dim"
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV cache rows must be contiguous"
+    q = last_dim_contiguous(q)
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    block_g = max(16, next_pow2(group))
+    block_gm = max(2, next_pow2(group))
+    block_d = max(16, next_pow2(head_dim))
+    block_half = max(16, next_pow2(head_dim // 2))
+    block_n, num_warps, num_stages = _tile_config(head_dim)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1], page, block_n, q.device)
+    direct = num_splits == 1
+    block_s = max(2, min(next_pow2(num_splits), 4096 // (block_gm * block_d)))
+    counters = None
+    if direct:
+        mid_o = mid_lse = out  # unused
+    else:
+        mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+        if not CONFIG_OVERRIDE.get("merge_kernel", False):
+            counters = _split_counters(q.device, batch * num_kv_heads)
+    merge_here = counters is not None
+    if rope is None:
+        k_new = v_new = q
+        positions = slots = seq_lens
+        cos_sin = q
+    else:
+        k_new, v_new, positions, cos_sin, slots = rope
+        k_new, v_new, cos_sin = last_dim_contiguous(k_new), last_dim_contiguous(v_new), last_dim_contiguous(cos_sin)
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens,
+        out, mid_o, mid_lse, counters if merge_here else seq_lens,
+        k_new, v_new, positions, cos_sin, slots,
+        float(scale) * _LOG2E,
+        num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), cos_sin.stride(0),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads,
+        GROUP=group, BLOCK_G=block_g, BLOCK_GM=block_gm,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
+        PAGE=page, BLOCK_N=block_n, BLOCK_S=block_s,
+        DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if not direct and not merge_here:
+        _merge_kernel[(batch, num_kv_heads)](
+            mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_GM=block_gm,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
+            num_warps=4,
+        )
+    return out
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -200,57 +377,28 @@ def decode_attention(
     num_splits: Optional[int] = None,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.decode_attention`` (see reference.py)."""
-    batch, num_q_heads, head_dim = q.shape
-    _, page, num_kv_heads, _ = k_cache.shape
-    assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV cache rows must be contiguous"
-    q = last_dim_contiguous(q)
-    if block_tables.stride(-1) != 1:
-        block_tables = block_tables.contiguous()
-    out = torch.empty_like(q)
-    if batch == 0:
-        return out
-    group = num_q_heads // num_kv_heads
-    block_g = max(16, next_pow2(group))
-    block_d = max(16, next_pow2(head_dim))
-    block_n, num_warps, num_stages = _tile_config(head_dim)
-    if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1], page, block_n, q.device)
-    direct = num_splits == 1
-    if direct:
-        mid_o = mid_lse = out  # unused
-    else:
-        mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
-    dot_f32 = interpreting()
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens,
-        out, mid_o, mid_lse,
-        float(scale) * _LOG2E,
-        num_splits,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        GROUP=group, BLOCK_G=block_g,
-        HEAD_DIM=head_dim, BLOCK_D=block_d,
-        PAGE=page, BLOCK_N=block_n,
-        DIRECT=direct, DOT_F32=dot_f32,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    if not direct:
-        block_s = max(2, next_pow2(num_splits))
-        _decode_reduce_kernel[(batch, num_q_heads)](
-            mid_o, mid_lse, out,
-            num_splits,
-            out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
-            num_warps=4 if block_s * block_d <= 8192 else 8,
-        )
-    return out
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None)
 
 
-__all__ = ["decode_attention", "choose_num_splits", "MAX_SPLITS", "CONFIG_OVERRIDE"]
+def decode_attention_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: Optional[int] = None,
+) -> torch.Tensor:
+    """Triton implementation of ``torch.ops.ingot.decode_attention_rope``: rotary on q and k,
+    k/v stored at ``slot_mapping``, attention over the cache (new token included)."""
+    assert k.dtype == q.dtype == v.dtype, "q, k and v must share a dtype"
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
+                   (k, v, positions, cos_sin_cache, slot_mapping))
+
+
+__all__ = ["decode_attention", "decode_attention_rope", "choose_num_splits", "MAX_SPLITS", "CONFIG_OVERRIDE"]

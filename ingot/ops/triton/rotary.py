@@ -5,10 +5,12 @@ last D/2. Numerics follow ``reference.rotary_embedding`` under torch: the table
 is cast to the activation dtype, and each of ``x * cos``, ``rotate_half(x) *
 sin`` and their sum is rounded to that dtype (so bf16 results match torch's).
 
-Grid ``(T, q head chunks + k head chunks)``: each program rotates a chunk of
-heads of one token, loading that token's cos/sin row once. q and k may be
+Each program rotates a tile of rows, a row being one head of one token; q heads
+and k heads form one row space (``h < Hq``: q, else k), so a token's q and k
+heads share a program and small models still get full tiles. q and k may be
 strided views (slices of a fused qkv projection); only the last dim must be
-contiguous.
+contiguous. ``rope_pair`` is the rotation itself, shared with the fused decode
+attention kernel.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import last_dim_contiguous, next_pow2
+
+# elements (rows x half head dim) per program: enough bytes in flight per SM
+_TILE_ELEMS = 4096
 
 
 @triton.jit
@@ -35,71 +40,60 @@ def _rne_bf16(x):
 
 
 @triton.jit
-def _rotate_chunk(
-    src_ptr, dst_ptr, t, h0, num_heads,
-    stride_st, stride_sh, stride_dt, stride_dh,
-    cos, sin,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BF16: tl.constexpr,
-):
-    offs_h = h0 + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    mask = (offs_h < num_heads)[:, None] & (offs_d < HALF)[None, :]
-    src = src_ptr + t * stride_st + offs_h[:, None] * stride_sh + offs_d[None, :]
-    x1 = tl.load(src, mask=mask, other=0.0)
-    x2 = tl.load(src + HALF, mask=mask, other=0.0)
+def _round_to(x, dtype: tl.constexpr, BF16: tl.constexpr):
+    """fp32 ``x`` rounded to ``dtype`` and kept in fp32 (what one torch op in that dtype yields)."""
+    if BF16:
+        return _rne_bf16(x)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def load_cos_sin(cache_row_ptr, offs_half, mask, HALF: tl.constexpr, dtype: tl.constexpr, BF16: tl.constexpr):
+    """cos and sin of a position (or rows of positions), cast to the activation dtype as the reference does."""
+    cos = tl.load(cache_row_ptr + offs_half, mask=mask, other=0.0)
+    sin = tl.load(cache_row_ptr + HALF + offs_half, mask=mask, other=0.0)
+    return _round_to(cos, dtype, BF16), _round_to(sin, dtype, BF16)
+
+
+@triton.jit
+def rope_pair(x1, x2, cos, sin, BF16: tl.constexpr):
+    """Rotate the halves (x1, x2): (x1 cos - x2 sin, x2 cos + x1 sin) in x's dtype, torch's roundings."""
     dtype = x1.dtype
     a1 = x1.to(tl.float32)
     a2 = x2.to(tl.float32)
-    c = cos[None, :]
-    s = sin[None, :]
-    # first half: x1 * cos + (-x2) * sin; second half: x2 * cos + x1 * sin
-    if BF16:
-        o1 = _rne_bf16(_rne_bf16(a1 * c) + _rne_bf16(-a2 * s)).to(dtype)
-        o2 = _rne_bf16(_rne_bf16(a2 * c) + _rne_bf16(a1 * s)).to(dtype)
-    else:
-        o1 = ((a1 * c).to(dtype).to(tl.float32) + (-a2 * s).to(dtype).to(tl.float32)).to(dtype)
-        o2 = ((a2 * c).to(dtype).to(tl.float32) + (a1 * s).to(dtype).to(tl.float32)).to(dtype)
-    dst = dst_ptr + t * stride_dt + offs_h[:, None] * stride_dh + offs_d[None, :]
-    tl.store(dst, o1.to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF, o2.to(dst_ptr.dtype.element_ty), mask=mask)
+    o1 = _round_to(_round_to(a1 * cos, dtype, BF16) + _round_to(-a2 * sin, dtype, BF16), dtype, BF16)
+    o2 = _round_to(_round_to(a2 * cos, dtype, BF16) + _round_to(a1 * sin, dtype, BF16), dtype, BF16)
+    return o1.to(dtype), o2.to(dtype)
 
 
 @triton.jit
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr, q_out_ptr, k_out_ptr,
-    num_q_heads, num_k_heads, q_chunks,
+    num_tokens, num_q_heads, num_rows_per_token,
     stride_qt, stride_qh, stride_kt, stride_kh,
     stride_qot, stride_qoh, stride_kot, stride_koh,
     stride_cache,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BF16: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BF16: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
+    r = tl.arange(0, BLOCK_T * BLOCK_H)
+    t = (tl.program_id(0) * BLOCK_T + r // BLOCK_H).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + r % BLOCK_H
+    row_ok = (t < num_tokens) & (h < num_rows_per_token)
+    is_q = h < num_q_heads
+    hk = h - num_q_heads
+    src = tl.where(is_q, q_ptr + t * stride_qt + h * stride_qh, k_ptr + t * stride_kt + hk * stride_kh)
+    dst = tl.where(is_q, q_out_ptr + t * stride_qot + h * stride_qoh, k_out_ptr + t * stride_kot + hk * stride_koh)
     offs_d = tl.arange(0, BLOCK_HALF)
-    d_mask = offs_d < HALF
-    row = cache_ptr + pos * stride_cache
-    cos = tl.load(row + offs_d, mask=d_mask, other=0.0)
-    sin = tl.load(row + HALF + offs_d, mask=d_mask, other=0.0)
-    # the table is cast to the activation dtype first, as the reference does
-    if BF16:
-        cos = _rne_bf16(cos)
-        sin = _rne_bf16(sin)
-    else:
-        cos = cos.to(q_ptr.dtype.element_ty).to(tl.float32)
-        sin = sin.to(q_ptr.dtype.element_ty).to(tl.float32)
-    if chunk < q_chunks:
-        _rotate_chunk(
-            q_ptr, q_out_ptr, t, chunk * BLOCK_H, num_q_heads,
-            stride_qt, stride_qh, stride_qot, stride_qoh,
-            cos, sin, HALF, BLOCK_H, BLOCK_HALF, BF16,
-        )
-    else:
-        _rotate_chunk(
-            k_ptr, k_out_ptr, t, (chunk - q_chunks) * BLOCK_H, num_k_heads,
-            stride_kt, stride_kh, stride_kot, stride_koh,
-            cos, sin, HALF, BLOCK_H, BLOCK_HALF, BF16,
-        )
+    mask = row_ok[:, None] & (offs_d < HALF)[None, :]
+    pos = tl.load(pos_ptr + t, mask=row_ok, other=0).to(tl.int64)
+    x1 = tl.load(src[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    x2 = tl.load(src[:, None] + HALF + offs_d[None, :], mask=mask, other=0.0)
+    cos, sin = load_cos_sin(cache_ptr + pos[:, None] * stride_cache, offs_d[None, :], mask, HALF, x1.dtype, BF16)
+    o1, o2 = rope_pair(x1, x2, cos, sin, BF16)
+    tl.store(dst[:, None] + offs_d[None, :], o1.to(q_out_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst[:, None] + HALF + offs_d[None, :], o2.to(q_out_ptr.dtype.element_ty), mask=mask)
 
 
 def rotary_embedding(
@@ -119,17 +113,19 @@ def rotary_embedding(
     cache = last_dim_contiguous(cos_sin_cache)
     half = head_dim // 2
     block_half = next_pow2(half)
-    block_h = max(1, min(next_pow2(max(num_q_heads, num_k_heads)), 2048 // block_half))
-    q_chunks = triton.cdiv(num_q_heads, block_h)
-    k_chunks = triton.cdiv(num_k_heads, block_h)
-    elems = block_h * block_half
-    _rotary_kernel[(num_tokens, q_chunks + k_chunks)](
+    rows = num_q_heads + num_k_heads
+    block_h = min(next_pow2(rows), max(1, _TILE_ELEMS // block_half))
+    block_t = max(1, _TILE_ELEMS // (block_h * block_half))
+    block_t = min(block_t, next_pow2(num_tokens))
+    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(rows, block_h))
+    _rotary_kernel[grid](
         positions, q, k, cache, q_out, k_out,
-        num_q_heads, num_k_heads, q_chunks,
+        num_tokens, num_q_heads, rows,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         cache.stride(0),
-        HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, BF16=q.dtype == torch.bfloat16,
-        num_warps=4 if elems <= 1024 else 8,
+        HALF=half, BLOCK_HALF=block_half, BLOCK_T=block_t, BLOCK_H=block_h,
+        BF16=q.dtype == torch.bfloat16,
+        num_warps=4 if block_t * block_h * block_half <= 2048 else 8,
     )
     return q_out, k_out
