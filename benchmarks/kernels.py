@@ -131,7 +131,7 @@ def run(args) -> dict:
     for hq, hkv in ((12, 2), (28, 4)):
         call, nbytes = decode_case(64, 2048, hq, hkv, 128)
         splits = decode_attention.choose_num_splits(64, hkv, call[3].shape[1], 16,
-                                                    decode_attention._tile_config(128)[0], call[0].device)
+                                                    decode_attention._tile_config(128, 64 * hkv, call[0].device)[0], call[0].device)
         record("decode_attention", f"B64 ctx2048 {hq}/{hkv} d128 S{splits}",
                lambda c=call: decode_attention.decode_attention(*c),
                lambda c=call: ref.decode_attention(*c), nbytes=nbytes, target=60)

@@ -126,7 +126,11 @@ def _decode_kernel(
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
 
+    # every load that depends on nothing else is issued first, so their latencies overlap
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    if ROPE:
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_lo = split * tiles_per_split
@@ -152,20 +156,16 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     kv_limit = seq_len  # cache positions this program may read
     if ROPE:
-        pos = tl.load(pos_ptr + b).to(tl.int64)
+        k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
+        k1 = tl.load(k_row, mask=h_mask, other=0.0)
+        k2 = tl.load(k_row + HALF, mask=h_mask, other=0.0)
+        v_new = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
         cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q1.dtype, BF16)
         q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
         # the new token: rotated k and v from registers, stored by its owner program
         kv_limit = seq_len - 1
         owner = (seq_len > 0) & (split == (num_tiles - 1) // tiles_per_split)
-        k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
-        k1, k2 = rope_pair(
-            tl.load(k_row, mask=h_mask & owner, other=0.0),
-            tl.load(k_row + HALF, mask=h_mask & owner, other=0.0),
-            cos, sin, BF16,
-        )
-        v_new = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask & owner, other=0.0)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
+        k1, k2 = rope_pair(k1, k2, cos, sin, BF16)
         store = owner & (slot >= 0)
         k_dst = k_cache_ptr + (slot // PAGE) * stride_kb + (slot % PAGE) * stride_ks + kvh * stride_kh
         v_dst = v_cache_ptr + (slot // PAGE) * stride_vb + (slot % PAGE) * stride_vs + kvh * stride_vh
@@ -253,13 +253,19 @@ def _merge_kernel(
     )
 
 
-def _tile_config(head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for a head dim; fixed, no autotune.
-
-    From ``benchmarks/kernels.py --sweep`` on the H200 (batch 64, context 2048):
-    128-token tiles, 8 warps, 4 stages for D <= 128; half the tile at D=256.
-    """
-    cfg = (128, 8, 4) if next_pow2(head_dim) <= 128 else (64, 8, 3)
+def _tile_config(head_dim: int, programs: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for a head dim and a count of (sequence, KV head)
+    programs; fixed, no autotune. From ``benchmarks/kernels.py --sweep`` on the H200:
+    with at least half as many programs as SMs (batch 64: bandwidth-bound) 128-token
+    tiles, 4 warps, 3 stages; below that (batch 1: latency-bound, every slice one tile)
+    64-token tiles, 8 warps, 2 stages (6.5 vs 7.2 us at batch 1, context 512). Half
+    the tile at D=256."""
+    if 2 * programs >= num_sms(device):
+        cfg = (128, 4, 3)
+    else:
+        cfg = (64, 8, 2)
+    if next_pow2(head_dim) > 128:
+        cfg = (cfg[0] // 2, 8, 2)
     o = CONFIG_OVERRIDE
     return o.get("BLOCK_N", cfg[0]), o.get("num_warps", cfg[1]), o.get("num_stages", cfg[2])
 
@@ -316,7 +322,7 @@ def _launch(
     block_gm = max(2, next_pow2(group))
     block_d = max(16, next_pow2(head_dim))
     block_half = max(16, next_pow2(head_dim // 2))
-    block_n, num_warps, num_stages = _tile_config(head_dim)
+    block_n, num_warps, num_stages = _tile_config(head_dim, batch * num_kv_heads, q.device)
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1], page, block_n, q.device)
     direct = num_splits == 1

@@ -41,6 +41,8 @@ def _rms_norm_kernel(
     outer = rows // inner
     mid = rows % inner
 
+    # the weight first: its load overlaps the row's instead of waiting for the reduction
+    w = tl.load(w_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
     dtype = x.dtype
     if HAS_RESIDUAL:
@@ -53,7 +55,6 @@ def _rms_norm_kernel(
     var = tl.sum(h * h, 1) / N
     rstd = tl.rsqrt(var + eps)
     hn = (h * rstd[:, None]).to(dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)
     y = w[None, :] * hn
     tl.store(
         out_ptr + (outer * so0 + mid * so1)[:, None] + cols[None, :],
