@@ -68,7 +68,10 @@ def add_parser(subparsers, engine_args) -> None:
     w.add_argument("--request-rate", type=_rate_arg, default=float("inf"), metavar="RATE", help="requests/s, Poisson arrivals; inf (default) sends all at once")
     w.add_argument("--seed", type=int, default=0, help="seed of lengths, prompts and arrival times (default 0)")
     g = p.add_argument_group("model and engine")
-    g.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct")
+    src.add_argument("--shape", choices=sorted(_shapes()), default=None,
+                     help="a random-weight model of this shape instead (no checkpoint needed; max_model_len 4096 unless given)")
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA, fp32 on CPU")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--max-model-len", type=int, default=None, help="context length; default: the model's")
@@ -82,6 +85,25 @@ def add_parser(subparsers, engine_args) -> None:
     o.add_argument("--json", type=Path, default=None, metavar="PATH", help="write all numbers, the workload and the environment here")
     o.add_argument("--quiet", action="store_true", help="no progress or logs; only the table")
     p.set_defaults(func=cmd_serve)
+
+
+def _shapes() -> list[str]:
+    from ingot.bench.decode import SHAPES
+
+    return list(SHAPES)
+
+
+def build_engine(args: argparse.Namespace, decode_compile: Any):
+    """The engine to benchmark: the checkpoint of --model, or a random model of --shape."""
+    kw = llm_kwargs(args, decode_compile)
+    if args.shape:
+        from ingot.bench.random_engine import random_engine
+        from ingot.config import EngineConfig
+
+        return random_engine(args.shape, EngineConfig.create(**kw))
+    from ingot.llm import LLM
+
+    return LLM(args.model, **kw).engine
 
 
 def llm_kwargs(args: argparse.Namespace, decode_compile: Any) -> dict[str, Any]:
@@ -112,12 +134,11 @@ def device_name(device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def environment(llm, args: argparse.Namespace) -> dict[str, Any]:
+def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import ingot
 
-    eng = llm.engine
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ingot": ingot.__version__,
@@ -127,7 +148,7 @@ def environment(llm, args: argparse.Namespace) -> dict[str, Any]:
         "device": str(eng.device),
         "device_name": device_name(eng.device),
         "cpu_threads": torch.get_num_threads(),
-        "model": args.model or "default (SmolLM2-135M-Instruct)",
+        "model": f"random weights, {args.shape} shape" if args.shape else (args.model or "default (SmolLM2-135M-Instruct)"),
         "architecture": eng.model_config.architecture,
         "dtype": str(eng.dtype).removeprefix("torch."),
         "max_model_len": eng.max_model_len,
@@ -139,15 +160,13 @@ def environment(llm, args: argparse.Namespace) -> dict[str, Any]:
 def run_mode(args: argparse.Namespace, workload, mode: str, console) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build the engine for one compile mode, warm up, run the workload: (result, environment)."""
     from ingot.bench.serve import check_fits, make_requests, run_workload, warm_up
-    from ingot.llm import LLM
 
     say = (lambda *a: None) if args.quiet else console.print
     say(f"[bold]decode-compile {mode}[/]: loading the model")
     t0 = time.perf_counter()
-    llm = LLM(args.model, **llm_kwargs(args, decode_compile=MODES[mode]))
+    eng = build_engine(args, decode_compile=MODES[mode])
     load_s = time.perf_counter() - t0
     try:
-        eng = llm.engine
         if mode != "off" and eng.device.type != "cuda":
             console.print(f"[yellow]note[/]: decode compile only applies on CUDA; on {eng.device} decode runs uncompiled, as with off")
         requests = make_requests(workload, eng.model_config.vocab_size)
@@ -156,10 +175,10 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console) -> tuple[di
         say(f"warm-up {warmup_s:.2f} s; running {len(requests)} requests")
         metrics = _run_with_progress(eng, requests, args.quiet, console, run_workload)
         result = {"mode": mode, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(metrics)}
-        env = environment(llm, args)
+        env = environment(eng, args)
     finally:
-        device = llm.engine.device
-        del llm
+        device = eng.device
+        del eng
         gc.collect()
         if device.type == "cuda":
             import torch

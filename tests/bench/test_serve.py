@@ -221,8 +221,8 @@ def _serve(tiny, tmp_path, *extra):
     return json.loads(out.read_text())
 
 
-def _check_consistent(doc, workload):
-    drawn = make_requests(workload, TINY["vocab_size"])
+def _check_consistent(doc, workload, vocab_size=TINY["vocab_size"]):
+    drawn = make_requests(workload, vocab_size)
     for r in doc["results"]:
         assert r["num_requests"] == workload.num_requests
         assert r["output_tokens"] == sum(q.output_len for q in drawn)
@@ -280,3 +280,31 @@ def test_cli_compile_modes_parsing(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "serve", "--compile-modes", "off,maybe"])
     assert "off/on/auto" in capsys.readouterr().err
+
+
+def test_cli_random_weight_shape(tmp_path, monkeypatch):
+    """--shape serves a random model of a benchmark shape: no checkpoint, every token accounted for."""
+    from ingot.bench import decode as decode_mod
+
+    fields = dict(architectures=["Qwen2ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=320, max_position_embeddings=512,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
+    monkeypatch.setitem(decode_mod.SHAPES, "tiny-shape-test", fields)
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--shape", "tiny-shape-test", "--device", "cpu", "--dtype", "float32",
+            "--max-model-len", "128", "--input-len", "4-20", "--output-len", "3-9", "--num-requests", "5",
+            "--seed", "2", "--quiet", "--json", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["model"] == "random weights, tiny-shape-test shape"
+    assert doc["environment"]["architecture"] == "Qwen2ForCausalLM" and doc["environment"]["max_model_len"] == 128
+    _check_consistent(doc, Workload(5, (4, 20), (3, 9), seed=2), vocab_size=320)
+
+
+def test_id_tokenizer_round_trip():
+    from ingot.bench.random_engine import id_tokenizer
+
+    tok = id_tokenizer(50)
+    assert tok.decode([3, 49, 0]) == "<3> <49> <0>"
+    assert tok.encode("<3> <49>", add_special_tokens=False) == [3, 49]
+    assert tok.vocab_size == 50 and tok.eos_token_ids == ()

@@ -1,0 +1,44 @@
+"""An engine over a random-weight model of a benchmark shape (``--shape`` of the bench commands).
+
+Serving throughput depends on the model's shapes, not its weights, so a user
+without the checkpoint (or a machine without network) can still measure a
+Qwen2.5-7B-sized deployment. The tokenizer is a word-level one that spells
+token ``i`` as ``<i>``: bench workloads send token ids, and detokenizing
+their output still has to work.
+"""
+
+from __future__ import annotations
+
+import tokenizers
+
+from ingot.bench.decode import SHAPES
+from ingot.config import EngineConfig
+from ingot.engine.engine import Engine
+from ingot.loading.tokenizer import Tokenizer
+from ingot.models.loader import build_model, init_random, resolve_device, resolve_dtype
+from ingot.models.model_config import ModelConfig
+
+# enough for the bench workloads (prompts up to 1024, outputs up to 512) with room to spare
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+def id_tokenizer(vocab_size: int) -> Tokenizer:
+    """Token ``i`` <-> the word ``<i>``; no special tokens, no EOS."""
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="\x00", cleanup=False)  # joins words with spaces
+    return Tokenizer(tok)
+
+
+def random_engine(shape: str, config: EngineConfig) -> Engine:
+    """An Engine whose model has ``shape`` (a key of SHAPES) and seeded random weights."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(sorted(SHAPES))}")
+    config.validate()
+    cfg = ModelConfig.from_hf(SHAPES[shape])
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
+    model = init_random(build_model(cfg, dtype, device, max_len))
+    return Engine(config, model, cfg, id_tokenizer(cfg.vocab_size), device, dtype, max_len)
