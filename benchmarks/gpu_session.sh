@@ -58,6 +58,10 @@ for stage in "$@"; do
       python3 benchmarks/profile_step.py --shape qwen2.5-7b --batches 1 --out $OUT/profile_7b.json 2>&1 | tail -25 ;;
     floor)
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,32,64,256 --modes graph,gemm_only --out $OUT/floor.json 2>&1 | tail -20 ;;
+    startup_all)  # every default bucket (1, 2, 4, 8, 16, 24, ..., 256: 35 of them)
+      ALL=$(python3 -c "from ingot.runner.graph_runner import default_buckets as d; print(','.join(map(str, d(256))))")
+      python3 benchmarks/decode_graphs.py --shapes "" --startup qwen2.5-1.5b --batches $ALL --out $OUT/startup_all.json 2>&1 | tail -5
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b --batches 1,64,256 --modes graph,compiled --out $OUT/dynamic_compiled.json 2>&1 | tail -8 ;;
     startup)
       python3 benchmarks/decode_graphs.py --shapes "" --startup qwen2.5-1.5b --batches 1,8,32,64,256 --out $OUT/startup.json 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage"; status=1 ;;

@@ -56,6 +56,9 @@ class EngineConfig:
     # drifted (top-1 99.2%, 1 of 8 greedy sequences identical). docs/decode-compile.md
     compile_native_ops: tuple[str, ...] = ()
     compile_strict_numerics: bool = False
+    # One compile shared by every bucket (the batch dim symbolic; batch 1 specializes)
+    # instead of one per bucket: start-up no longer grows with the number of buckets.
+    compile_dynamic_batch: bool = True
     auto_compile_max_drift: float = 1e-3  # auto: largest probe relative logit error a compiled bucket may show
     compile_skip_modules: tuple[str, ...] = ()
     # UX

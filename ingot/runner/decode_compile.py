@@ -363,10 +363,18 @@ def build_decode_forward(
     ``forward`` comes back unchanged when ``config.decode_compile`` is off, the
     device is not CUDA (unless ``allow_cpu``, for tests), or this PyTorch is
     too old (warned once). Otherwise the wrapper calls
-    ``torch.compile(forward, fullgraph=False, dynamic=False, backend=backend,
+    ``torch.compile(forward, fullgraph=False, dynamic=..., backend=backend,
     options=...)`` inside ``native_ops(config.compile_native_ops)``; it has
-    ``.compiled = True`` and ``.raw = forward``. Compilation itself is lazy
-    (first call per shape), so the caller's warm-up compiles each bucket.
+    ``.compiled = True`` and ``.raw = forward``. Compilation itself is lazy, so
+    the caller's warm-up compiles.
+
+    ``config.compile_dynamic_batch`` (default) leaves ``dynamic`` to Dynamo's
+    automatic dynamic shapes: the first bucket compiles static, the second
+    recompiles with the batch dim symbolic, and every later bucket reuses that
+    graph (batch 1 gets its own, as Dynamo specializes sizes 0 and 1). Only the
+    batch dim changes between buckets (the block table width is fixed per
+    engine), so 3 compiles serve any number of buckets. Off: ``dynamic=False``,
+    one static compile per bucket.
     """
     if getattr(forward, "compiled", False):
         return forward  # already wrapped
@@ -386,7 +394,8 @@ def build_decode_forward(
         import torch._inductor.config as inductor_config
 
         options = inductor_options(inductor_config, config.compile_strict_numerics)
-    compiled = torch.compile(forward, fullgraph=False, dynamic=False, backend=backend, options=options)
+    dynamic = None if config.compile_dynamic_batch else False
+    compiled = torch.compile(forward, fullgraph=False, dynamic=dynamic, backend=backend, options=options)
     # Dynamo guards the policy global by value (``_NATIVE == frozenset(...)``);
     # one frozenset for every call also keeps its identity stable.
     native = frozenset(config.compile_native_ops)

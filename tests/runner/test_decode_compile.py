@@ -371,8 +371,8 @@ def test_unsupported_torch_is_raw_with_one_warning(monkeypatch, caplog):
     assert "2.7.1" in warnings[0].getMessage()
 
 
-@pytest.mark.parametrize("strict", [False, True])
-def test_compile_call_arguments(monkeypatch, strict):
+@pytest.mark.parametrize("strict,dynamic_batch", [(False, True), (True, True), (False, False)])
+def test_compile_call_arguments(monkeypatch, strict, dynamic_batch):
     import torch._inductor.config as inductor_config
 
     seen = {}
@@ -382,12 +382,12 @@ def test_compile_call_arguments(monkeypatch, strict):
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    cfg = EngineConfig(decode_compile=True, compile_strict_numerics=strict)
+    cfg = EngineConfig(decode_compile=True, compile_strict_numerics=strict, compile_dynamic_batch=dynamic_batch)
     fwd = dc.build_decode_forward(f_add, cfg, "cuda")  # device type only: nothing runs on it
     assert seen == {
         "fn": f_add,
         "fullgraph": False,
-        "dynamic": False,
+        "dynamic": None if dynamic_batch else False,
         "backend": "inductor",
         "options": dc.inductor_options(inductor_config, strict),
     }
@@ -430,6 +430,31 @@ def test_custom_op_stays_one_opaque_node():
     fwd(torch.randn(2, 8), torch.ones(8))
     assert len(graphs) == 1
     assert "ingot.rms_norm" in str(graphs[0].graph)
+
+
+def step_like(ids, table):
+    """A decode step's shape pattern: per-row inputs [B], a table [B, M] of fixed width."""
+    return (table.float().sum(1) + ids.float()) * 2.0
+
+
+@pytest.mark.parametrize("dynamic_batch,expected_graphs", [(True, 3), (False, 5)])
+def test_dynamic_batch_compiles_once_for_all_buckets(dynamic_batch, expected_graphs):
+    """Buckets captured largest first: static 32, then one symbolic-batch graph for
+    24, 16 and 8, and batch 1 specialized; per-bucket static compiles without it."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    cfg = EngineConfig(decode_compile=True, compile_dynamic_batch=dynamic_batch)
+    fwd = dc.build_decode_forward(step_like, cfg, "cpu", backend=record, allow_cpu=True)
+    for b in (32, 24, 16, 8, 1):
+        ids, table = torch.arange(b), torch.ones(b, 7, dtype=torch.int32)
+        torch.testing.assert_close(fwd(ids, table), step_like(ids, table))
+        with dc.forbid_recompiles():  # what capture does right after each bucket's warm-up
+            fwd(ids, table)
+    assert len(graphs) == expected_graphs
 
 
 def policy_forward(x, w):
@@ -524,7 +549,8 @@ def test_stats_report_graph_breaks_with_reasons(fn, capsys):
 
 
 def test_stats_report_recompiles_with_reasons():
-    fwd = dc.build_decode_forward(f_add, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    cfg = EngineConfig(decode_compile=True, compile_dynamic_batch=False)  # one compile per shape
+    fwd = dc.build_decode_forward(f_add, cfg, "cpu", backend="eager", allow_cpu=True)
     snap = dc.stats_snapshot()
     fwd(torch.ones(4))
     first = dc.stats_since(snap)
