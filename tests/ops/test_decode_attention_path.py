@@ -1,0 +1,84 @@
+"""Decode runs rotary + KV store + attention as the one fused op, unless compile keeps rotary native."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+import ingot.layers.attention as attention_mod
+from ingot.layers.attention import Attention, AttentionMetadata
+from ingot.layers.rotary import RotaryEmbedding
+from ingot.ops import native_ops
+from ingot.ops import reference as ref
+
+
+class OpSpy:
+    """``torch.ops.ingot`` that records which ops a layer calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        op = getattr(torch.ops.ingot, name)
+
+        def call(*args, **kwargs):
+            self.calls.append(name)
+            return op(*args, **kwargs)
+
+        return call
+
+
+def _layer_and_inputs():
+    gen = torch.Generator().manual_seed(0)
+    hq, hkv, d, page = 4, 2, 16, 4
+    layer = Attention(hq, hkv, d, d**-0.5)
+    layer.k_cache = torch.randn(6, page, hkv, d, generator=gen)
+    layer.v_cache = torch.randn(6, page, hkv, d, generator=gen)
+    rotary = RotaryEmbedding(d, 64, 10000.0)
+    lens = torch.tensor([7, 3], dtype=torch.int32)
+    tables = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    positions = lens.long() - 1
+    slots = torch.stack([tables[i, int(p) // page].long() * page + int(p) % page for i, p in enumerate(positions)])
+    meta = AttentionMetadata(False, slots, tables, lens)
+    q = torch.randn(2, hq, d, generator=gen)
+    k = torch.randn(2, hkv, d, generator=gen)
+    v = torch.randn(2, hkv, d, generator=gen)
+    return layer, rotary, positions, q, k, v, meta
+
+
+def test_decode_uses_fused_op_and_native_rotary_splits_it(monkeypatch):
+    spy = OpSpy()
+    monkeypatch.setattr(attention_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
+    layer, rotary, positions, q, k, v, meta = _layer_and_inputs()
+    caches = (layer.k_cache.clone(), layer.v_cache.clone())
+
+    fused = layer(positions, q, k, v, meta, rotary)
+    assert spy.calls == ["decode_attention_rope"]
+    fused_caches = (layer.k_cache.clone(), layer.v_cache.clone())
+
+    spy.calls.clear()
+    layer.k_cache, layer.v_cache = caches[0].clone(), caches[1].clone()
+    with native_ops({"rotary"}):
+        split = layer(positions, q, k, v, meta, rotary)
+    assert spy.calls == ["store_kv", "decode_attention"]  # rotary in its PyTorch form
+    torch.testing.assert_close(split, fused, rtol=0, atol=0)
+    assert torch.equal(layer.k_cache, fused_caches[0]) and torch.equal(layer.v_cache, fused_caches[1])
+
+    # and both equal the three reference ops written out by hand
+    kc, vc = caches[0].clone(), caches[1].clone()
+    qr, kr = ref.rotary_embedding(positions, q, k, rotary.cos_sin_cache)
+    ref.store_kv(kr, v, kc, vc, meta.slot_mapping)
+    expected = ref.decode_attention(qr, kc, vc, meta.block_tables, meta.seq_lens, layer.scale)
+    torch.testing.assert_close(fused, expected, rtol=0, atol=0)
+    assert torch.equal(kc, fused_caches[0])
+
+
+def test_prefill_never_uses_the_fused_op(monkeypatch):
+    spy = OpSpy()
+    monkeypatch.setattr(attention_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
+    layer, rotary, positions, q, k, v, meta = _layer_and_inputs()
+    meta = AttentionMetadata(True, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                             torch.tensor([0, 1, 2], dtype=torch.int32))
+    layer(positions, q, k, v, meta, rotary)
+    assert spy.calls == ["store_kv", "prefill_attention"]  # rotary ran first, in its own module
