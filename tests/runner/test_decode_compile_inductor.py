@@ -7,6 +7,8 @@ mutated in place: no buffer of the cache's size appears in the generated code
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._inductor.utils import run_and_get_code
 
@@ -40,3 +42,12 @@ def test_inductor_decode_step_in_place_and_close_to_raw(tmp_path):
     cache_alloc = f"empty_strided_cpu(({BLOCKS}, "
     assert cache_alloc not in source, "the compiled step allocates a copy of the KV cache"
     assert f"({BLOCKS}, 16, 2, 16)" in source, "the caches are inputs of the compiled graph"
+
+    # the next buckets: one recompile with the batch dim symbolic, then reuse (the default
+    # compile_dynamic_batch); still equal to raw. (Not through run_and_get_code: it resets Dynamo.)
+    for size, may_compile in ((3, True), (2, False)):
+        with torch.inference_mode():
+            expected = raw(*buf.view(size)).clone()
+            with contextlib.nullcontext() if may_compile else decode_compile.forbid_recompiles():
+                got = compiled(*buf.view(size))
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
