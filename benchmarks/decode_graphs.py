@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingot.bench.decode import bench_decode, build_shape  # noqa: E402
 from ingot.bench.report import env_info  # noqa: E402
+from ingot.config import EngineConfig  # noqa: E402
 
 
 def startup_child(shape: str, batches: list[int], context: int) -> None:
     """Time model build + capture of every bucket with compile on (one process)."""
-    from ingot.config import EngineConfig
     from ingot.runner.graph_runner import DecodeGraphRunner
     from ingot.runner.model_runner import ModelRunner
     from ingot.engine.kv_cache import blocks_for
@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="cached tokens per sequence")
     ap.add_argument("--modes", default="eager,graph,compiled", help="any of eager,graph,compiled,gemm_only")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--skinny-rows", type=int, default=0,
+                    help="EngineConfig.skinny_gemm_max_rows: batches up to this many rows use the Triton skinny GEMM")
     ap.add_argument("--startup", default=None, help="shape to time cold and warm compiled start-up for")
     ap.add_argument("--startup-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/decode_graphs-<date>.json)")
@@ -79,11 +81,12 @@ def main() -> None:
     if args.startup_child:
         startup_child(args.startup_child, batches, args.context)
         return
-    report = {"env": env_info(), "context_len": args.context, "shapes": {}}
+    report = {"env": env_info(), "context_len": args.context, "skinny_gemm_max_rows": args.skinny_rows, "shapes": {}}
     modes = args.modes.split(",")
     for shape in [s for s in args.shapes.split(",") if s]:
         model, cfg = build_shape(shape, torch.bfloat16, torch.device("cuda"), args.context + 64)
-        rows = bench_decode(model, cfg, batches, args.context, modes, iters=args.iters)
+        rows = bench_decode(model, cfg, batches, args.context, modes, iters=args.iters,
+                            config=EngineConfig(skinny_gemm_max_rows=args.skinny_rows))
         report["shapes"][shape] = [r.__dict__ for r in rows]
         print(f"\n{shape} (bf16, random weights, context {args.context}) — ms per decode step, median of {args.iters}")
         print(f"{'batch':>6} " + " ".join(f"{m:>10}" for m in modes) + f" {'graph/eager':>12} {'compiled/graph':>15} {'compile s':>10}")

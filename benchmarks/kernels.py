@@ -210,13 +210,15 @@ def run(args) -> dict:
            lambda: ref.prefill_attention(*call2), flops=flops2)
     torch.cuda.empty_cache()
 
+    skinny = _skinny_rows()
     sweep = _sweep_decode(decode_attention) if args.sweep else None
+    skinny_sweep = _sweep_skinny() if args.sweep else None
 
     return dict(
         gpu=gpu, torch=torch.__version__, triton=triton.__version__,
         date=dt.datetime.now().isoformat(timespec="seconds"),
         ceilings=dict(copy_gbps=bw, matmul_bf16_tflops=tf),
-        results=rows, decode_sweep=sweep,
+        results=rows, decode_sweep=sweep, skinny_gemm=skinny, skinny_sweep=skinny_sweep,
         prefill_autotuned=str(best) if best is not None else None,
     )
 
@@ -250,6 +252,77 @@ def bench_graph_us(fn) -> float:
     from triton.testing import do_bench_cudagraph
 
     return 1e3 * float(do_bench_cudagraph(fn, rep=50, return_mode="median"))
+
+
+# decode-step projections (N, K) per layer, and lm_head, of the benchmark shapes
+PROJECTIONS = {
+    "1.5b": dict(qkv=(2048, 1536), o=(1536, 1536), gate_up=(17920, 1536), down=(1536, 8960), lm_head=(151936, 1536)),
+    "7b": dict(qkv=(4608, 3584), o=(3584, 3584), gate_up=(37888, 3584), down=(3584, 18944), lm_head=(152064, 3584)),
+}
+LAYERS = 28
+
+
+def _skinny_rows() -> list:
+    """ops/triton/skinny_gemm.py against torch.nn.functional.linear (cuBLAS), each replayed
+    from a CUDA graph; and the whole step's GEMMs projected (28 layers + lm_head)."""
+    from ingot.ops.triton import skinny_gemm
+
+    print("\n# skinny GEMM (graph replay, us) vs F.linear; GB/s of weight read")
+    out = []
+    for shape, projs in PROJECTIONS.items():
+        for m in (1, 8, 16):
+            step = {"skinny": 0.0, "cublas": 0.0}
+            for name, (n, k) in projs.items():
+                w = torch.randn(n, k, dtype=BF16, device=DEV) * 0.02
+                x = torch.randn(m, k, dtype=BF16, device=DEV)
+                us_s = bench_graph_us(lambda: skinny_gemm.skinny_linear(x, w, None))
+                us_c = bench_graph_us(lambda: torch.nn.functional.linear(x, w))
+                err = (skinny_gemm.skinny_linear(x, w, None).float() - torch.nn.functional.linear(x, w).float()).norm()
+                rel = float(err / torch.nn.functional.linear(x, w).float().norm())
+                times = 1 if name == "lm_head" else LAYERS
+                step["skinny"] += times * us_s
+                step["cublas"] += times * us_c
+                gbps = lambda us: n * k * 2 / (us * 1e-6) / 1e9  # noqa: E731
+                out.append(dict(shape=shape, m=m, proj=name, n=n, k=k, skinny_us=us_s, cublas_us=us_c, rel_err=rel))
+                print(f"  {shape:>4} M{m:<3} {name:<8} {n:>6}x{k:<6} skinny {us_s:8.2f} us {gbps(us_s):6.0f} GB/s | "
+                      f"cuBLAS {us_c:8.2f} us {gbps(us_c):6.0f} GB/s | {us_c / us_s:5.2f}x  rel err {rel:.1e}")
+                del w
+            out.append(dict(shape=shape, m=m, proj="step (28 layers + lm_head)", skinny_us=step["skinny"], cublas_us=step["cublas"]))
+            print(f"  {shape:>4} M{m:<3} step GEMMs: skinny {step['skinny'] / 1e3:.3f} ms vs cuBLAS {step['cublas'] / 1e3:.3f} ms "
+                  f"({step['cublas'] / step['skinny']:.2f}x)")
+    torch.cuda.empty_cache()
+    return out
+
+
+def _sweep_skinny() -> list:
+    from ingot.ops.triton import skinny_gemm
+
+    print("\n# skinny GEMM sweep (M1, graph replay us): BLOCK_N BLOCK_K warps stages waves")
+    cases = {name: PROJECTIONS["1.5b"][name] for name in ("qkv", "gate_up", "down")}
+    tensors = {name: (torch.randn(1, k, dtype=BF16, device=DEV), torch.randn(n, k, dtype=BF16, device=DEV))
+               for name, (n, k) in cases.items()}
+    out = []
+    for block_n in (32, 64, 128):
+        for block_k in (64, 128, 256):
+            for warps in (4, 8):
+                for waves in (1, 2, 4):
+                    cfg = dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=4, waves=waves)
+                    skinny_gemm.CONFIG_OVERRIDE.clear()
+                    skinny_gemm.CONFIG_OVERRIDE.update(cfg)
+                    res = dict(cfg)
+                    try:
+                        for name, (x, w) in tensors.items():
+                            res[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None))
+                    except Exception as exc:  # out of shared memory, ...
+                        res["error"] = type(exc).__name__
+                    out.append(res)
+                    print(f"  {block_n:4d} {block_k:4d} {warps:2d} {waves:2d}  " + "  ".join(
+                        f"{n}: {res[n]:7.2f}" for n in cases if n in res) + f" {res.get('error', '')}")
+    skinny_gemm.CONFIG_OVERRIDE.clear()
+    ok = [r for r in out if "error" not in r]
+    if ok:
+        print(f"# best skinny config (sum over cases): {min(ok, key=lambda r: sum(r[n] for n in cases))}")
+    return out
 
 
 def _sweep_decode(mod) -> list:

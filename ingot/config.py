@@ -46,6 +46,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 4096
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
+    # Linear layers with at most this many rows (decode batches) use the Triton
+    # split-K GEMV (ops/triton/skinny_gemm.py) instead of cuBLAS; 0 = off, at most 16.
+    # Off until benchmarks/kernels.py shows it beating cuBLAS on the GPU.
+    skinny_gemm_max_rows: int = 0
     eager_mode: bool = False
     cudagraph_capture_sizes: Optional[tuple[int, ...]] = None
     fake_graph_capture: bool = False  # padded bucket path without graphs (CPU tests)
@@ -108,6 +112,8 @@ class EngineConfig:
         if bad:
             raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}")
         self.compile_skip_modules = tuple(self.compile_skip_modules)
+        if not 0 <= self.skinny_gemm_max_rows <= 16:
+            raise ConfigError(f"skinny_gemm_max_rows must be in [0, 16], got {self.skinny_gemm_max_rows}")
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

@@ -38,3 +38,13 @@ def test_bool_spellings(value, expected):
 def test_bad_values_name_the_problem(env, match):
     with pytest.raises(ConfigError, match=match):
         EngineConfig.create(env=env)
+
+
+def test_skinny_gemm_rows_from_env_and_bounds():
+    assert EngineConfig().skinny_gemm_max_rows == 0  # off by default
+    assert EngineConfig.create(env={"INGOT_SKINNY_GEMM_MAX_ROWS": "8"}).skinny_gemm_max_rows == 8
+    for bad in (-1, 17):
+        with pytest.raises(ConfigError, match="skinny_gemm_max_rows"):
+            EngineConfig(skinny_gemm_max_rows=bad)
+    assert EngineConfig().compile_dynamic_batch is True
+    assert EngineConfig.create(env={"INGOT_COMPILE_DYNAMIC_BATCH": "0"}).compile_dynamic_batch is False

@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ingot.layers.linear import linear
+
 
 class Embedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
@@ -28,4 +30,4 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(hidden, self.weight)
+        return linear(hidden, self.weight)

@@ -3,14 +3,37 @@
 Fusing q/k/v and gate/up into single GEMMs halves the launches of a decode
 step. Each checkpoint shard is copied into its row range; a later
 tensor-parallel split only has to narrow these ranges per rank.
+
+Inputs of at most ``skinny_gemm_rows()`` rows (decode batches; 0 = never)
+go through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead
+of ``F.linear``. The ModelRunner sets it from
+``EngineConfig.skinny_gemm_max_rows``, process-wide like kernel registration.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
+
+_SKINNY_ROWS = 0
+
+
+def set_skinny_gemm_rows(rows: int) -> None:
+    global _SKINNY_ROWS
+    _SKINNY_ROWS = int(rows)
+
+
+def skinny_gemm_rows() -> int:
+    return _SKINNY_ROWS
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear``, or the skinny-GEMM op for inputs of at most ``skinny_gemm_rows()`` rows."""
+    if _SKINNY_ROWS and x.dim() == 2 and x.shape[0] <= _SKINNY_ROWS:
+        return torch.ops.ingot.skinny_linear(x, weight, bias)
+    return nn.functional.linear(x, weight, bias)
 
 
 class MergedLinear(nn.Module):
@@ -34,7 +57,7 @@ class MergedLinear(nn.Module):
         target.data[start : start + size].copy_(tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 def Linear(in_features: int, out_features: int, bias: bool = False) -> MergedLinear:

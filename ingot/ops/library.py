@@ -11,6 +11,8 @@ CUDA kernels register themselves per op with ``op.register_kernel("cuda")``
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch.library import custom_op
 
@@ -139,3 +141,13 @@ def prefill_attention(
 @prefill_attention.register_fake
 def _(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale):
     return torch.empty_like(q)
+
+
+@custom_op("ingot::skinny_linear", mutates_args=())
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return ref.skinny_linear(x, weight, bias)
+
+
+@skinny_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(x.shape[0], weight.shape[0])

@@ -12,6 +12,8 @@ Shapes: tokens are flattened (T = total tokens of the step). KV caches are
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -167,3 +169,8 @@ def prefill_attention(
         mask = (kpos[None, :] <= qpos[:, None]).unsqueeze(0)
         out[s:e] = _attend(q[s:e].unsqueeze(0), kc, vc, mask, scale).squeeze(0)
     return out
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """y = x @ weight.T (+ bias): the GEMM of a few rows (kernel: ops/triton/skinny_gemm.py)."""
+    return torch.nn.functional.linear(x, weight, bias)

@@ -16,6 +16,7 @@ from torch import nn
 from ingot.config import ConfigError, EngineConfig
 from ingot.engine.kv_cache import KVCachePool, blocks_for
 from ingot.engine.sampler import Sampler, SamplerOutput, SamplingRow
+from ingot.layers.linear import set_skinny_gemm_rows
 from ingot.engine.scheduler import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.models.model_config import ModelConfig
@@ -35,10 +36,12 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.kv: Optional[KVCachePool] = None
         self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
+        kernels = False
         if device.type == "cuda" and config.triton_kernels:
             from ingot.ops.triton import register_cuda_kernels
 
-            register_cuda_kernels()  # Triton kernels become the CUDA dispatch of torch.ops.ingot.*
+            kernels = register_cuda_kernels()  # Triton kernels become the CUDA dispatch of torch.ops.ingot.*
+        set_skinny_gemm_rows(config.skinny_gemm_max_rows if kernels else 0)
 
     # ------------------------------------------------------------------ KV cache
     def _bytes_per_block(self) -> int:

@@ -82,3 +82,26 @@ def test_prefill_never_uses_the_fused_op(monkeypatch):
                              torch.tensor([0, 1, 2], dtype=torch.int32))
     layer(positions, q, k, v, meta, rotary)
     assert spy.calls == ["store_kv", "prefill_attention"]  # rotary ran first, in its own module
+
+
+def test_skinny_rows_route_small_batches_to_the_skinny_op(monkeypatch):
+    """Linear layers send inputs of at most ``skinny_gemm_rows()`` rows to ingot.skinny_linear."""
+    import ingot.layers.linear as linear_mod
+    from ingot.layers.linear import Linear, set_skinny_gemm_rows
+
+    layer = Linear(24, 40, bias=True)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    spy = OpSpy()
+    monkeypatch.setattr(linear_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
+    small, big = torch.randn(4, 24), torch.randn(9, 24)
+    try:
+        set_skinny_gemm_rows(8)
+        torch.testing.assert_close(layer(small), torch.nn.functional.linear(small, layer.weight, layer.bias))
+        assert spy.calls == ["skinny_linear"]
+        layer(big)  # more rows than the limit: F.linear
+        assert spy.calls == ["skinny_linear"]
+    finally:
+        set_skinny_gemm_rows(0)
+    layer(small)  # off
+    assert spy.calls == ["skinny_linear"]

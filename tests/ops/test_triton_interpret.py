@@ -18,7 +18,7 @@ import torch
 ENABLED = os.environ.get("INGOT_TEST_TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 
-KERNEL_MODULES = ("activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary")
+KERNEL_MODULES = ("activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary", "skinny_gemm")
 
 
 def _numpy_compat() -> None:
@@ -156,6 +156,25 @@ def test_decode_merge_kernel_fallback(K):
         check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=4), args)
     finally:
         K.decode_attention.CONFIG_OVERRIDE.clear()
+
+
+@pytest.mark.parametrize("m,n,k,bias,splits", [(1, 100, 96, True, None), (3, 64, 300, False, 3), (16, 130, 256, True, 2), (5, 17, 40, False, 1)])
+def test_skinny_linear(K, m, n, k, bias, splits):
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
+    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, **({} if splits is None else {"splits": splits}))
+    try:
+        out = K.skinny_gemm.skinny_linear(x, w, b)
+    finally:
+        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+    expected = ref.skinny_linear(x.float(), w.float(), None if b is None else b.float())
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert rel_err(out, expected) < 1e-2
+    from ingot.ops.triton._common import _counters
+
+    assert all(int(c.count_nonzero()) == 0 for c in _counters.values())  # left at zero
 
 
 def test_decode_zero_length_is_finite(K):

@@ -65,10 +65,10 @@ class PoisonTorch:
 @pytest.fixture
 def K(monkeypatch):
     """The kernel modules with poisoned allocations."""
-    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary
+    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary, skinny_gemm
 
     mods = dict(activation=activation, decode_attention=decode_attention, kv_store=kv_store,
-                prefill_attention=prefill_attention, rms_norm=rms_norm, rotary=rotary)
+                prefill_attention=prefill_attention, rms_norm=rms_norm, rotary=rotary, skinny_gemm=skinny_gemm)
     poison = PoisonTorch()
     for mod in mods.values():
         monkeypatch.setattr(mod, "torch", poison)
@@ -237,7 +237,9 @@ def test_decode_attention_rope(K, batch, hq, hkv, d):
         lens[-1] = 1  # the graph padding row
     args = rope_decode_case(lens, hq, hkv, d, 16, BF16, gen, device="cuda", pad_row=batch > 1)
     check_rope_decode(K.decode_attention.decode_attention_rope, args)
-    counters = K.decode_attention._counters.get(torch.device("cuda", torch.cuda.current_device()))
+    from ingot.ops.triton import _common
+
+    counters = _common._counters.get(torch.device("cuda", torch.cuda.current_device()))
     assert counters is None or int(counters.count_nonzero()) == 0  # reset for the next call
 
 
@@ -352,6 +354,43 @@ def test_rotary(K, t, hq, hkv, d):
     q_exp, k_exp = ref.rotary_embedding(positions, q, k, cache)
     assert rel_err(q_out, q_exp) < TOL and rel_err(k_out, k_exp) < TOL
     assert mismatch(q_out, q_exp) < 1e-3 and mismatch(k_out, k_exp) < 1e-3  # same casts, same order
+
+
+# ----------------------------------------------------------------------------- skinny GEMM
+@gpu
+@pytest.mark.parametrize("m", [1, 2, 7, 16])
+@pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (1536, 8960, False), (17920, 1536, False), (4608, 3584, True), (131, 200, True)])
+def test_skinny_linear(K, m, n, k, bias):
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=gen).to(BF16).cuda()
+    w = (0.05 * torch.randn(n, k, generator=gen)).to(BF16).cuda()
+    b = torch.randn(n, generator=gen).to(BF16).cuda() if bias else None
+    out = K.skinny_gemm.skinny_linear(x, w, b)
+    expected = ref.skinny_linear(x.float(), w.float(), None if b is None else b.float())
+    assert out.dtype == BF16 and out.shape == (m, n)
+    assert rel_err(out, expected) < TOL
+
+
+@gpu
+def test_skinny_linear_cuda_graph_replay(K):
+    """Split-K counters survive replays: captured once, replayed with new inputs."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.empty(4, 1536, dtype=BF16, device="cuda")
+    w = (0.05 * torch.randn(1536, 1536, generator=gen)).to(BF16).cuda()
+    x.copy_(torch.randn(4, 1536, generator=gen).to(BF16))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        K.skinny_gemm.skinny_linear(x, w, None)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = K.skinny_gemm.skinny_linear(x, w, None)
+    for _ in range(3):
+        x.copy_(torch.randn(4, 1536, generator=gen).to(BF16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, ref.skinny_linear(x.float(), w.float(), None)) < TOL
 
 
 # ----------------------------------------------------------------------------- prefill

@@ -9,7 +9,7 @@ keeps the references too, for debugging a suspected kernel: registration is
 process-wide, so it applies from the first engine of the process.
 
 Kernel modules, one per family: decode_attention, prefill_attention, kv_store,
-rms_norm, rotary, activation. Each exposes a function with its op's signature.
+rms_norm, rotary, activation, skinny_gemm. Each exposes a function with its op's signature.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def register_cuda_kernels() -> bool:
         return False
 
     from ingot.ops import library
-    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary
+    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary, skinny_gemm
 
     try:  # one tiny kernel: a broken toolchain (no C compiler for the launcher, ...) shows here
         x = torch.ones(2, 32, device="cuda")
@@ -63,6 +63,7 @@ def register_cuda_kernels() -> bool:
     library.store_kv.register_kernel("cuda")(kv_store.store_kv)
     library.decode_attention.register_kernel("cuda")(_decode_op(decode_attention.decode_attention))
     library.decode_attention_rope.register_kernel("cuda")(_decode_rope_op(decode_attention.decode_attention_rope))
+    library.skinny_linear.register_kernel("cuda")(skinny_gemm.skinny_linear)
     library.prefill_attention.register_kernel("cuda")(_prefill_op(prefill_attention.prefill_attention))
     _registered = True
     return True

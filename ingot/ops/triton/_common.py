@@ -41,3 +41,28 @@ def cdiv(a: int, b: int) -> int:
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when its last stride is 1 (row strides may be anything)."""
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+# split counters: one int32 per output tile of a split-K kernel, shared by every kernel
+# of a device (each launch leaves its counters at zero before it ends, and launches on
+# one stream do not overlap)
+_COUNTERS_MIN = 1 << 16
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device, needed: int) -> "torch.Tensor | None":
+    """Zeroed int32 counters of ``device`` (kept zero by the kernels), or None if too few
+    exist and a CUDA graph capture is under way (allocating there would tie them to the graph).
+
+    Kernels whose split programs finish with "the last one merges" bump one counter
+    per output tile; the last program resets it. Two engines on one device driving
+    kernels from different streams at once would share them: not supported.
+    """
+    have = _counters.get(device)
+    if have is not None and have.numel() >= needed:
+        return have
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    have = torch.zeros(max(needed, _COUNTERS_MIN), dtype=torch.int32, device=device)
+    _counters[device] = have
+    return have

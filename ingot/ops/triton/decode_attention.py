@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms
+from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 
 _LOG2E = 1.4426950408889634
@@ -47,9 +47,6 @@ MAX_SPLITS = 64
 # programs we aim to launch, in units of SMs (benchmarks/kernels.py --sweep chose 1:
 # fewer, longer slices beat more waves of short ones at batch 64, context 2048)
 _TARGET_WAVES = 1
-# split counters: one int32 per (sequence, KV head), allocated once per device
-_COUNTERS_MIN = 1 << 16
-_counters: dict[torch.device, torch.Tensor] = {}
 # Optional override for tuning sweeps (benchmarks/kernels.py): keys BLOCK_N,
 # num_warps, num_stages, waves, merge_kernel. Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
@@ -283,19 +280,6 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int,
     return int(max(1, min(want, max_tiles, MAX_SPLITS)))
 
 
-def _split_counters(device: torch.device, needed: int) -> Optional[torch.Tensor]:
-    """The zeroed counters of ``device`` (kept zero by the kernels), or None if too few exist
-    and a CUDA graph capture is under way (allocating there would tie them to the graph)."""
-    have = _counters.get(device)
-    if have is not None and have.numel() >= needed:
-        return have
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    have = torch.zeros(max(needed, _COUNTERS_MIN), dtype=torch.int32, device=device)
-    _counters[device] = have
-    return have
-
-
 def _launch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -334,7 +318,7 @@ def _launch(
         mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
         if not CONFIG_OVERRIDE.get("merge_kernel", False):
-            counters = _split_counters(q.device, batch * num_kv_heads)
+            counters = split_counters(q.device, batch * num_kv_heads)
     merge_here = counters is not None
     if rope is None:
         k_new = v_new = q
