@@ -51,7 +51,7 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         self.free_blocks.extend(seq.block_ids)
-        seq.block_ids = []
+        del seq.block_ids[:]
 
 
 class KVCachePool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import enum
 import itertools
 import time
@@ -46,7 +47,8 @@ class Sequence:
         self.params = params
         self.detok = detok
         self.generator = generator
-        self.block_ids: list[int] = []
+        # int32 array, not a list: the step's block table is a memcpy of each row
+        self.block_ids: array.array = array.array("i")
         self.num_computed_tokens = 0
         self.status = Status.WAITING
         self.arrival_time = time.monotonic()

@@ -27,7 +27,7 @@ def test_block_zero_is_never_handed_out():
     bm.grow(s, 16)
     assert sorted(s.block_ids) == [1, 2, 3, 4] and bm.num_free == 0
     bm.free(s)
-    assert bm.num_free == 4 and s.block_ids == []
+    assert bm.num_free == 4 and list(s.block_ids) == []
 
 
 def test_long_prompt_is_chunked_then_decodes():
@@ -82,7 +82,7 @@ def test_preemption_evicts_newest_and_recomputes():
     batch = sched.schedule()  # decode: a needs a 3rd block at token 9 -> b is preempted
     assert not batch.is_prefill
     assert [x.request_id for x in batch.seqs] == ["a"]
-    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and b.block_ids == []
+    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and list(b.block_ids) == []
     assert b.output_token_ids == [7], "generated tokens are kept and recomputed, never dropped"
     assert sched.waiting[0] is b and sched.num_preemptions == 1
     advance(batch)

@@ -1,0 +1,58 @@
+"""StepInputs from a scheduled batch: hand-computed tensors for a prefill and a decode step."""
+
+from __future__ import annotations
+
+import array
+
+import torch
+
+from ingot.engine.scheduler import ScheduledBatch
+from ingot.engine.sequence import Sequence
+from ingot.runner.step_inputs import build_step_inputs, padded_block_table
+from ingot.sampling_params import SamplingParams
+
+
+def test_padded_block_table_hand_computed():
+    rows = [array.array("i", [7, 3, 9]), [4], array.array("i")]
+    got = padded_block_table(rows)
+    assert got.dtype == torch.int32
+    assert got.tolist() == [[7, 3, 9], [4, 0, 0], [0, 0, 0]]
+    assert padded_block_table([]).shape == (0, 0)
+    assert padded_block_table([array.array("i")]).shape == (1, 0)
+
+
+def _seq(prompt: list[int], output: list[int], blocks: list[int], computed: int) -> Sequence:
+    s = Sequence("r", None, prompt, SamplingParams(), None)
+    s.output_token_ids = list(output)
+    s.block_ids.extend(blocks)
+    s.num_computed_tokens = computed
+    return s
+
+
+def test_decode_step_inputs_hand_computed():
+    # block size 4; seq a: 6 prompt + 1 output (position 6, block 2 of [5, 8]); seq b: 3 + 2 (position 4)
+    a = _seq([1, 2, 3, 4, 5, 6], [70], [5, 8], 6)
+    b = _seq([9, 9, 9], [71, 72], [2, 6], 4)
+    inp = build_step_inputs(ScheduledBatch([a, b], False, [1, 1]), 4, torch.device("cpu"))
+    assert inp.input_ids.tolist() == [70, 72]
+    assert inp.positions.tolist() == [6, 4]
+    assert inp.attn.slot_mapping.tolist() == [8 * 4 + 2, 6 * 4 + 0]
+    assert inp.attn.block_tables.tolist() == [[5, 8], [2, 6]]
+    assert inp.attn.seq_lens.tolist() == [7, 5]
+    assert inp.attn.cu_seqlens_q is None and not inp.attn.is_prefill
+    assert inp.logits_indices.tolist() == [0, 1] and inp.sample_rows == [0, 1]
+
+
+def test_prefill_step_inputs_hand_computed():
+    # seq a: a 5-token prompt chunked, 3 already computed -> tokens 3..4 (samples);
+    # seq b: first 2 of a 6-token prompt (does not sample yet)
+    a = _seq([10, 11, 12, 13, 14], [], [3, 7], 3)
+    b = _seq([20, 21, 22, 23, 24, 25], [], [1], 0)
+    inp = build_step_inputs(ScheduledBatch([a, b], True, [2, 2]), 4, torch.device("cpu"))
+    assert inp.input_ids.tolist() == [13, 14, 20, 21]
+    assert inp.positions.tolist() == [3, 4, 0, 1]
+    assert inp.attn.slot_mapping.tolist() == [3 * 4 + 3, 7 * 4 + 0, 1 * 4 + 0, 1 * 4 + 1]
+    assert inp.attn.block_tables.tolist() == [[3, 7], [1, 0]]
+    assert inp.attn.seq_lens.tolist() == [5, 2]
+    assert inp.attn.cu_seqlens_q.tolist() == [0, 2, 4]
+    assert inp.logits_indices.tolist() == [1] and inp.sample_rows == [0]
