@@ -86,10 +86,13 @@ class Scheduler:
 
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch([], False)
+        block_size = self.blocks.block_size
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or seq.is_prefill:
                 continue
-            if not self._make_room(seq, seq.num_tokens):
+            # most steps the new token still fits the last block: no allocation to try
+            fits = seq.num_tokens <= len(seq.block_ids) * block_size
+            if not fits and not self._make_room(seq, seq.num_tokens):
                 continue  # seq itself was preempted
             batch.seqs.append(seq)
             batch.num_new_tokens.append(1)
