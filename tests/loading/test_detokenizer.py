@@ -1,0 +1,48 @@
+"""Incremental detokenization on the real SmolLM2 tokenizer: one token at a time, and batched."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingot.loading.checkpoint import open_checkpoint
+from ingot.loading.tokenizer import IncrementalDetokenizer, add_tokens
+
+TEXTS = [
+    "The café served naïve crème brûlée ☕ at 9:30.",
+    "日本語のテキストと emoji 🎉🎉 mixed in.",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+]
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_gguf):
+    return open_checkpoint(str(smollm2_gguf)).tokenizer
+
+
+def test_streamed_deltas_rebuild_the_text(tok):
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        det = IncrementalDetokenizer(tok, prompt_ids=tok.encode("Say:", add_special_tokens=False))
+        deltas = [det.add([t]) for t in ids]
+        assert "".join(deltas) == det.text == tok.decode(ids)  # whole characters only, none lost
+        assert not any("\ufffd" in d for d in deltas)
+
+
+def test_batched_add_matches_one_by_one(tok):
+    streams = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
+    eos = tok.eos_token_ids[0]
+    for i in (1, 2):  # a special token: kept (stream 1) or skipped (stream 2) per request
+        streams[i] = streams[i][:9] + [eos] + streams[i][9:]
+    skips = [True, False, True]
+    one = [IncrementalDetokenizer(tok, [], skip) for skip in skips]
+    many = [IncrementalDetokenizer(tok, [], skip) for skip in skips]
+    for step in range(max(len(s) for s in streams)):
+        live = [i for i, s in enumerate(streams) if step < len(s)]
+        expected = [one[i].add([streams[i][step]]) for i in live]
+        got = add_tokens([many[i] for i in live], [[streams[i][step]] for i in live])
+        assert got == expected
+    assert [d.text for d in many] == [d.text for d in one]
+    assert many[0].text == TEXTS[0]
+    eos_text = tok.token_text(eos)
+    assert eos_text in many[1].text and eos_text not in many[2].text
+    assert many[2].text == TEXTS[2]
