@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingot import LLM  # noqa: E402
 from ingot.bench.decode import bench_decode, build_shape  # noqa: E402
-from ingot.bench.report import env_info  # noqa: E402
+from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced  # noqa: E402
 from ingot.config import FUSIBLE_OPS, EngineConfig  # noqa: E402
 
@@ -77,9 +76,7 @@ def main() -> None:
             del model
             torch.cuda.empty_cache()
         report["policies"][name] = entry
-    out = Path(args.out or Path(__file__).parent / "results" / f"compile_policy-{dt.date.today()}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out = write_json(args.out or Path(__file__).parent / "results" / f"compile_policy-{dt.date.today()}.json", report)
     print(f"wrote {out}")
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import sys
@@ -20,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingot import LLM, SamplingParams  # noqa: E402
+from ingot.bench.report import write_json  # noqa: E402
 
 PROMPT = "The history of the printing press begins"
 
@@ -45,9 +45,7 @@ def main() -> None:
     report = {"env": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                       "machine": platform.machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
               "model": "SmolLM2-135M-Instruct Q4_1 GGUF, fp32", "max_tokens": args.max_tokens, "rows": rows}
-    out = Path(args.out or Path(__file__).parent / "results" / f"cpu_throughput-{dt.date.today()}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    write_json(args.out or Path(__file__).parent / "results" / f"cpu_throughput-{dt.date.today()}.json", report)
 
 
 if __name__ == "__main__":

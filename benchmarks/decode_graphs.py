@@ -24,23 +24,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingot.bench.decode import bench_decode, build_shape  # noqa: E402
-from ingot.bench.report import env_info  # noqa: E402
+from ingot.bench.decode import bench_decode, build_shape, decode_bench_runner  # noqa: E402
+from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.config import EngineConfig  # noqa: E402
 
 
 def startup_child(shape: str, batches: list[int], context: int) -> None:
     """Time model build + capture of every bucket with compile on (one process)."""
     from ingot.runner.graph_runner import DecodeGraphRunner
-    from ingot.runner.model_runner import ModelRunner
-    from ingot.engine.kv_cache import blocks_for
 
     device = torch.device("cuda")
     model, cfg = build_shape(shape, torch.bfloat16, device, context + 64)
-    config = EngineConfig(max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), decode_compile=True, show_progress=False)
-    runner = ModelRunner(model, cfg, config, device, torch.bfloat16)
-    per_seq = blocks_for(context + 1, config.block_size)
-    runner.allocate_kv_cache(1 + max(batches) * per_seq)
+    config, _runner, per_seq = decode_bench_runner(model, cfg, EngineConfig(decode_compile=True), batches, context)
     t0 = time.perf_counter()
     graphs = DecodeGraphRunner(model, config, device, per_seq)
     graphs.capture_all()
@@ -99,9 +94,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.startup:
         report["startup"] = {args.startup: startup(args.startup, batches, args.context)}
-    out = Path(args.out or Path(__file__).parent / "results" / f"decode_graphs-{dt.date.today()}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out = write_json(args.out or Path(__file__).parent / "results" / f"decode_graphs-{dt.date.today()}.json", report)
     print(f"\nwrote {out}")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ingot.bench.report import write_json  # noqa: E402
 from ingot.ops import reference as ref  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -367,9 +367,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/kernels.py needs a CUDA GPU")
     result = run(args)
-    out = args.out or ROOT / "benchmarks" / "results" / f"kernels-{dt.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_json(args.out or ROOT / "benchmarks" / "results" / f"kernels-{dt.date.today().isoformat()}.json", result)
     print(f"\nwrote {out}")
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from pathlib import Path
 
@@ -20,12 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingot.bench.decode import build_shape, synthetic_decode_inputs, time_cuda  # noqa: E402
-from ingot.bench.report import env_info  # noqa: E402
+from ingot.bench.decode import build_shape, decode_bench_runner, synthetic_decode_inputs, time_cuda  # noqa: E402
+from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.config import EngineConfig  # noqa: E402
-from ingot.engine.kv_cache import blocks_for  # noqa: E402
 from ingot.runner.graph_runner import DecodeGraphRunner  # noqa: E402
-from ingot.runner.model_runner import ModelRunner  # noqa: E402
 
 
 def short(name: str) -> str:
@@ -39,10 +36,7 @@ def short(name: str) -> str:
 def profile(shape: str, batches: list[int], context: int, steps: int) -> dict:
     device = torch.device("cuda")
     model, cfg = build_shape(shape, torch.bfloat16, device, context + 64)
-    config = EngineConfig(max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False)
-    runner = ModelRunner(model, cfg, config, device, torch.bfloat16)
-    per_seq = blocks_for(context + 1, config.block_size)
-    runner.allocate_kv_cache(1 + max(batches) * per_seq)
+    config, _runner, per_seq = decode_bench_runner(model, cfg, EngineConfig(), batches, context)
     graphs = DecodeGraphRunner(model, config, device, per_seq)
     graphs.capture_all()
     out = {}
@@ -81,7 +75,7 @@ def main() -> None:
     res = {"env": env_info(), "shape": args.shape, "context": args.context,
            "batches": profile(args.shape, [int(b) for b in args.batches.split(",")], args.context, args.steps)}
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
+        write_json(args.out, res)
 
 
 if __name__ == "__main__":

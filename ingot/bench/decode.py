@@ -69,6 +69,24 @@ def build_shape(shape: str, dtype: torch.dtype, device: torch.device, max_positi
     return init_random(model), cfg
 
 
+def decode_bench_runner(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    config: EngineConfig,
+    batches: list[int],
+    context_len: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> tuple[EngineConfig, ModelRunner, int]:
+    """(config, runner, blocks per sequence) for synthetic decode steps: buckets = ``batches``,
+    a KV pool where each of ``max(batches)`` sequences owns the blocks of ``context_len + 1`` tokens."""
+    device = next(model.parameters()).device
+    base = config.replace(max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False)
+    runner = ModelRunner(model, cfg, base, device, dtype)
+    per_seq = blocks_for(context_len + 1, base.block_size)
+    runner.allocate_kv_cache(1 + max(batches) * per_seq)
+    return base, runner, per_seq
+
+
 def bench_decode(
     model: torch.nn.Module,
     cfg: ModelConfig,
@@ -83,12 +101,7 @@ def bench_decode(
     (per-bucket choice, see runner/auto_compile.py) and gemm_only (the model's linear
     layers alone, the floor a step cannot beat)."""
     device = next(model.parameters()).device
-    base = (config or EngineConfig()).replace(
-        max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False
-    )
-    runner = ModelRunner(model, cfg, base, device, dtype)
-    per_seq = blocks_for(context_len + 1, base.block_size)
-    runner.allocate_kv_cache(1 + max(batches) * per_seq)
+    base, runner, per_seq = decode_bench_runner(model, cfg, config or EngineConfig(), batches, context_len, dtype)
     inputs = {b: synthetic_decode_inputs(b, context_len, base.block_size, device, cfg.vocab_size) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
     for mode in modes:

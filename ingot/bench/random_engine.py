@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import tokenizers
 
-from ingot.bench.decode import SHAPES
+from ingot.bench.decode import SHAPES, build_shape
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.loading.tokenizer import Tokenizer
-from ingot.models.loader import build_model, init_random, resolve_device, resolve_dtype
-from ingot.models.model_config import ModelConfig
+from ingot.models.loader import resolve_device, resolve_dtype
 
 # enough for the bench workloads (prompts up to 1024, outputs up to 512) with room to spare
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -36,9 +35,8 @@ def random_engine(shape: str, config: EngineConfig) -> Engine:
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(sorted(SHAPES))}")
     config.validate()
-    cfg = ModelConfig.from_hf(SHAPES[shape])
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
-    model = init_random(build_model(cfg, dtype, device, max_len))
+    model, cfg = build_shape(shape, dtype, device, max_len)
     return Engine(config, model, cfg, id_tokenizer(cfg.vocab_size), device, dtype, max_len)

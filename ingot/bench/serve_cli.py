@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import datetime
 import gc
-import json
 import logging
 import platform
 import sys
@@ -260,9 +259,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     out.print(header(workload, env), highlight=False)
     out.print(render_table(results))
     if args.json is not None:
-        doc = {"workload": workload.to_json(), "environment": env, "results": results}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        from ingot.bench.report import write_json
+
+        write_json(args.json, {"workload": workload.to_json(), "environment": env, "results": results})
         if not args.quiet:
             err.print(f"wrote {args.json}")
     return 0

@@ -17,7 +17,7 @@ from ingot.config import ConfigError, EngineConfig
 from ingot.engine.kv_cache import BlockManager, blocks_for
 from ingot.engine.sampler import make_generator
 from ingot.engine.scheduler import Scheduler
-from ingot.engine.sequence import Sequence, Status
+from ingot.engine.sequence import Sequence
 from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
 from ingot.models.loader import load_checkpoint, resolve_device, resolve_dtype

@@ -72,3 +72,24 @@ def check_rope_decode(fn, args, tol: float = 1e-2) -> None:
     for got, want in ((args[5], exp_args[5]), (args[6], exp_args[6])):  # k_cache, v_cache
         # block 0 is the padding dummy; every other row (the rotated new k included) bit-exact
         assert torch.equal(got[1:].nan_to_num(7.0), want[1:].nan_to_num(7.0))
+
+
+def check_store_kv(fn, t, hkv, d, page, nb, gen, device="cpu", dtype=torch.bfloat16) -> None:
+    """Run a store_kv kernel ``fn`` and the reference on NaN-filled caches; k/v are strided
+    views of one qkv tensor, as in the model, and the last rows are padding (slot 0)."""
+    from ingot.ops import reference as ref
+
+    qkv = torch.randn(t, (4 + 2 * hkv) * d, generator=gen).to(dtype).to(device)
+    k = qkv[:, 4 * d : (4 + hkv) * d].reshape(t, hkv, d)
+    v = qkv[:, (4 + hkv) * d :].reshape(t, hkv, d)
+    n_pad = min(2, t - 1)
+    slots = (torch.randperm((nb - 1) * page, generator=gen)[: t - n_pad] + page).tolist() + [0] * n_pad
+    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+    k_cache = torch.full((nb, page, hkv, d), float("nan"), dtype=dtype, device=device)
+    v_cache = k_cache.clone()
+    k_exp, v_exp = k_cache.clone(), v_cache.clone()
+    fn(k, v, k_cache, v_cache, slot_mapping)
+    ref.store_kv(k, v, k_exp, v_exp, slot_mapping)
+    # block 0 is the padding dummy (written racily by design); the rest must match bit for bit
+    assert torch.equal(k_cache[1:].nan_to_num(7.0), k_exp[1:].nan_to_num(7.0))
+    assert torch.equal(v_cache[1:].nan_to_num(7.0), v_exp[1:].nan_to_num(7.0))

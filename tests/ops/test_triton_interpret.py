@@ -93,7 +93,7 @@ def K():
 
 
 from ingot.ops import reference as ref  # noqa: E402
-from tests.ops.kernel_cases import check_rope_decode, rel_err, rope_decode_case, rope_table  # noqa: E402
+from tests.ops.kernel_cases import check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table  # noqa: E402
 from tests.ops.kernel_cases import paged as _paged  # noqa: E402
 
 
@@ -199,21 +199,7 @@ def test_choose_num_splits(K):
 
 
 def test_store_kv(K):
-    gen = torch.Generator().manual_seed(2)
-    t, hkv, d, page, nb = 9, 2, 64, 16, 6
-    qkv = torch.randn(t, (4 + 2 * hkv) * d, generator=gen).to(torch.bfloat16)
-    k = qkv[:, 4 * d : (4 + hkv) * d].reshape(t, hkv, d)  # strided views, as in the model
-    v = qkv[:, (4 + hkv) * d :].reshape(t, hkv, d)
-    slots = (torch.randperm((nb - 1) * page, generator=gen)[: t - 2] + page).tolist() + [0, 0]
-    slot_mapping = torch.tensor(slots, dtype=torch.int64)
-    k_cache = torch.full((nb, page, hkv, d), float("nan"), dtype=torch.bfloat16)
-    v_cache = k_cache.clone()
-    k_exp, v_exp = k_cache.clone(), v_cache.clone()
-    K.kv_store.store_kv(k, v, k_cache, v_cache, slot_mapping)
-    ref.store_kv(k, v, k_exp, v_exp, slot_mapping)
-    # block 0 is the padding dummy (racy by design); everything else must match exactly
-    assert torch.equal(k_cache[1:].nan_to_num(7.0), k_exp[1:].nan_to_num(7.0))
-    assert torch.equal(v_cache[1:].nan_to_num(7.0), v_exp[1:].nan_to_num(7.0))
+    check_store_kv(K.kv_store.store_kv, t=9, hkv=2, d=64, page=16, nb=6, gen=torch.Generator().manual_seed(2))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

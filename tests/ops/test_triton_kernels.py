@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ingot.ops import reference as ref
-from tests.ops.kernel_cases import check_rope_decode, rel_err, rope_decode_case, rope_table
+from tests.ops.kernel_cases import check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table
 from tests.ops.kernel_cases import paged as _paged
 
 
@@ -268,21 +268,7 @@ def test_decode_merge_kernel_fallback(K):
 @pytest.mark.parametrize("t,hkv,d", [(1, 8, 128), (37, 4, 128), (300, 2, 64), (64, 8, 256)])
 def test_store_kv(K, t, hkv, d):
     gen = torch.Generator().manual_seed(t + hkv + d)
-    page, nb = 16, t // 16 + 8
-    qkv = torch.randn(t, (4 + 2 * hkv) * d, generator=gen).to(BF16).cuda()
-    k = qkv[:, 4 * d : (4 + hkv) * d].reshape(t, hkv, d)  # strided views, as in the model
-    v = qkv[:, (4 + hkv) * d :].reshape(t, hkv, d)
-    n_pad = min(2, t - 1)
-    slots = (torch.randperm((nb - 1) * page, generator=gen)[: t - n_pad] + page).tolist() + [0] * n_pad
-    slot_mapping = torch.tensor(slots, dtype=torch.int64, device="cuda")
-    k_cache = torch.full((nb, page, hkv, d), float("nan"), dtype=BF16, device="cuda")
-    v_cache = k_cache.clone()
-    k_exp, v_exp = k_cache.clone(), v_cache.clone()
-    K.kv_store.store_kv(k, v, k_cache, v_cache, slot_mapping)
-    ref.store_kv(k, v, k_exp, v_exp, slot_mapping)
-    # block 0 is the padding dummy (written racily by design); the rest must match bit for bit
-    assert torch.equal(k_cache[1:].nan_to_num(7.0), k_exp[1:].nan_to_num(7.0))
-    assert torch.equal(v_cache[1:].nan_to_num(7.0), v_exp[1:].nan_to_num(7.0))
+    check_store_kv(K.kv_store.store_kv, t, hkv, d, page=16, nb=t // 16 + 8, gen=gen, device="cuda", dtype=BF16)
 
 
 # ----------------------------------------------------------------------------- norms, act, rotary

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ingot import LLM, SamplingParams
 from ingot.config import EngineConfig

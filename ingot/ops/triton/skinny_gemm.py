@@ -82,7 +82,7 @@ def _skinny_gemm_kernel(
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-def _config(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int, int]:
+def _config(n: int, k: int, device: torch.device) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, splits, num_warps, num_stages): about ``waves`` programs per SM."""
     o = CONFIG_OVERRIDE
     block_n = o.get("BLOCK_N", 64)
@@ -104,7 +104,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
-    block_n, block_k, splits, num_warps, num_stages = _config(m, n, k, x.device)
+    block_n, block_k, splits, num_warps, num_stages = _config(n, k, x.device)
     k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
     splits = cdiv(k, k_per_split)
     counters = None if splits == 1 else split_counters(x.device, cdiv(n, block_n))
