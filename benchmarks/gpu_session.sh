@@ -59,8 +59,8 @@ for stage in "$@"; do
     floor)
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,32,64,256 --modes graph,gemm_only --out $OUT/floor.json 2>&1 | tail -20 ;;
     skinny)  # the opt-in skinny GEMM: per-projection vs cuBLAS, its config sweep, then whole steps with it on
-      python3 -m pytest -q -m cuda tests/ops -k skinny 2>&1 | tail -3 || status=1
-      python3 benchmarks/kernels.py --no-ref --sweep --out $OUT/kernels_skinny.json 2>&1 | grep -v "^  .* B64" | tail -80
+      python3 -m pytest -q -m cuda tests/ops 2>&1 | tee $OUT/kernels_tests.log | tail -8 || status=1
+      python3 benchmarks/kernels.py --no-ref --sweep skinny --out $OUT/kernels_skinny.json 2>&1 | grep -v "^  M" | tail -80
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,16 --modes graph,gemm_only --out $OUT/floor_cublas.json 2>&1 | tail -12
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,16 --modes graph,gemm_only --skinny-rows 16 --out $OUT/floor_skinny.json 2>&1 | tail -12 ;;
     startup_all)  # every default bucket (1, 2, 4, 8, 16, 24, ..., 256: 35 of them)

@@ -16,6 +16,7 @@ with the GPU name, torch/triton versions and the date.
 from __future__ import annotations
 
 import argparse
+import itertools
 import datetime as dt
 import sys
 from pathlib import Path
@@ -211,8 +212,8 @@ def run(args) -> dict:
     torch.cuda.empty_cache()
 
     skinny = _skinny_rows()
-    sweep = _sweep_decode(decode_attention) if args.sweep else None
-    skinny_sweep = _sweep_skinny() if args.sweep else None
+    sweep = _sweep_decode(decode_attention) if args.sweep in ("decode", "all") else None
+    skinny_sweep = _sweep_skinny() if args.sweep in ("skinny", "all") else None
 
     return dict(
         gpu=gpu, torch=torch.__version__, triton=triton.__version__,
@@ -295,33 +296,35 @@ def _skinny_rows() -> list:
 
 
 def _sweep_skinny() -> list:
+    """Tile configurations of the skinny GEMM on the 1.5B projections, at M=1 (the
+    multiply-reduce form against tl.dot) and M=16 (tl.dot only)."""
     from ingot.ops.triton import skinny_gemm
 
-    print("\n# skinny GEMM sweep (M1, graph replay us): BLOCK_N BLOCK_K warps stages waves")
+    print("\n# skinny GEMM sweep (graph replay us): M form BLOCK_N BLOCK_K warps waves")
     cases = {name: PROJECTIONS["1.5b"][name] for name in ("qkv", "gate_up", "down")}
-    tensors = {name: (torch.randn(1, k, dtype=BF16, device=DEV), torch.randn(n, k, dtype=BF16, device=DEV))
-               for name, (n, k) in cases.items()}
+    weights = {name: torch.randn(n, k, dtype=BF16, device=DEV) for name, (n, k) in cases.items()}
     out = []
-    for block_n in (32, 64, 128):
-        for block_k in (64, 128, 256):
-            for warps in (4, 8):
-                for waves in (1, 2, 4):
-                    cfg = dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=4, waves=waves)
-                    skinny_gemm.CONFIG_OVERRIDE.clear()
-                    skinny_gemm.CONFIG_OVERRIDE.update(cfg)
-                    res = dict(cfg)
-                    try:
-                        for name, (x, w) in tensors.items():
-                            res[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None))
-                    except Exception as exc:  # out of shared memory, ...
-                        res["error"] = type(exc).__name__
-                    out.append(res)
-                    print(f"  {block_n:4d} {block_k:4d} {warps:2d} {waves:2d}  " + "  ".join(
-                        f"{n}: {res[n]:7.2f}" for n in cases if n in res) + f" {res.get('error', '')}")
+    grid = [(1, dot) for dot in (False, True)] + [(16, True)]
+    for (m, dot), block_n, block_k, warps, waves in itertools.product(
+            grid, (16, 32, 64, 128), (64, 128, 256), (4, 8), (1, 2, 4)):
+        cfg = dict(m=m, dot=dot, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=4, waves=waves)
+        skinny_gemm.CONFIG_OVERRIDE.clear()
+        skinny_gemm.CONFIG_OVERRIDE.update(cfg)
+        res = dict(cfg)
+        try:
+            for name, w in weights.items():
+                x = torch.randn(m, w.shape[1], dtype=BF16, device=DEV)
+                res[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None))
+        except Exception as exc:  # out of shared memory, ...
+            res["error"] = type(exc).__name__
+        out.append(res)
+        print(f"  M{m:<2} {'dot' if dot else 'fma'} {block_n:4d} {block_k:4d} {warps:2d} {waves:2d}  " + "  ".join(
+            f"{n}: {res[n]:7.2f}" for n in cases if n in res) + f" {res.get('error', '')}")
     skinny_gemm.CONFIG_OVERRIDE.clear()
-    ok = [r for r in out if "error" not in r]
-    if ok:
-        print(f"# best skinny config (sum over cases): {min(ok, key=lambda r: sum(r[n] for n in cases))}")
+    for m in (1, 16):
+        ok = [r for r in out if "error" not in r and r["m"] == m]
+        if ok:
+            print(f"# best skinny config at M{m} (sum over cases): {min(ok, key=lambda r: sum(r[n] for n in cases))}")
     return out
 
 
@@ -362,7 +365,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/kernels-<date>.json)")
     parser.add_argument("--no-ref", action="store_true", help="skip timing the PyTorch reference implementations")
-    parser.add_argument("--sweep", action="store_true", help="also sweep decode tile configurations")
+    parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "all"),
+                        help="also sweep tile configurations of the decode kernel, the skinny GEMM, or both")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/kernels.py needs a CUDA GPU")

@@ -36,7 +36,7 @@ def _skinny_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -56,10 +56,13 @@ def _skinny_gemm_kernel(
         k_mask = offs_k < k_hi
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if DOT_F32:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        acc += tl.dot(x, tl.trans(w))
+        if USE_DOT:
+            if DOT_F32:
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc += tl.dot(x, tl.trans(w))
+        else:  # one row (BLOCK_M == 1): a multiply-reduce streams W without staging it for tensor cores
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
     mn_mask = m_mask[:, None] & n_mask[None, :]
     y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     if DIRECT:
@@ -110,13 +113,14 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     counters = None if splits == 1 else split_counters(x.device, cdiv(n, block_n))
     if splits > 1 and counters is None:  # capture with too few counters: whole-K tiles
         splits, k_per_split = 1, cdiv(k, block_k) * block_k
-    block_m = max(16, next_pow2(m))
+    use_dot = m > 1 or CONFIG_OVERRIDE.get("dot", False)
+    block_m = max(16, next_pow2(m)) if use_dot else 1
     part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     _skinny_gemm_kernel[(cdiv(n, block_n), splits)](
         x, weight, bias if bias is not None else y, y, part, counters if counters is not None else y,
         m, n, k, k_per_split,
         x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(),
+        HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
