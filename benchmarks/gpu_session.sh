@@ -63,6 +63,14 @@ for stage in "$@"; do
       python3 benchmarks/kernels.py --no-ref --sweep skinny --out $OUT/kernels_skinny.json 2>&1 | grep -v "^  M" | tail -80
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,16 --modes graph,gemm_only --out $OUT/floor_cublas.json 2>&1 | tail -12
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,16 --modes graph,gemm_only --skinny-rows 16 --out $OUT/floor_skinny.json 2>&1 | tail -12 ;;
+    prologue)  # skinny GEMM with the norm / SiLU prologues at batch 1: tests, whole steps, profile, HF
+      python3 -m pytest -q -m cuda tests/ops -k "skinny or prologue" 2>&1 | tail -3 || status=1
+      for rows in 0 1; do
+        python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8 --modes graph,gemm_only --skinny-rows $rows --out $OUT/floor_skinny$rows.json 2>&1 | grep -A3 "^ batch"
+      done
+      INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 benchmarks/profile_step.py --shape qwen2.5-1.5b --batches 1 --out $OUT/profile_15b_skinny1.json 2>&1 | grep -A12 "batch 1:"
+      INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,64 --decode-compile off --compare-hf --quiet \
+        --json $OUT/bench-decode-hf-qwen2.5-1.5b.json --plot $OUT/bench-decode-hf-qwen2.5-1.5b.png 2>&1 | tail -12 ;;
     startup_all)  # every default bucket (1, 2, 4, 8, 16, 24, ..., 256: 35 of them)
       ALL=$(python3 -c "from ingot.runner.graph_runner import default_buckets as d; print(','.join(map(str, d(256))))")
       python3 benchmarks/decode_graphs.py --shapes "" --startup qwen2.5-1.5b --batches $ALL --out $OUT/startup_all.json 2>&1 | tail -5

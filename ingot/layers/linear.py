@@ -8,6 +8,9 @@ Inputs of at most ``skinny_gemm_rows()`` rows (decode batches; 0 = never)
 go through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead
 of ``F.linear``. The ModelRunner sets it from
 ``EngineConfig.skinny_gemm_max_rows``, process-wide like kernel registration.
+On that path ``norm_linear`` and ``silu_mul_linear`` also fold the RMSNorm or
+SiLU-and-mul in front of a projection into the GEMV's load of its input (one
+launch instead of two), unless the compile policy keeps that op native.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+
+from ingot.layers.activation import SiluAndMul
+from ingot.layers.norm import RMSNorm
+from ingot.ops import use_native
 
 _SKINNY_ROWS = 0
 
@@ -31,9 +38,30 @@ def skinny_gemm_rows() -> int:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear``, or the skinny-GEMM op for inputs of at most ``skinny_gemm_rows()`` rows."""
-    if _SKINNY_ROWS and x.dim() == 2 and x.shape[0] <= _SKINNY_ROWS:
+    if _skinny(x):
         return torch.ops.ingot.skinny_linear(x, weight, bias)
     return nn.functional.linear(x, weight, bias)
+
+
+def _skinny(x: torch.Tensor) -> bool:
+    return bool(_SKINNY_ROWS) and x.dim() == 2 and x.shape[0] <= _SKINNY_ROWS
+
+
+def norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: "MergedLinear"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(proj(norm(x + residual)), x + residual), the norm fused into the GEMV on the skinny path."""
+    if _skinny(x) and not use_native("rms_norm"):
+        return torch.ops.ingot.rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
+    h, residual = norm(x, residual)
+    return proj(h), residual
+
+
+def silu_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear") -> torch.Tensor:
+    """proj(silu_and_mul(x)), the activation fused into the GEMV on the skinny path."""
+    if _skinny(x) and not use_native("silu_and_mul"):
+        return torch.ops.ingot.silu_mul_linear(x, proj.weight, proj.bias)
+    return proj(act(x))
 
 
 class MergedLinear(nn.Module):

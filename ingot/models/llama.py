@@ -15,7 +15,7 @@ from torch import nn
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.attention import Attention, AttentionMetadata
 from ingot.layers.embedding import Embedding, LMHead
-from ingot.layers.linear import Linear, MergedLinear
+from ingot.layers.linear import Linear, MergedLinear, norm_linear, silu_mul_linear
 from ingot.layers.norm import RMSNorm
 from ingot.layers.rotary import RotaryEmbedding
 from ingot.loading.errors import CheckpointError
@@ -35,9 +35,11 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
         self.splits = (q_size, kv_size, kv_size)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention output projected by o_proj, from this layer's qkv projection (the layer
+        computes it, so the norm before it can fuse into the GEMM)."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split(self.splits, dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
@@ -54,8 +56,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The down projection of silu(gate) * up, from this layer's gate_up projection."""
+        return silu_mul_linear(gate_up, self.act, self.down_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -71,12 +74,12 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = x
-            x = self.input_layernorm(x)
+            qkv = self.self_attn.qkv_proj(self.input_layernorm(x))
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+            qkv, residual = norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj)
+        x = self.self_attn(positions, qkv, meta)
+        gate_up, residual = norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
+        return self.mlp(gate_up), residual
 
 
 # HF checkpoint name -> (our module suffix, shard index) for fused projections

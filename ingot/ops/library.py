@@ -151,3 +151,26 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 @skinny_linear.register_fake
 def _(x, weight, bias):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@custom_op("ingot::rms_norm_linear", mutates_args=())
+def rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return ref.rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+
+
+@rms_norm_linear.register_fake
+def _(x, residual, norm_weight, eps, weight, bias):
+    return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x)
+
+
+@custom_op("ingot::silu_mul_linear", mutates_args=())
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return ref.silu_mul_linear(x, weight, bias)
+
+
+@silu_mul_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(x.shape[0], weight.shape[0])

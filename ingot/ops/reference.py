@@ -174,3 +174,17 @@ def prefill_attention(
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """y = x @ weight.T (+ bias): the GEMM of a few rows (kernel: ops/triton/skinny_gemm.py)."""
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(add_rms_norm(x, residual) projected by weight, x + residual): the norm fused in front of a GEMM."""
+    h, new_residual = add_rms_norm(x, residual, norm_weight, eps)
+    return skinny_linear(h, weight, bias), new_residual
+
+
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """silu_and_mul(x) projected by weight: the activation fused in front of the down projection."""
+    return skinny_linear(silu_and_mul(x), weight, bias)

@@ -23,3 +23,36 @@ def test_logits_match_hf(tmp_path, arch):
     err = (got - ref).norm() / ref.norm()
     assert err < 1e-5, f"{arch}: relative logit error {err:.2e}"
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_fused_prologue_path_matches_hf(tmp_path, monkeypatch, arch):
+    """Decode rows on the skinny path take the norm and SiLU fused into their GEMMs
+    (ingot.rms_norm_linear, ingot.silu_mul_linear); the logits still match HF."""
+    import ingot.ops.reference as reference
+    from ingot.layers.linear import set_skinny_gemm_rows
+
+    calls = {"rms_norm_linear": 0, "silu_mul_linear": 0}
+    for name in calls:
+        original = getattr(reference, name)
+
+        def counted(*args, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(reference, name, counted)
+    path = write_tiny_checkpoint(tmp_path / arch, arch)
+    engine = Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
+    ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(2)).tolist()
+    set_skinny_gemm_rows(1)  # the runner turns it off without CUDA kernels
+    try:
+        got = ingot_logits(engine, ids, prefill_len=16)
+    finally:
+        set_skinny_gemm_rows(0)
+    layers = engine.runner.model.config.num_layers
+    decode_steps = len(ids) - 16
+    # per layer: the post-attention norm, the next layer's input norm (not the first layer's), the MLP
+    assert calls == {"rms_norm_linear": decode_steps * (2 * layers - 1), "silu_mul_linear": decode_steps * layers}
+    ref = hf_logits(path, ids)
+    assert (got - ref).norm() / ref.norm() < 1e-5
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))

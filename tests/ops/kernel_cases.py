@@ -93,3 +93,40 @@ def check_store_kv(fn, t, hkv, d, page, nb, gen, device="cpu", dtype=torch.bfloa
     # block 0 is the padding dummy (written racily by design); the rest must match bit for bit
     assert torch.equal(k_cache[1:].nan_to_num(7.0), k_exp[1:].nan_to_num(7.0))
     assert torch.equal(v_cache[1:].nan_to_num(7.0), v_exp[1:].nan_to_num(7.0))
+
+
+def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool, gen, device="cpu") -> None:
+    """``rms_norm_linear`` / ``silu_mul_linear`` of module ``mod`` (skinny_gemm) against the
+    reference ops: a random projection within bf16 tolerance, and an identity projection,
+    whose output is the prologue's bf16 result itself, element for element."""
+    from ingot.ops import reference as ref
+
+    cols = k if prologue == "norm" else 2 * k
+    x = torch.randn(m, cols, generator=gen).to(torch.bfloat16).to(device)
+    residual = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
+    norm_w = (1 + 0.3 * torch.randn(k, generator=gen)).to(torch.bfloat16).to(device)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16).to(device) if bias else None
+
+    def run(w, b):
+        if prologue == "norm":
+            return mod.rms_norm_linear(x, residual, norm_w, 1e-6, w, b)
+        return mod.silu_mul_linear(x, w, b), None
+
+    def expected_input():
+        if prologue == "norm":
+            return ref.add_rms_norm(x.cpu(), residual.cpu(), norm_w.cpu(), 1e-6)
+        return ref.silu_and_mul(x.cpu()), None
+
+    h, new_residual = expected_input()
+    w = (0.05 * torch.randn(n, k, generator=gen)).to(torch.bfloat16).to(device)
+    y, r_out = run(w, b)
+    expected = torch.nn.functional.linear(h.float(), w.float().cpu(), None if b is None else b.float().cpu())
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    assert rel_err(y.cpu(), expected) < 1e-2
+    if prologue == "norm":
+        assert torch.equal(r_out.cpu(), new_residual)  # x + residual, every row and column written
+    eye = torch.eye(k, dtype=torch.bfloat16, device=device)
+    same, _ = run(eye, None)
+    # the rstd's fp32 sum runs in another order than rms_norm's: rare 1-ulp flips only
+    assert (same.cpu() != h).float().mean().item() < (1e-3 if prologue == "norm" else 1e-9)
+    assert rel_err(same.cpu(), h) < 1e-2

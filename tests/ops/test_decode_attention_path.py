@@ -105,3 +105,37 @@ def test_skinny_rows_route_small_batches_to_the_skinny_op(monkeypatch):
         set_skinny_gemm_rows(0)
     layer(small)  # off
     assert spy.calls == ["skinny_linear"]
+
+
+def test_prologues_fuse_on_the_skinny_path_unless_native(monkeypatch):
+    """norm_linear / silu_mul_linear call the fused ops on the skinny path and equal the
+    unfused ops; when compile keeps the norm or activation native, they stay unfused."""
+    import ingot.layers.linear as linear_mod
+    from ingot.layers.activation import SiluAndMul
+    from ingot.layers.linear import Linear, norm_linear, set_skinny_gemm_rows, silu_mul_linear
+    from ingot.layers.norm import RMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    proj, down, norm = Linear(24, 40, bias=True), Linear(20, 24), RMSNorm(24, 1e-6)
+    for p in (proj.weight, proj.bias, down.weight, norm.weight):
+        p.data.copy_(torch.randn(p.shape, generator=gen))
+    x, res, gu = torch.randn(1, 24, generator=gen), torch.randn(1, 24, generator=gen), torch.randn(1, 40, generator=gen)
+    spy = OpSpy()
+    monkeypatch.setattr(linear_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
+    h, new_res = ref.add_rms_norm(x, res, norm.weight, 1e-6)
+    try:
+        set_skinny_gemm_rows(1)
+        y, r = norm_linear(x, res, norm, proj)
+        z = silu_mul_linear(gu, SiluAndMul(), down)
+        assert spy.calls == ["rms_norm_linear", "silu_mul_linear"]
+        with native_ops({"rms_norm", "silu_and_mul"}):
+            y2, _ = norm_linear(x, res, norm, proj)
+            z2 = silu_mul_linear(gu, SiluAndMul(), down)
+        assert spy.calls == ["rms_norm_linear", "silu_mul_linear", "skinny_linear", "skinny_linear"]
+    finally:
+        set_skinny_gemm_rows(0)
+    torch.testing.assert_close(y, torch.nn.functional.linear(h, proj.weight, proj.bias))
+    torch.testing.assert_close(r, new_res)
+    torch.testing.assert_close(z, torch.nn.functional.linear(ref.silu_and_mul(gu), down.weight))
+    torch.testing.assert_close(y2, y)
+    torch.testing.assert_close(z2, z)

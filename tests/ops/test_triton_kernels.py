@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ingot.ops import reference as ref
-from tests.ops.kernel_cases import check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table
+from tests.ops.kernel_cases import check_prologue_linear, check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table
 from tests.ops.kernel_cases import paged as _paged
 
 
@@ -355,6 +355,15 @@ def test_skinny_linear(K, m, n, k, bias):
     expected = ref.skinny_linear(x.float(), w.float(), None if b is None else b.float())
     assert out.dtype == BF16 and out.shape == (m, n)
     assert rel_err(out, expected) < TOL
+
+
+@gpu
+@pytest.mark.parametrize("prologue", ["norm", "silu"])
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True)])
+def test_prologue_linear(K, prologue, m, n, k, bias):
+    """The norm and SiLU prologues of the skinny GEMM against the reference ops (kernel_cases)."""
+    check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda")
 
 
 @gpu

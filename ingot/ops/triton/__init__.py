@@ -64,6 +64,8 @@ def register_cuda_kernels() -> bool:
     library.decode_attention.register_kernel("cuda")(_decode_op(decode_attention.decode_attention))
     library.decode_attention_rope.register_kernel("cuda")(_decode_rope_op(decode_attention.decode_attention_rope))
     library.skinny_linear.register_kernel("cuda")(skinny_gemm.skinny_linear)
+    library.rms_norm_linear.register_kernel("cuda")(skinny_gemm.rms_norm_linear)
+    library.silu_mul_linear.register_kernel("cuda")(skinny_gemm.silu_mul_linear)
     library.prefill_attention.register_kernel("cuda")(_prefill_op(prefill_attention.prefill_attention))
     _registered = True
     return True

@@ -5,15 +5,25 @@ reading W once. On the H200 cuBLAS read the Qwen2.5-1.5B weights (3.09 GB) in
 1.245 ms per step, 2.5 TB/s against a 4.2 TB/s copy: the small projections
 (qkv 6 MB, o 5 MB) cannot fill 132 SMs with whole-K tiles, and the split-K
 ones add a reduce kernel. Here each program streams a ``BLOCK_N x K/S`` slab
-of W (``tl.dot`` with the rows padded to 16), ``S`` is picked so the grid
-covers about two waves of SMs, and the last of a tile's ``S`` programs sums
-the fp32 partials, adds the bias and writes the output (the counter pattern
-of decode attention), so there is no second launch.
+of W, ``S`` is picked so the grid covers a few waves of SMs, and the last of a
+tile's ``S`` programs sums the fp32 partials, adds the bias and writes the
+output (the counter pattern of decode attention), so there is no second
+launch. One row uses a multiply-reduce (a tensor-core tile would be 15/16
+padding); more rows use ``tl.dot`` with the rows padded to 16.
 
-Opt-in and unmeasured on the GPU so far: ``EngineConfig.skinny_gemm_max_rows``
-(0 = off) routes linear layers with at most that many rows here.
-``benchmarks/kernels.py`` times it against ``torch.nn.functional.linear`` on
-the 1.5B / 7B projections; keep it off unless that shows a win.
+Prologues fold the elementwise op in front of a projection into its load of
+``x``, which removes that op's launch (the point at batch 1, where each launch
+costs more than its bytes):
+
+* ``rms_norm_linear``: ``x + residual``, RMSNorm, then the GEMM; the programs of
+  the first N tile also write the new residual. Every program first reduces
+  the whole row for its ``rstd`` (cheap for one row, L2 traffic for 16).
+* ``silu_mul_linear``: ``silu(gate) * up`` of a merged gate/up output, then the GEMM.
+
+Both round like the reference ops (each torch op's result rounded to the
+model dtype; bf16 by integer ops, ``rotary._round_to``, which no compiler
+pass or the interpreter's truncating cast can change), so the GEMM sees the
+input the unfused path would give it.
 """
 
 from __future__ import annotations
@@ -25,18 +35,22 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton.rotary import _round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
-# Optional override for tuning sweeps: BLOCK_N, BLOCK_K, num_warps, num_stages, waves, splits.
+NONE, NORM, SILU = 0, 1, 2  # prologues
+# Optional override for tuning sweeps: dot, BLOCK_N, BLOCK_K, num_warps, num_stages, waves, splits.
 CONFIG_OVERRIDE: dict = {}
 
 
 @triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
+    r_ptr, nw_ptr, r_out_ptr, eps,
     M, N, K, k_per_split,
-    stride_xm, stride_wn, stride_ym,
+    stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
+    PROLOGUE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -49,12 +63,38 @@ def _skinny_gemm_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_rows = x_ptr + offs_m[:, None] * stride_xm
+    r_rows = r_ptr + offs_m[:, None] * stride_rm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 1:  # the row statistics of x + residual, over all of K
+        sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = m_mask[:, None] & (offs_k < K)[None, :]
+            x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
+            h = _round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
+                          x.dtype, BF16)
+            sumsq += tl.sum(h * h, axis=1)
+        rstd = tl.rsqrt(sumsq / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
-        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        mk = m_mask[:, None] & k_mask[None, :]
+        x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
+        if PROLOGUE == 1:  # x <- norm(x + residual) * weight, rounded as rms_norm.py does
+            s = _round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
+                          x.dtype, BF16)
+            if pid_n == 0:
+                tl.store(r_out_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], s.to(x.dtype), mask=mk)
+            hn = _round_to(s * rstd[:, None], x.dtype, BF16)
+            nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            x = _round_to(nw[None, :] * hn, x.dtype, BF16).to(x.dtype)
+        elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
+            g = x.to(tl.float32)
+            up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
+            act = _round_to(g / (1.0 + tl.exp(-g)), x.dtype, BF16)
+            x = _round_to(act * up, x.dtype, BF16).to(x.dtype)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_DOT:
             if DOT_F32:
@@ -85,46 +125,82 @@ def _skinny_gemm_kernel(
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-def _config(n: int, k: int, device: torch.device) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, splits, num_warps, num_stages): about ``waves`` programs per SM."""
+def _config(m: int, n: int, k: int, device: torch.device) -> tuple[bool, int, int, int, int, int]:
+    """(use_dot, BLOCK_N, BLOCK_K, splits, num_warps, num_stages): about ``waves`` programs per SM.
+
+    Defaults from the H200 sweep (``benchmarks/kernels.py --sweep skinny``, 1.5B
+    projections): one row 16/256/4 warps/4 waves multiply-reduce, 16 rows
+    64/64/4 warps/2 waves ``tl.dot``.
+    """
     o = CONFIG_OVERRIDE
-    block_n = o.get("BLOCK_N", 64)
-    block_k = o.get("BLOCK_K", 128)
+    use_dot = m > 1 or o.get("dot", False)
+    block_n = o.get("BLOCK_N", 64 if use_dot else 16)
+    block_k = o.get("BLOCK_K", 64 if use_dot else 256)
     tiles = cdiv(n, block_n)
-    want = cdiv(o.get("waves", 2) * num_sms(device), tiles)
+    want = cdiv(o.get("waves", 2 if use_dot else 4) * num_sms(device), tiles)
     splits = o.get("splits", max(1, min(want, cdiv(k, 2 * block_k))))
-    return block_n, block_k, splits, o.get("num_warps", 4), o.get("num_stages", 4)
+    return use_dot, block_n, block_k, splits, o.get("num_warps", 4), o.get("num_stages", 4)
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """Triton implementation of ``torch.ops.ingot.skinny_linear`` (``x`` [M <= 16, K])."""
-    m, k = x.shape
+def _launch(
+    x: torch.Tensor, k: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
+    prologue: int = NONE, residual: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None,
+    eps: float = 0.0,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """y [M, N] (and the new residual for the norm prologue); ``x`` holds ``K`` (SILU: 2K) columns."""
+    m = x.shape[0]
     n = weight.shape[0]
-    assert m <= MAX_ROWS, f"skinny_linear takes at most {MAX_ROWS} rows, got {m}"
+    assert m <= MAX_ROWS, f"skinny GEMMs take at most {MAX_ROWS} rows, got {m}"
     assert weight.shape[1] == k and weight.stride(1) == 1, "weight must be [N, K] with K contiguous"
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    r_out = None
+    if prologue == NORM:  # residual rows and the new residual share one (contiguous) stride
+        residual = residual.contiguous()
+        r_out = torch.empty(m, k, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
-        return y
-    block_n, block_k, splits, num_warps, num_stages = _config(n, k, x.device)
+        if r_out is not None:
+            r_out.copy_(x + residual)
+        return y, r_out
+    use_dot, block_n, block_k, splits, num_warps, num_stages = _config(m, n, k, x.device)
     k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
     splits = cdiv(k, k_per_split)
     counters = None if splits == 1 else split_counters(x.device, cdiv(n, block_n))
     if splits > 1 and counters is None:  # capture with too few counters: whole-K tiles
         splits, k_per_split = 1, cdiv(k, block_k) * block_k
-    use_dot = m > 1 or CONFIG_OVERRIDE.get("dot", False)
     block_m = max(16, next_pow2(m)) if use_dot else 1
     part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     _skinny_gemm_kernel[(cdiv(n, block_n), splits)](
         x, weight, bias if bias is not None else y, y, part, counters if counters is not None else y,
+        residual if residual is not None else x, norm_weight if norm_weight is not None else x,
+        r_out if r_out is not None else y, eps,
         m, n, k, k_per_split,
-        x.stride(0), weight.stride(0), y.stride(0),
+        x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
+        PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
-    return y
+    return y, r_out
 
 
-__all__ = ["skinny_linear", "MAX_ROWS", "CONFIG_OVERRIDE"]
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """Triton implementation of ``torch.ops.ingot.skinny_linear`` (``x`` [M <= 16, K])."""
+    return _launch(x, x.shape[1], weight, bias)[0]
+
+
+def rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton implementation of ``torch.ops.ingot.rms_norm_linear``."""
+    return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps)
+
+
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """Triton implementation of ``torch.ops.ingot.silu_mul_linear`` (``x`` [M, 2K] gate | up)."""
+    return _launch(x, x.shape[1] // 2, weight, bias, SILU)[0]
+
+
+__all__ = ["skinny_linear", "rms_norm_linear", "silu_mul_linear", "MAX_ROWS", "CONFIG_OVERRIDE"]
