@@ -127,6 +127,7 @@ def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool
         assert torch.equal(r_out.cpu(), new_residual)  # x + residual, every row and column written
     eye = torch.eye(k, dtype=torch.bfloat16, device=device)
     same, _ = run(eye, None)
-    # the rstd's fp32 sum runs in another order than rms_norm's: rare 1-ulp flips only
-    assert (same.cpu() != h).float().mean().item() < (1e-3 if prologue == "norm" else 1e-9)
-    assert rel_err(same.cpu(), h) < 1e-2
+    if prologue == "silu":  # the activation rounds as the reference does
+        assert torch.equal(same.cpu(), h)
+    else:  # rstd scales after the sum (skinny_gemm.py): bf16-rounding-level differences only
+        assert rel_err(same.cpu(), h) < 1e-2

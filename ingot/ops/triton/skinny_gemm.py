@@ -16,14 +16,21 @@ Prologues fold the elementwise op in front of a projection into its load of
 costs more than its bytes):
 
 * ``rms_norm_linear``: ``x + residual``, RMSNorm, then the GEMM; the programs of
-  the first N tile also write the new residual. Every program first reduces
-  the whole row for its ``rstd`` (cheap for one row, L2 traffic for 16).
+  the first N tile also write the new residual. ``rstd`` needs the whole row,
+  so it is applied after the sum, ``y = rstd * sum(W * (norm_w * s))``: each
+  program sums squares over its own K range while it streams, and the tile's
+  merging program (or a whole-K program) adds them up. A first pass over the
+  row in every program (tried first) cost 2.4 us per GEMV on the H200, more
+  than the launch it saved.
 * ``silu_mul_linear``: ``silu(gate) * up`` of a merged gate/up output, then the GEMM.
 
-Both round like the reference ops (each torch op's result rounded to the
-model dtype; bf16 by integer ops, ``rotary._round_to``, which no compiler
-pass or the interpreter's truncating cast can change), so the GEMM sees the
-input the unfused path would give it.
+Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
+unfused path's input bit for bit. The norm rounds ``x + residual`` and
+``norm_w * s`` to the model dtype but scales by ``rstd`` in fp32 after the
+sum, where the reference rounds ``s * rstd`` first: a difference at the
+level of bf16 rounding, within the GEMM's own tolerance. Roundings to bf16
+use integer ops (``rotary._round_to``), which neither a compiler pass nor
+the interpreter's truncating cast can change.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ CONFIG_OVERRIDE: dict = {}
 @triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
-    r_ptr, nw_ptr, r_out_ptr, eps,
+    r_ptr, nw_ptr, r_out_ptr, ss_ptr, eps,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
@@ -65,31 +72,21 @@ def _skinny_gemm_kernel(
     x_rows = x_ptr + offs_m[:, None] * stride_xm
     r_rows = r_ptr + offs_m[:, None] * stride_rm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1:  # the row statistics of x + residual, over all of K
-        sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mk = m_mask[:, None] & (offs_k < K)[None, :]
-            x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
-            h = _round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
-                          x.dtype, BF16)
-            sumsq += tl.sum(h * h, axis=1)
-        rstd = tl.rsqrt(sumsq / K + eps)
+    sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)  # of x + residual over this program's K range
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
         mk = m_mask[:, None] & k_mask[None, :]
         x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
-        if PROLOGUE == 1:  # x <- norm(x + residual) * weight, rounded as rms_norm.py does
+        if PROLOGUE == 1:  # x <- (x + residual) * norm weight; the row's rstd scales the sum at the end
             s = _round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
                           x.dtype, BF16)
             if pid_n == 0:
                 tl.store(r_out_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], s.to(x.dtype), mask=mk)
-            hn = _round_to(s * rstd[:, None], x.dtype, BF16)
+            sumsq += tl.sum(s * s, axis=1)
             nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            x = _round_to(nw[None, :] * hn, x.dtype, BF16).to(x.dtype)
+            x = _round_to(nw[None, :] * s, x.dtype, BF16).to(x.dtype)
         elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
             g = x.to(tl.float32)
             up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
@@ -106,6 +103,8 @@ def _skinny_gemm_kernel(
     mn_mask = m_mask[:, None] & n_mask[None, :]
     y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     if DIRECT:
+        if PROLOGUE == 1:
+            acc *= tl.rsqrt(sumsq / K + eps)[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mn_mask)
@@ -113,12 +112,19 @@ def _skinny_gemm_kernel(
         # partials [S, BLOCK_M, N] fp32; the tile's last program sums them
         part_tile = part_ptr + offs_m[:, None] * N + offs_n[None, :]
         tl.store(part_tile + pid_k * BLOCK_M * N, acc, mask=mn_mask)
+        if PROLOGUE == 1:  # and the partial sums of squares [tiles, S, BLOCK_M]
+            tl.store(ss_ptr + (pid_n * num_splits + pid_k) * BLOCK_M + offs_m, sumsq)
         tl.debug_barrier()  # every thread's partial is written before the release below
         done = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if done == num_splits - 1:
             total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for s in range(0, num_splits):
                 total += tl.load(part_tile + s * BLOCK_M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
+            if PROLOGUE == 1:  # summed in split order, whichever program merges: deterministic
+                row_sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for s in range(0, num_splits):
+                    row_sumsq += tl.load(ss_ptr + (pid_n * num_splits + s) * BLOCK_M + offs_m, cache_modifier=".cg")
+                total *= tl.rsqrt(row_sumsq / K + eps)[:, None]
             if HAS_BIAS:
                 total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mn_mask)
@@ -171,10 +177,13 @@ def _launch(
         splits, k_per_split = 1, cdiv(k, block_k) * block_k
     block_m = max(16, next_pow2(m)) if use_dot else 1
     part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
-    _skinny_gemm_kernel[(cdiv(n, block_n), splits)](
+    tiles = cdiv(n, block_n)
+    partial_sumsq = y if splits == 1 or prologue != NORM else torch.empty(
+        tiles * splits * block_m, dtype=torch.float32, device=x.device)
+    _skinny_gemm_kernel[(tiles, splits)](
         x, weight, bias if bias is not None else y, y, part, counters if counters is not None else y,
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-        r_out if r_out is not None else y, eps,
+        r_out if r_out is not None else y, partial_sumsq, eps,
         m, n, k, k_per_split,
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
