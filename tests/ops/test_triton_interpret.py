@@ -93,7 +93,9 @@ def K():
 
 
 from ingot.ops import reference as ref  # noqa: E402
-from tests.ops.kernel_cases import check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table  # noqa: E402
+from tests.ops.kernel_cases import (  # noqa: E402
+    check_prologue_linear, check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table,
+)
 from tests.ops.kernel_cases import paged as _paged  # noqa: E402
 
 
@@ -177,6 +179,17 @@ def test_skinny_linear(K, m, n, k, bias, splits):
     assert all(int(c.count_nonzero()) == 0 for c in _counters.values())  # left at zero
 
 
+@pytest.mark.parametrize("prologue", ["norm", "silu"])
+@pytest.mark.parametrize("m,n,k,bias,splits", [(1, 40, 96, True, None), (1, 24, 300, False, 3), (3, 33, 64, True, 2)])
+def test_prologue_linear(K, prologue, m, n, k, bias, splits):
+    """RMSNorm / SiLU-and-mul fused in front of the skinny GEMM, one row (multiply-reduce) and a few (tl.dot)."""
+    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, **({} if splits is None else {"splits": splits}))
+    try:
+        check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k))
+    finally:
+        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+
+
 def test_decode_zero_length_is_finite(K):
     gen = torch.Generator().manual_seed(1)
     k_cache, v_cache, table = paged([5, 3], 16, 2, 64, torch.bfloat16, gen)
@@ -249,10 +262,17 @@ def test_silu_and_mul(K, shape):
     assert rel_err(out, expected) < 1e-2
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 64), (7, 1, 128), (2, 2, 32)])
-def test_rotary(K, hq, hkv, d):
-    gen = torch.Generator().manual_seed(7)
-    t, max_pos = 6, 64
+@pytest.mark.parametrize("t,hq,hkv,d", [
+    (6, 4, 2, 64), (6, 7, 1, 128), (6, 2, 2, 32),
+    (1, 12, 2, 64),  # decode
+    (37, 9, 3, 128),  # odd head counts, tokens not a tile multiple
+    (19, 28, 4, 128),  # the benchmark's heads
+    (3, 40, 8, 128),  # q's heads split over two tiles
+    (5, 3, 1, 48),  # half head dim not a power of two
+])
+def test_rotary(K, t, hq, hkv, d):
+    gen = torch.Generator().manual_seed(7 + t + hq + d)
+    max_pos = 64
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(torch.bfloat16)
     q = qkv[:, : hq * d].reshape(t, hq, d)
     k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)

@@ -5,11 +5,18 @@ last D/2. Numerics follow ``reference.rotary_embedding`` under torch: the table
 is cast to the activation dtype, and each of ``x * cos``, ``rotate_half(x) *
 sin`` and their sum is rounded to that dtype (so bf16 results match torch's).
 
-Each program rotates a tile of rows, a row being one head of one token; q heads
-and k heads form one row space (``h < Hq``: q, else k), so a token's q and k
-heads share a program and small models still get full tiles. q and k may be
-strided views (slices of a fused qkv projection); only the last dim must be
-contiguous. ``rope_pair`` is the rotation itself, shared with the fused decode
+Layout: a 1-D grid of q tiles, then k tiles; a tile is [BLOCK_T tokens, BLOCK_H
+heads, D/2 pairs] of one tensor, sized per tensor (about ``_TILE_ELEMS`` pairs),
+so k's few heads and small models still get full tiles. A token's table row is
+read once per tile and broadcast over its heads. q and k may be strided views
+(slices of a fused qkv projection); only the last dim must be contiguous.
+
+The kernel moves 4 bytes per pair each way and rounds 6 times per pair; with
+``_rne_bf16``'s integer rounding it was compute-bound (58% of copy bandwidth on
+the H200 at T=4096, 28/4 heads), so on a GPU bf16 rounds through ``cvt`` in
+``_round_pair`` (63-70% across runs; a plain copy of the same bytes reaches 74-76%). x and the
+outputs are touched once, so they are loaded and stored with streaming cache
+hints. ``rope_pair`` is the rotation itself, shared with the fused decode
 attention kernel.
 """
 
@@ -19,10 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import last_dim_contiguous, next_pow2
+from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2
 
-# elements (rows x half head dim) per program: enough bytes in flight per SM
-_TILE_ELEMS = 4096
+# pairs (tokens x heads x D/2) per program, and warps: the best of 1024-8192 pairs x 2-8
+# warps on the H200 (8 KiB of x per program; the others were 3-10% slower)
+_TILE_ELEMS = 2048
+_NUM_WARPS = 4
+# Optional override for tuning sweeps: TILE (pairs per program), num_warps.
+CONFIG_OVERRIDE: dict = {}
+# the interpreter runs no inline asm (``_round_pair``)
+_INTERPRET = tl.constexpr(interpreting())
 
 
 @triton.jit
@@ -33,6 +46,8 @@ def _rne_bf16(x):
     did not round the products the way eager does (1-ulp differences in 19% of
     elements; the products of bf16 values are exact in fp32, so only a skipped
     intermediate rounding explains them). Integer ops cannot be folded away.
+    The interpreter's rounding (it runs no inline asm) and the table's; the
+    rotation rounds through ``_round_pair`` on a GPU.
     """
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
@@ -57,43 +72,88 @@ def load_cos_sin(cache_row_ptr, offs_half, mask, HALF: tl.constexpr, dtype: tl.c
 
 
 @triton.jit
+def _round_pair(x, y, dtype: tl.constexpr, BF16: tl.constexpr):
+    """``_round_to`` of two fp32 tensors. bf16 on a GPU (sm_80+): one ``cvt.rn.bf16x2.f32``
+    per pair of elements and two bit ops, in inline asm, which the compiler cannot
+    fuse away (see ``_rne_bf16``); about a third of ``_rne_bf16``'s integer ops."""
+    if BF16 and not _INTERPRET:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $2, $3; and.b32 $0, p, 0xFFFF0000; shl.b32 $1, p, 16; }",
+            "=r,=r,r,r", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1,
+        )
+    else:
+        return _round_to(x, dtype, BF16), _round_to(y, dtype, BF16)
+
+
+@triton.jit
 def rope_pair(x1, x2, cos, sin, BF16: tl.constexpr):
     """Rotate the halves (x1, x2): (x1 cos - x2 sin, x2 cos + x1 sin) in x's dtype, torch's roundings."""
     dtype = x1.dtype
     a1 = x1.to(tl.float32)
     a2 = x2.to(tl.float32)
-    o1 = _round_to(_round_to(a1 * cos, dtype, BF16) + _round_to(-a2 * sin, dtype, BF16), dtype, BF16)
-    o2 = _round_to(_round_to(a2 * cos, dtype, BF16) + _round_to(a1 * sin, dtype, BF16), dtype, BF16)
+    p1, p2 = _round_pair(a1 * cos, -a2 * sin, dtype, BF16)
+    p3, p4 = _round_pair(a2 * cos, a1 * sin, dtype, BF16)
+    o1, o2 = _round_pair(p1 + p2, p3 + p4, dtype, BF16)
     return o1.to(dtype), o2.to(dtype)
+
+
+@triton.jit
+def _rotate_tile(
+    pid, pos_ptr, cache_ptr, x_ptr, out_ptr,
+    num_tokens, num_heads, stride_xt, stride_xh, stride_ot, stride_oh, stride_cache,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    """Rotate tile ``pid`` ([BLOCK_T tokens, BLOCK_H heads], token-major) of one of q or k."""
+    num_h_blocks = tl.cdiv(num_heads, BLOCK_H)
+    offs_t = (pid // num_h_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_h = (pid % num_h_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)[None, None, :]
+    t_ok = offs_t < num_tokens
+    pos = tl.load(pos_ptr + offs_t, mask=t_ok, other=0).to(tl.int64)
+    # one table row per token, [BLOCK_T, 1, BLOCK_HALF]: broadcast over the heads
+    cs_mask = t_ok[:, None, None] & (offs_d < HALF)
+    cos, sin = load_cos_sin(cache_ptr + pos[:, None, None] * stride_cache, offs_d, cs_mask,
+                            HALF, x_ptr.dtype.element_ty, BF16)
+    t = offs_t.to(tl.int64)[:, None, None]
+    h = offs_h[None, :, None]
+    src = x_ptr + t * stride_xt + h * stride_xh + offs_d
+    dst = out_ptr + t * stride_ot + h * stride_oh + offs_d
+    mask = cs_mask & (h < num_heads)
+    x1 = tl.load(src, mask=mask, other=0.0, eviction_policy="evict_first")
+    x2 = tl.load(src + HALF, mask=mask, other=0.0, eviction_policy="evict_first")
+    o1, o2 = rope_pair(x1, x2, cos, sin, BF16)
+    tl.store(dst, o1, mask=mask, cache_modifier=".cs")
+    tl.store(dst + HALF, o2, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr, q_out_ptr, k_out_ptr,
-    num_tokens, num_q_heads, num_rows_per_token,
+    num_tokens, num_q_heads, num_k_heads, num_q_tiles,
     stride_qt, stride_qh, stride_kt, stride_kh,
     stride_qot, stride_qoh, stride_kot, stride_koh,
     stride_cache,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BF16: tl.constexpr,
+    BLOCK_TQ: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_TK: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BF16: tl.constexpr,
 ):
-    r = tl.arange(0, BLOCK_T * BLOCK_H)
-    t = (tl.program_id(0) * BLOCK_T + r // BLOCK_H).to(tl.int64)
-    h = tl.program_id(1) * BLOCK_H + r % BLOCK_H
-    row_ok = (t < num_tokens) & (h < num_rows_per_token)
-    is_q = h < num_q_heads
-    hk = h - num_q_heads
-    src = tl.where(is_q, q_ptr + t * stride_qt + h * stride_qh, k_ptr + t * stride_kt + hk * stride_kh)
-    dst = tl.where(is_q, q_out_ptr + t * stride_qot + h * stride_qoh, k_out_ptr + t * stride_kot + hk * stride_koh)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    mask = row_ok[:, None] & (offs_d < HALF)[None, :]
-    pos = tl.load(pos_ptr + t, mask=row_ok, other=0).to(tl.int64)
-    x1 = tl.load(src[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    x2 = tl.load(src[:, None] + HALF + offs_d[None, :], mask=mask, other=0.0)
-    cos, sin = load_cos_sin(cache_ptr + pos[:, None] * stride_cache, offs_d[None, :], mask, HALF, x1.dtype, BF16)
-    o1, o2 = rope_pair(x1, x2, cos, sin, BF16)
-    tl.store(dst[:, None] + offs_d[None, :], o1.to(q_out_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst[:, None] + HALF + offs_d[None, :], o2.to(q_out_ptr.dtype.element_ty), mask=mask)
+    pid = tl.program_id(0)
+    if pid < num_q_tiles:
+        _rotate_tile(pid, pos_ptr, cache_ptr, q_ptr, q_out_ptr, num_tokens, num_q_heads,
+                     stride_qt, stride_qh, stride_qot, stride_qoh, stride_cache,
+                     HALF, BLOCK_HALF, BLOCK_TQ, BLOCK_HQ, BF16)
+    else:
+        _rotate_tile(pid - num_q_tiles, pos_ptr, cache_ptr, k_ptr, k_out_ptr, num_tokens, num_k_heads,
+                     stride_kt, stride_kh, stride_kot, stride_koh, stride_cache,
+                     HALF, BLOCK_HALF, BLOCK_TK, BLOCK_HK, BF16)
+
+
+def _tile(num_tokens: int, num_heads: int, block_half: int, elems: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_H, tiles): about ``elems`` pairs per program, all of a token's heads first."""
+    block_h = min(next_pow2(num_heads), max(1, elems // block_half))
+    block_t = min(max(1, elems // (block_h * block_half)), next_pow2(num_tokens))
+    return block_t, block_h, cdiv(num_tokens, block_t) * cdiv(num_heads, block_h)
 
 
 def rotary_embedding(
@@ -113,19 +173,18 @@ def rotary_embedding(
     cache = last_dim_contiguous(cos_sin_cache)
     half = head_dim // 2
     block_half = next_pow2(half)
-    rows = num_q_heads + num_k_heads
-    block_h = min(next_pow2(rows), max(1, _TILE_ELEMS // block_half))
-    block_t = max(1, _TILE_ELEMS // (block_h * block_half))
-    block_t = min(block_t, next_pow2(num_tokens))
-    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(rows, block_h))
-    _rotary_kernel[grid](
+    elems = CONFIG_OVERRIDE.get("TILE", _TILE_ELEMS)
+    block_tq, block_hq, q_tiles = _tile(num_tokens, num_q_heads, block_half, elems)
+    block_tk, block_hk, k_tiles = _tile(num_tokens, num_k_heads, block_half, elems)
+    _rotary_kernel[(q_tiles + k_tiles,)](
         positions, q, k, cache, q_out, k_out,
-        num_tokens, num_q_heads, rows,
+        num_tokens, num_q_heads, num_k_heads, q_tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         cache.stride(0),
-        HALF=half, BLOCK_HALF=block_half, BLOCK_T=block_t, BLOCK_H=block_h,
+        HALF=half, BLOCK_HALF=block_half,
+        BLOCK_TQ=block_tq, BLOCK_HQ=block_hq, BLOCK_TK=block_tk, BLOCK_HK=block_hk,
         BF16=q.dtype == torch.bfloat16,
-        num_warps=4 if block_t * block_h * block_half <= 2048 else 8,
+        num_warps=CONFIG_OVERRIDE.get("num_warps", _NUM_WARPS),
     )
     return q_out, k_out
