@@ -71,6 +71,11 @@ for stage in "$@"; do
       INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 benchmarks/profile_step.py --shape qwen2.5-1.5b --batches 1 --out $OUT/profile_15b_skinny1.json 2>&1 | grep -A12 "batch 1:"
       INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,64 --decode-compile off --compare-hf --quiet \
         --json $OUT/bench-decode-hf-qwen2.5-1.5b.json --plot $OUT/bench-decode-hf-qwen2.5-1.5b.png 2>&1 | tail -12 ;;
+    prologue_short)  # the essentials of "prologue" when device time is short
+      python3 -m pytest -q -m cuda tests/ops -k "prologue" 2>&1 | tail -3 || status=1
+      python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1 --modes graph,gemm_only --skinny-rows 1 --out $OUT/floor_skinny1.json 2>&1 | grep -A2 "^ batch"
+      INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,64 --decode-compile off --compare-hf --quiet \
+        --json $OUT/bench-decode-hf-qwen2.5-1.5b.json --plot $OUT/bench-decode-hf-qwen2.5-1.5b.png 2>&1 | tail -12 ;;
     startup_all)  # every default bucket (1, 2, 4, 8, 16, 24, ..., 256: 35 of them)
       ALL=$(python3 -c "from ingot.runner.graph_runner import default_buckets as d; print(','.join(map(str, d(256))))")
       python3 benchmarks/decode_graphs.py --shapes "" --startup qwen2.5-1.5b --batches $ALL --out $OUT/startup_all.json 2>&1 | tail -5

@@ -47,9 +47,11 @@ class EngineConfig:
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
     # Linear layers with at most this many rows (decode batches) use the Triton
-    # split-K GEMV (ops/triton/skinny_gemm.py) instead of cuBLAS; 0 = off, at most 16.
-    # Off until benchmarks/kernels.py shows it beating cuBLAS on the GPU.
-    skinny_gemm_max_rows: int = 0
+    # split-K GEMV (ops/triton/skinny_gemm.py) instead of cuBLAS, with the RMSNorm and
+    # SiLU-and-mul before them fused in; 0 = off, at most 16. 1 (batch 1 only): on the
+    # H200 it won there (1.5B step 1.720 -> 1.495 ms, 7B 4.364 -> 4.221 ms) and lost or
+    # tied cuBLAS at 8 and 16 rows on the small projections (docs/benchmarks.md).
+    skinny_gemm_max_rows: int = 1
     eager_mode: bool = False
     cudagraph_capture_sizes: Optional[tuple[int, ...]] = None
     fake_graph_capture: bool = False  # padded bucket path without graphs (CPU tests)

@@ -41,8 +41,9 @@ def test_bad_values_name_the_problem(env, match):
 
 
 def test_skinny_gemm_rows_from_env_and_bounds():
-    assert EngineConfig().skinny_gemm_max_rows == 0  # off by default
+    assert EngineConfig().skinny_gemm_max_rows == 1  # batch 1 only by default
     assert EngineConfig.create(env={"INGOT_SKINNY_GEMM_MAX_ROWS": "8"}).skinny_gemm_max_rows == 8
+    assert EngineConfig.create(env={"INGOT_SKINNY_GEMM_MAX_ROWS": "0"}).skinny_gemm_max_rows == 0
     for bad in (-1, 17):
         with pytest.raises(ConfigError, match="skinny_gemm_max_rows"):
             EngineConfig(skinny_gemm_max_rows=bad)
