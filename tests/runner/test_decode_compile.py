@@ -610,3 +610,46 @@ def test_stats_since_survives_dynamo_reset():
     fwd(torch.ones(2))
     stats = dc.stats_since(snap)
     assert stats.graph_breaks >= 1 and stats.recompiles == 0
+
+
+@pytest.mark.parametrize("native,fused", [((), True), (("rms_norm", "silu_and_mul"), False)])
+def test_batch1_step_with_fused_prologues_compiles_without_breaks(tmp_path, native, fused):
+    """The batch-1 decode step on the skinny path (rms_norm_linear, silu_mul_linear) traces
+    through AOTAutograd with the ops' fakes, as opaque nodes, and equals the raw step; a
+    native norm / activation policy removes them from the graph."""
+    from ingot.engine.engine import Engine
+    from ingot.layers.linear import set_skinny_gemm_rows
+    from ingot.runner.graph_runner import StaticBuffers, make_decode_forward
+    from tests.helpers import write_tiny_checkpoint
+
+    graphs = []
+
+    def record_aot(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+
+        graphs.append(gm)
+        return aot_autograd(fw_compiler=lambda g, _: g.forward)(gm, example_inputs)
+
+    path = write_tiny_checkpoint(tmp_path / "qwen2", "qwen2")
+    cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False,
+                       decode_compile=True, compile_native_ops=native)
+    engine = Engine.from_config(cfg)
+    raw = make_decode_forward(engine.runner.model)
+    buf = StaticBuffers.allocate(1, 8, torch.device("cpu"))
+    buf.input_ids.copy_(torch.tensor([7]))
+    buf.slot_mapping.copy_(torch.tensor([16]))
+    buf.block_tables[0, 0] = 1
+    set_skinny_gemm_rows(1)
+    try:
+        fwd = dc.build_decode_forward(raw, cfg, "cpu", backend=record_aot, allow_cpu=True)
+        with torch.inference_mode():
+            expected = raw(*buf.view(1)).clone()
+            snap = dc.stats_snapshot()
+            got = fwd(*buf.view(1))
+            stats = dc.stats_since(snap)
+    finally:
+        set_skinny_gemm_rows(0)
+    torch.testing.assert_close(got, expected)
+    assert stats.graph_breaks == 0, stats.describe()
+    source = "\n".join(str(g.graph) for g in graphs)
+    assert ("ingot.rms_norm_linear" in source and "ingot.silu_mul_linear" in source) is fused
