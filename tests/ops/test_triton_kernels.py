@@ -361,9 +361,15 @@ def test_skinny_linear(K, m, n, k, bias):
 @pytest.mark.parametrize("prologue", ["norm", "silu"])
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True)])
-def test_prologue_linear(K, prologue, m, n, k, bias):
-    """The norm and SiLU prologues of the skinny GEMM against the reference ops (kernel_cases)."""
-    check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda")
+@pytest.mark.parametrize("knobs", [{}, {"round": "cvt", "prologue_block_n": 64}])
+def test_prologue_linear(K, prologue, m, n, k, bias, knobs):
+    """The norm and SiLU prologues of the skinny GEMM against the reference ops (kernel_cases),
+    with the default rounding and tiles, and with the sweep's cvt rounding and wide tiles."""
+    K.skinny_gemm.CONFIG_OVERRIDE.update(knobs)
+    try:
+        check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda")
+    finally:
+        K.skinny_gemm.CONFIG_OVERRIDE.clear()
 
 
 @gpu

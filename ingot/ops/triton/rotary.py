@@ -12,9 +12,9 @@ read once per tile and broadcast over its heads. q and k may be strided views
 (slices of a fused qkv projection); only the last dim must be contiguous.
 
 The kernel moves 4 bytes per pair each way and rounds 6 times per pair; with
-``_rne_bf16``'s integer rounding it was compute-bound (58% of copy bandwidth on
+integer rounding (``rounding.rne_bf16``) it was compute-bound (58% of copy bandwidth on
 the H200 at T=4096, 28/4 heads), so on a GPU bf16 rounds through ``cvt`` in
-``_round_pair`` (63-70% across runs; a plain copy of the same bytes reaches 74-76%). x and the
+``rounding.round_pair`` (63-70% across runs; a plain copy of the same bytes reaches 74-76%). x and the
 outputs are touched once, so they are loaded and stored with streaming cache
 hints. ``rope_pair`` is the rotation itself, shared with the fused decode
 attention kernel.
@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2
+from ingot.ops.triton._common import cdiv, last_dim_contiguous, next_pow2
+from ingot.ops.triton.rounding import round_pair, round_to
 
 # pairs (tokens x heads x D/2) per program, and warps: the best of 1024-8192 pairs x 2-8
 # warps on the H200 (8 KiB of x per program; the others were 3-10% slower)
@@ -34,33 +35,6 @@ _TILE_ELEMS = 2048
 _NUM_WARPS = 4
 # Optional override for tuning sweeps: TILE (pairs per program), num_warps.
 CONFIG_OVERRIDE: dict = {}
-# the interpreter runs no inline asm (``_round_pair``)
-_INTERPRET = tl.constexpr(interpreting())
-
-
-@triton.jit
-def _rne_bf16(x):
-    """fp32 -> the nearest bf16 value (ties to even), kept in fp32, by integer ops.
-
-    Written out rather than ``x.to(bf16).to(fp32)``: on the H200 that round trip
-    did not round the products the way eager does (1-ulp differences in 19% of
-    elements; the products of bf16 values are exact in fp32, so only a skipped
-    intermediate rounding explains them). Integer ops cannot be folded away.
-    The interpreter's rounding (it runs no inline asm) and the table's; the
-    rotation rounds through ``_round_pair`` on a GPU.
-    """
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _round_to(x, dtype: tl.constexpr, BF16: tl.constexpr):
-    """fp32 ``x`` rounded to ``dtype`` and kept in fp32 (what one torch op in that dtype yields)."""
-    if BF16:
-        return _rne_bf16(x)
-    else:
-        return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -68,21 +42,7 @@ def load_cos_sin(cache_row_ptr, offs_half, mask, HALF: tl.constexpr, dtype: tl.c
     """cos and sin of a position (or rows of positions), cast to the activation dtype as the reference does."""
     cos = tl.load(cache_row_ptr + offs_half, mask=mask, other=0.0)
     sin = tl.load(cache_row_ptr + HALF + offs_half, mask=mask, other=0.0)
-    return _round_to(cos, dtype, BF16), _round_to(sin, dtype, BF16)
-
-
-@triton.jit
-def _round_pair(x, y, dtype: tl.constexpr, BF16: tl.constexpr):
-    """``_round_to`` of two fp32 tensors. bf16 on a GPU (sm_80+): one ``cvt.rn.bf16x2.f32``
-    per pair of elements and two bit ops, in inline asm, which the compiler cannot
-    fuse away (see ``_rne_bf16``); about a third of ``_rne_bf16``'s integer ops."""
-    if BF16 and not _INTERPRET:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $2, $3; and.b32 $0, p, 0xFFFF0000; shl.b32 $1, p, 16; }",
-            "=r,=r,r,r", [x, y], dtype=(tl.float32, tl.float32), is_pure=True, pack=1,
-        )
-    else:
-        return _round_to(x, dtype, BF16), _round_to(y, dtype, BF16)
+    return round_to(cos, dtype, BF16), round_to(sin, dtype, BF16)
 
 
 @triton.jit
@@ -91,9 +51,9 @@ def rope_pair(x1, x2, cos, sin, BF16: tl.constexpr):
     dtype = x1.dtype
     a1 = x1.to(tl.float32)
     a2 = x2.to(tl.float32)
-    p1, p2 = _round_pair(a1 * cos, -a2 * sin, dtype, BF16)
-    p3, p4 = _round_pair(a2 * cos, a1 * sin, dtype, BF16)
-    o1, o2 = _round_pair(p1 + p2, p3 + p4, dtype, BF16)
+    p1, p2 = round_pair(a1 * cos, -a2 * sin, dtype, BF16)
+    p3, p4 = round_pair(a2 * cos, a1 * sin, dtype, BF16)
+    o1, o2 = round_pair(p1 + p2, p3 + p4, dtype, BF16)
     return o1.to(dtype), o2.to(dtype)
 
 

@@ -29,8 +29,8 @@ unfused path's input bit for bit. The norm rounds ``x + residual`` and
 ``norm_w * s`` to the model dtype but scales by ``rstd`` in fp32 after the
 sum, where the reference rounds ``s * rstd`` first: a difference at the
 level of bf16 rounding, within the GEMM's own tolerance. Roundings to bf16
-use integer ops (``rotary._round_to``), which neither a compiler pass nor
-the interpreter's truncating cast can change.
+use ``rounding.py`` (integer ops by default; ``CONFIG_OVERRIDE["round"] = "cvt"``
+uses its inline-asm ``cvt``, fewer ops, for the sweep in ``benchmarks/batch1.py``).
 """
 
 from __future__ import annotations
@@ -42,12 +42,22 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
-from ingot.ops.triton.rotary import _round_to
+from ingot.ops.triton.rounding import round_cvt, round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
 NONE, NORM, SILU = 0, 1, 2  # prologues
-# Optional override for tuning sweeps: dot, BLOCK_N, BLOCK_K, num_warps, num_stages, waves, splits.
+# Optional override for tuning sweeps: dot, BLOCK_N, BLOCK_K, num_warps, num_stages, waves, splits,
+# round ("int" | "cvt": how the prologues round), prologue_block_n (BLOCK_N of GEMVs with a prologue:
+# each N tile recomputes the prologue over all of its K, so wider tiles do less of that work).
 CONFIG_OVERRIDE: dict = {}
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr):
+    if CVT:
+        return round_cvt(x, dtype, BF16)
+    else:
+        return round_to(x, dtype, BF16)
 
 
 @triton.jit
@@ -57,7 +67,7 @@ def _skinny_gemm_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, BF16: tl.constexpr,
+    PROLOGUE: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -80,18 +90,18 @@ def _skinny_gemm_kernel(
         mk = m_mask[:, None] & k_mask[None, :]
         x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
         if PROLOGUE == 1:  # x <- (x + residual) * norm weight; the row's rstd scales the sum at the end
-            s = _round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
-                          x.dtype, BF16)
+            s = _round(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
+                       x.dtype, BF16, CVT)
             if pid_n == 0:
                 tl.store(r_out_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], s.to(x.dtype), mask=mk)
             sumsq += tl.sum(s * s, axis=1)
             nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            x = _round_to(nw[None, :] * s, x.dtype, BF16).to(x.dtype)
+            x = _round(nw[None, :] * s, x.dtype, BF16, CVT).to(x.dtype)
         elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
             g = x.to(tl.float32)
             up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
-            act = _round_to(g / (1.0 + tl.exp(-g)), x.dtype, BF16)
-            x = _round_to(act * up, x.dtype, BF16).to(x.dtype)
+            act = _round(g / (1.0 + tl.exp(-g)), x.dtype, BF16, CVT)
+            x = _round(act * up, x.dtype, BF16, CVT).to(x.dtype)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_DOT:
             if DOT_F32:
@@ -131,7 +141,7 @@ def _skinny_gemm_kernel(
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-def _config(m: int, n: int, k: int, device: torch.device) -> tuple[bool, int, int, int, int, int]:
+def _config(m: int, n: int, k: int, device: torch.device, prologue: int = NONE) -> tuple[bool, int, int, int, int, int]:
     """(use_dot, BLOCK_N, BLOCK_K, splits, num_warps, num_stages): about ``waves`` programs per SM.
 
     Defaults from the H200 sweep (``benchmarks/kernels.py --sweep skinny``, 1.5B
@@ -141,6 +151,8 @@ def _config(m: int, n: int, k: int, device: torch.device) -> tuple[bool, int, in
     o = CONFIG_OVERRIDE
     use_dot = m > 1 or o.get("dot", False)
     block_n = o.get("BLOCK_N", 64 if use_dot else 16)
+    if prologue != NONE:
+        block_n = o.get("prologue_block_n", block_n)
     block_k = o.get("BLOCK_K", 64 if use_dot else 256)
     tiles = cdiv(n, block_n)
     want = cdiv(o.get("waves", 2 if use_dot else 4) * num_sms(device), tiles)
@@ -169,7 +181,7 @@ def _launch(
         if r_out is not None:
             r_out.copy_(x + residual)
         return y, r_out
-    use_dot, block_n, block_k, splits, num_warps, num_stages = _config(m, n, k, x.device)
+    use_dot, block_n, block_k, splits, num_warps, num_stages = _config(m, n, k, x.device, prologue)
     k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
     splits = cdiv(k, k_per_split)
     counters = None if splits == 1 else split_counters(x.device, cdiv(n, block_n))
@@ -187,7 +199,7 @@ def _launch(
         m, n, k, k_per_split,
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
-        PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16,
+        PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16, CVT=CONFIG_OVERRIDE.get("round") == "cvt",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
