@@ -9,7 +9,8 @@ keeps the references too, for debugging a suspected kernel: registration is
 process-wide, so it applies from the first engine of the process.
 
 Kernel modules, one per family: decode_attention, prefill_attention, kv_store,
-rms_norm, rotary, activation, skinny_gemm. Each exposes a function with its op's signature.
+rms_norm, rotary, activation, skinny_gemm (also rms_norm_linear, silu_mul_linear). Each exposes a
+function with its op's signature; rounding.py holds the bf16 rounding they share.
 """
 
 from __future__ import annotations
