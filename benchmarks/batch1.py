@@ -16,9 +16,11 @@ JSON. Pick the defaults in ``skinny_gemm._config`` from the result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import sys
 from pathlib import Path
+from typing import Iterator, Optional
 
 import torch
 
@@ -29,10 +31,13 @@ from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.config import EngineConfig  # noqa: E402
 
 CONTEXT = 512
-# (label, skinny_gemm_max_rows, CONFIG_OVERRIDE)
+# (label, skinny_gemm_max_rows, CONFIG_OVERRIDE); "fuse" (not a kernel knob) limits which
+# prologues the layers fuse, by swapping the other's helper in ingot.models.llama for the unfused form
 VARIANTS = [
     ("cuBLAS", 0, {}),
     ("skinny int/16", 1, {}),
+    ("skinny norm only", 1, {"fuse": "norm"}),
+    ("skinny silu only", 1, {"fuse": "silu"}),
     ("skinny cvt/16", 1, {"round": "cvt"}),
     ("skinny int/32", 1, {"prologue_block_n": 32}),
     ("skinny cvt/32", 1, {"round": "cvt", "prologue_block_n": 32}),
@@ -49,9 +54,10 @@ def run(shapes: list[str], iters: int, hf: bool) -> dict:
         rows = []
         for label, skinny_rows, knobs in VARIANTS:
             skinny_gemm.CONFIG_OVERRIDE.clear()
-            skinny_gemm.CONFIG_OVERRIDE.update(knobs)
-            (timing,) = bench_decode(model, cfg, [1], CONTEXT, ["graph", "gemm_only"], iters=iters,
-                                     config=EngineConfig(skinny_gemm_max_rows=skinny_rows))
+            skinny_gemm.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k != "fuse"})
+            with _only_fused(knobs.get("fuse")):
+                (timing,) = bench_decode(model, cfg, [1], CONTEXT, ["graph", "gemm_only"], iters=iters,
+                                         config=EngineConfig(skinny_gemm_max_rows=skinny_rows))
             rows.append(dict(variant=label, knobs=knobs, graph_ms=timing.ms["graph"], gemm_only_ms=timing.ms["gemm_only"],
                              step_minus_gemm_ms=timing.ms["graph"] - timing.ms["gemm_only"]))
             print(f"  {shape:>13} {label:<15} graph {rows[-1]['graph_ms']:.3f} ms  GEMM-only {rows[-1]['gemm_only_ms']:.3f} ms"
@@ -67,6 +73,26 @@ def run(shapes: list[str], iters: int, hf: bool) -> dict:
         del model
         torch.cuda.empty_cache()
     return report
+
+
+@contextlib.contextmanager
+def _only_fused(which: Optional[str]) -> Iterator[None]:
+    """Keep only the ``which`` prologue fused ("norm" or "silu"; None: both)."""
+    import ingot.models.llama as llama
+
+    saved = llama.norm_linear, llama.silu_mul_linear
+    if which == "norm":
+        llama.silu_mul_linear = lambda x, act, proj: proj(act(x))
+    elif which == "silu":
+        def unfused_norm(x, residual, norm, proj):
+            h, residual = norm(x, residual)
+            return proj(h), residual
+
+        llama.norm_linear = unfused_norm
+    try:
+        yield
+    finally:
+        llama.norm_linear, llama.silu_mul_linear = saved
 
 
 def _hf_ms(shape: str, iters: int) -> float:
