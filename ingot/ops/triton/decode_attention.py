@@ -54,12 +54,13 @@ CONFIG_OVERRIDE: dict = {}
 
 @triton.jit
 def _merge_splits(
-    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits,
+    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, num_used,
     stride_ob, stride_oh,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_GM: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    """Combine the S partials of one group's heads with max-rescaled weights; write the output."""
+    """Combine the first ``num_used`` of the S partials of one group's heads (the later
+    ones are empty: a short context in a wide block table) with max-rescaled weights."""
     offs_g = tl.arange(0, BLOCK_GM)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -70,9 +71,9 @@ def _merge_splits(
     m = tl.full([BLOCK_GM], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_GM], dtype=tl.float32)
     acc = tl.zeros([BLOCK_GM, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
+    for s0 in range(0, num_used, BLOCK_S):
         s_idx = s0 + offs_s
-        gs_mask = g_mask[:, None] & (s_idx < num_splits)[None, :]
+        gs_mask = g_mask[:, None] & (s_idx < num_used)[None, :]
         rows = row0[:, None] + s_idx[None, :]  # [G, S]
         # .cg: read at L2, where the other programs' partials are (L1 is not coherent)
         lse = tl.load(mid_lse_ptr + rows, mask=gs_mask, other=float("-inf"), cache_modifier=".cg")
@@ -231,8 +232,11 @@ def _decode_kernel(
             counter = counter_ptr + b * NUM_KV_HEADS + kvh
             done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if done == num_splits - 1:
+                # slices past the last tile hold nothing: a captured graph's S is sized for the
+                # widest block table, so at short contexts most of them are empty
+                num_used = tl.cdiv(num_tiles, tiles_per_split)
                 _merge_splits(
-                    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, stride_ob, stride_oh,
+                    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, num_used, stride_ob, stride_oh,
                     NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S,
                 )
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
@@ -245,7 +249,7 @@ def _merge_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     _merge_splits(
-        mid_o_ptr, mid_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), num_splits, stride_ob, stride_oh,
+        mid_o_ptr, mid_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), num_splits, num_splits, stride_ob, stride_oh,
         NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S,
     )
 
