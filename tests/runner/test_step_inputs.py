@@ -56,3 +56,20 @@ def test_prefill_step_inputs_hand_computed():
     assert inp.attn.seq_lens.tolist() == [5, 2]
     assert inp.attn.cu_seqlens_q.tolist() == [0, 2, 4]
     assert inp.logits_indices.tolist() == [1] and inp.sample_rows == [0]
+
+
+def test_step_tensors_share_two_buffers_at_aligned_offsets():
+    """A step's tensors are views of one int64 and one int32 buffer (two host-to-device
+    copies), each starting 16-byte aligned, so kernels never see an unaligned pointer."""
+    a = _seq([10, 11, 12, 13, 14], [], [3, 7], 3)
+    b = _seq([20, 21, 22], [], [1], 0)
+    inp = build_step_inputs(ScheduledBatch([a, b], True, [2, 3]), 4, torch.device("cpu"))
+    a64 = [inp.input_ids, inp.positions, inp.attn.slot_mapping, inp.logits_indices]
+    a32 = [inp.attn.seq_lens, inp.attn.block_tables, inp.attn.cu_seqlens_q]
+    for group in (a64, a32):
+        assert len({t.untyped_storage().data_ptr() for t in group}) == 1
+        for t in group:
+            assert t.is_contiguous() and (t.storage_offset() * t.element_size()) % 16 == 0
+    assert inp.attn.cu_seqlens_q.tolist() == [0, 2, 5] and inp.attn.block_tables.tolist() == [[3, 7], [1, 0]]
+    empty = build_step_inputs(ScheduledBatch([], False, []), 4, torch.device("cpu"))
+    assert empty.input_ids.numel() == 0 and empty.attn.block_tables.shape == (0, 0)
