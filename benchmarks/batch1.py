@@ -7,7 +7,8 @@ At batch 1 the norm and SiLU run inside the skinny GEMVs (``rms_norm_linear``,
 all of K. This times the graph-replayed step and its GEMM-only floor for:
 cuBLAS (``skinny_gemm_max_rows=0``), and the skinny path with each
 ``skinny_gemm.CONFIG_OVERRIDE`` variant (``round``: integer or ``cvt``
-rounding; ``prologue_block_n``: the tile width of GEMVs with a prologue). With
+rounding; ``prologue_block_n``: the tile width of GEMVs with a prologue;
+``pdl``: programmatic dependent launch of the GEMVs and decode attention). With
 ``--hf`` it also times HF transformers' static-cache compiled decode on the
 first shape, so the speed-up is a ratio within one run. Prints a table, writes
 JSON. Pick the defaults in ``skinny_gemm._config`` from the result.
@@ -42,11 +43,13 @@ VARIANTS = [
     ("skinny int/32", 1, {"prologue_block_n": 32}),
     ("skinny cvt/32", 1, {"round": "cvt", "prologue_block_n": 32}),
     ("skinny cvt/64", 1, {"round": "cvt", "prologue_block_n": 64}),
+    ("skinny int/16 + PDL", 1, {"pdl": True}),
+    ("skinny cvt/32 + PDL", 1, {"round": "cvt", "prologue_block_n": 32, "pdl": True}),
 ]
 
 
 def run(shapes: list[str], iters: int, hf: bool) -> dict:
-    from ingot.ops.triton import skinny_gemm
+    from ingot.ops.triton import decode_attention, skinny_gemm
 
     report = {"env": env_info(), "context_len": CONTEXT, "shapes": {}}
     for i, shape in enumerate(shapes):
@@ -55,6 +58,8 @@ def run(shapes: list[str], iters: int, hf: bool) -> dict:
         for label, skinny_rows, knobs in VARIANTS:
             skinny_gemm.CONFIG_OVERRIDE.clear()
             skinny_gemm.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k != "fuse"})
+            decode_attention.CONFIG_OVERRIDE.clear()
+            decode_attention.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k == "pdl"})
             with _only_fused(knobs.get("fuse")):
                 (timing,) = bench_decode(model, cfg, [1], CONTEXT, ["graph", "gemm_only"], iters=iters,
                                          config=EngineConfig(skinny_gemm_max_rows=skinny_rows))
@@ -63,6 +68,7 @@ def run(shapes: list[str], iters: int, hf: bool) -> dict:
             print(f"  {shape:>13} {label:<15} graph {rows[-1]['graph_ms']:.3f} ms  GEMM-only {rows[-1]['gemm_only_ms']:.3f} ms"
                   f"  step - GEMMs {rows[-1]['step_minus_gemm_ms']:.3f} ms", flush=True)
         skinny_gemm.CONFIG_OVERRIDE.clear()
+        decode_attention.CONFIG_OVERRIDE.clear()
         entry = {"variants": rows}
         if hf and i == 0:
             entry["hf_static_compiled_ms"] = _hf_ms(shape, iters)

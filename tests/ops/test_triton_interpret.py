@@ -18,7 +18,7 @@ import torch
 ENABLED = os.environ.get("INGOT_TEST_TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 
-KERNEL_MODULES = ("rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary", "skinny_gemm")
+KERNEL_MODULES = ("rounding", "pdl", "activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary", "skinny_gemm")
 
 
 def _numpy_compat() -> None:

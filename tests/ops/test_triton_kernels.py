@@ -244,12 +244,18 @@ def test_decode_attention_rope(K, batch, hq, hkv, d):
 
 
 @gpu
-@pytest.mark.parametrize("splits", [1, 2, 7, 64])
-def test_decode_attention_rope_splits(K, splits):
+@pytest.mark.parametrize("splits,pdl", [(1, False), (2, False), (7, True), (64, False), (64, True)])
+def test_decode_attention_rope_splits(K, splits, pdl):
+    """Split counts from direct write to 64 (mostly empty slices at these lengths), and
+    with programmatic dependent launch on."""
     gen = torch.Generator().manual_seed(splits)
     lens = [1000, 129, 128, 65, 64, 17, 2, 1]  # new token first / last of a 64- or 128-token tile
     args = rope_decode_case(lens, 28, 4, 128, 16, BF16, gen, device="cuda")
-    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
+    K.decode_attention.CONFIG_OVERRIDE["pdl"] = pdl
+    try:
+        check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
+    finally:
+        K.decode_attention.CONFIG_OVERRIDE.clear()
 
 
 @gpu
@@ -361,13 +367,60 @@ def test_skinny_linear(K, m, n, k, bias):
 @pytest.mark.parametrize("prologue", ["norm", "silu"])
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True)])
-@pytest.mark.parametrize("knobs", [{}, {"round": "cvt", "prologue_block_n": 64}])
+@pytest.mark.parametrize("knobs", [{}, {"round": "cvt", "prologue_block_n": 64, "pdl": True}])
 def test_prologue_linear(K, prologue, m, n, k, bias, knobs):
     """The norm and SiLU prologues of the skinny GEMM against the reference ops (kernel_cases),
     with the default rounding and tiles, and with the sweep's cvt rounding and wide tiles."""
     K.skinny_gemm.CONFIG_OVERRIDE.update(knobs)
     try:
         check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda")
+    finally:
+        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+
+
+@gpu
+def test_pdl_chain_in_cuda_graph(K):
+    """With programmatic dependent launch on, a chain of GEMVs that each read the one
+    before (plain, norm prologue, SiLU prologue), captured in one CUDA graph, matches the
+    reference on every replay: each kernel waits for its predecessor's writes."""
+    gen = torch.Generator().manual_seed(11)
+    w1, w3 = [(0.05 * torch.randn(n, k, generator=gen)).to(BF16).cuda() for n, k in ((1536, 1536), (1536, 4096))]
+    w2 = (0.05 * torch.randn(8192, 1536, generator=gen)).to(BF16).cuda()
+    nw = (1 + 0.1 * torch.randn(1536, generator=gen)).to(BF16).cuda()
+    x = torch.empty(1, 1536, dtype=BF16, device="cuda")
+    res = torch.empty(1, 1536, dtype=BF16, device="cuda")
+
+    def chain():
+        h = K.skinny_gemm.skinny_linear(x, w1, None)
+        gu, r = K.skinny_gemm.rms_norm_linear(h, res, nw, 1e-6, w2, None)
+        return K.skinny_gemm.silu_mul_linear(gu, w3, None), r
+
+    def reference():
+        h = ref.skinny_linear(x.float(), w1.float(), None).to(BF16)
+        n, r = ref.add_rms_norm(h, res, nw, 1e-6)
+        gu = ref.skinny_linear(n.float(), w2.float(), None).to(BF16)
+        return ref.skinny_linear(ref.silu_and_mul(gu).float(), w3.float(), None), r
+
+    K.skinny_gemm.CONFIG_OVERRIDE["pdl"] = True
+    try:
+        x.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
+        res.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            chain()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, r_out = chain()
+        for _ in range(3):
+            x.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
+            res.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
+            graph.replay()
+            torch.cuda.synchronize()
+            expected, expected_r = reference()
+            assert rel_err(out, expected) < 2e-2
+            assert rel_err(r_out, expected_r) < 1e-2
     finally:
         K.skinny_gemm.CONFIG_OVERRIDE.clear()
 

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
+from ingot.ops.triton.pdl import pdl_launch, use_pdl, wait_for_previous
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 
 _LOG2E = 1.4426950408889634
@@ -47,8 +48,8 @@ MAX_SPLITS = 64
 # programs we aim to launch, in units of SMs (benchmarks/kernels.py --sweep chose 1:
 # fewer, longer slices beat more waves of short ones at batch 64, context 2048)
 _TARGET_WAVES = 1
-# Optional override for tuning sweeps (benchmarks/kernels.py): keys BLOCK_N,
-# num_warps, num_stages, waves, merge_kernel. Empty in normal use.
+# Optional override for tuning sweeps (benchmarks/kernels.py, batch1.py): keys BLOCK_N,
+# num_warps, num_stages, waves, merge_kernel, pdl. Empty in normal use.
 CONFIG_OVERRIDE: dict = {}
 
 
@@ -117,8 +118,9 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -349,6 +351,7 @@ def _launch(
         PAGE=page, BLOCK_N=block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None,
         BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(),
+        PDL=use_pdl(CONFIG_OVERRIDE), **pdl_launch(CONFIG_OVERRIDE),
         num_warps=num_warps, num_stages=num_stages,
     )
     if not direct and not merge_here:

@@ -42,13 +42,15 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton.pdl import pdl_launch, use_pdl, wait_for_previous
 from ingot.ops.triton.rounding import round_cvt, round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
 NONE, NORM, SILU = 0, 1, 2  # prologues
 # Optional override for tuning sweeps: dot, BLOCK_N, BLOCK_K, num_warps, num_stages, waves, splits,
 # round ("int" | "cvt": how the prologues round), prologue_block_n (BLOCK_N of GEMVs with a prologue:
-# each N tile recomputes the prologue over all of its K, so wider tiles do less of that work).
+# each N tile recomputes the prologue over all of its K, so wider tiles do less of that work),
+# pdl (programmatic dependent launch, see pdl.py).
 CONFIG_OVERRIDE: dict = {}
 
 
@@ -67,9 +69,10 @@ def _skinny_gemm_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr,
+    PROLOGUE: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr, PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    wait_for_previous(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -200,6 +203,7 @@ def _launch(
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
         PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16, CVT=CONFIG_OVERRIDE.get("round") == "cvt",
+        PDL=use_pdl(CONFIG_OVERRIDE), **pdl_launch(CONFIG_OVERRIDE),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
