@@ -284,8 +284,8 @@ def _skinny_rows() -> list:
             for name, (n, k) in projs.items():
                 w = torch.randn(n, k, dtype=BF16, device=DEV) * 0.02
                 x = torch.randn(m, k, dtype=BF16, device=DEV)
-                us_s = bench_graph_us(lambda: skinny_gemm.skinny_linear(x, w, None))
-                us_c = bench_graph_us(lambda: torch.nn.functional.linear(x, w))
+                us_s = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None))
+                us_c = bench_graph_us(lambda x=x, w=w: torch.nn.functional.linear(x, w))
                 err = (skinny_gemm.skinny_linear(x, w, None).float() - torch.nn.functional.linear(x, w).float()).norm()
                 rel = float(err / torch.nn.functional.linear(x, w).float().norm())
                 times = 1 if name == "lm_head" else LAYERS
