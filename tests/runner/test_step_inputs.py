@@ -8,17 +8,16 @@ import torch
 
 from ingot.engine.scheduler import ScheduledBatch
 from ingot.engine.sequence import Sequence
-from ingot.runner.step_inputs import build_step_inputs, padded_block_table
+from ingot.runner.step_inputs import build_step_inputs, padded_block_rows
 from ingot.sampling_params import SamplingParams
 
 
-def test_padded_block_table_hand_computed():
-    rows = [array.array("i", [7, 3, 9]), [4], array.array("i")]
-    got = padded_block_table(rows)
-    assert got.dtype == torch.int32
-    assert got.tolist() == [[7, 3, 9], [4, 0, 0], [0, 0, 0]]
-    assert padded_block_table([]).shape == (0, 0)
-    assert padded_block_table([array.array("i")]).shape == (1, 0)
+def test_padded_block_rows_hand_computed():
+    rows, width, flat = padded_block_rows([array.array("i", [7, 3, 9]), [4], array.array("i")])
+    assert flat.typecode == "i"  # int32
+    assert [flat[i * width : (i + 1) * width].tolist() for i in range(rows)] == [[7, 3, 9], [4, 0, 0], [0, 0, 0]]
+    assert padded_block_rows([])[:2] == (0, 0)
+    assert padded_block_rows([array.array("i")])[:2] == (1, 0)
 
 
 def _seq(prompt: list[int], output: list[int], blocks: list[int], computed: int) -> Sequence:

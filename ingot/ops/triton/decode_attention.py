@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
-from ingot.ops.triton.pdl import pdl_launch, use_pdl, wait_for_previous
+from ingot.ops.triton.pdl import pdl_args, wait_for_previous
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 
 _LOG2E = 1.4426950408889634
@@ -351,7 +351,7 @@ def _launch(
         PAGE=page, BLOCK_N=block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None,
         BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(),
-        PDL=use_pdl(CONFIG_OVERRIDE), **pdl_launch(CONFIG_OVERRIDE),
+        **pdl_args(CONFIG_OVERRIDE),
         num_warps=num_warps, num_stages=num_stages,
     )
     if not direct and not merge_here:

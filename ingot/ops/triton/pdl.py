@@ -28,10 +28,8 @@ def wait_for_previous(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-def use_pdl(override: dict) -> bool:
-    return bool(override.get("pdl", False)) and not interpreting()
-
-
-def pdl_launch(override: dict) -> dict:
-    """The launch keyword for PDL, only when on (Triton before 3.4 has no ``launch_pdl``)."""
-    return {"launch_pdl": True} if use_pdl(override) else {}
+def pdl_args(override: dict) -> dict:
+    """The kernel's ``PDL`` constexpr and, when on, the ``launch_pdl`` launch keyword
+    (Triton before 3.4 has none); on only by ``override["pdl"]``, never in the interpreter."""
+    on = bool(override.get("pdl", False)) and not interpreting()
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}

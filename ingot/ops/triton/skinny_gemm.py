@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
-from ingot.ops.triton.pdl import pdl_launch, use_pdl, wait_for_previous
+from ingot.ops.triton.pdl import pdl_args, wait_for_previous
 from ingot.ops.triton.rounding import round_cvt, round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
@@ -203,7 +203,7 @@ def _launch(
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
         PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16, CVT=CONFIG_OVERRIDE.get("round") == "cvt",
-        PDL=use_pdl(CONFIG_OVERRIDE), **pdl_launch(CONFIG_OVERRIDE),
+        **pdl_args(CONFIG_OVERRIDE),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
