@@ -17,11 +17,9 @@ JSON. Pick the defaults in ``skinny_gemm._config`` from the result.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
 
 import torch
 
@@ -32,43 +30,56 @@ from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.config import EngineConfig  # noqa: E402
 
 CONTEXT = 512
-# (label, skinny_gemm_max_rows, CONFIG_OVERRIDE); "fuse" (not a kernel knob) limits which
-# prologues the layers fuse, by swapping the other's helper in ingot.models.llama for the unfused form
+# (label, skinny_gemm_max_rows, CONFIG_OVERRIDE). Fusing only one of the two prologues was measured
+# (2026-11-30, results/batch1-*): each one alone is slower than both, so both are always on.
 VARIANTS = [
     ("cuBLAS", 0, {}),
-    ("skinny int/16", 1, {}),
-    ("skinny norm only", 1, {"fuse": "norm"}),
-    ("skinny silu only", 1, {"fuse": "silu"}),
-    ("skinny cvt/16", 1, {"round": "cvt"}),
-    ("skinny int/32", 1, {"prologue_block_n": 32}),
-    ("skinny cvt/32", 1, {"round": "cvt", "prologue_block_n": 32}),
-    ("skinny cvt/64", 1, {"round": "cvt", "prologue_block_n": 64}),
-    ("skinny int/16 + PDL", 1, {"pdl": True}),
-    ("skinny cvt/32 + PDL", 1, {"round": "cvt", "prologue_block_n": 32, "pdl": True}),
+    ("default", 1, {}),
+    ("pro16", 1, {"prologue_block_n": 16}),
+    ("cvt", 1, {"round": "cvt"}),
+    ("defer", 1, {"defer": True}),
+    ("defer cvt", 1, {"defer": True, "round": "cvt"}),
+    ("defer 16/512", 1, {"defer": True, "BLOCK_K": 512}),
+    ("defer 8/256 w1", 1, {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "num_warps": 1, "waves": 16}),
+    ("defer 16/256 w1", 1, {"defer": True, "prologue_block_n": 16, "num_warps": 1, "waves": 16}),
+    ("defer 8/512 w2", 1, {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "BLOCK_K": 512, "num_warps": 2, "waves": 8}),
+    ("defer 16/512 w2", 1, {"defer": True, "prologue_block_n": 16, "BLOCK_K": 512, "num_warps": 2, "waves": 8}),
+    ("defer 8/1024 w4", 1, {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "BLOCK_K": 1024, "waves": 4}),
+    ("defer + PDL", 1, {"defer": True, "pdl": True}),
 ]
 
 
-def run(shapes: list[str], iters: int, hf: bool) -> dict:
+def run(shapes: list[str], iters: int, hf: bool, rounds: int) -> dict:
+    """Every variant ``rounds`` times, interleaved (so drift of a shared GPU hits all alike);
+    each variant's best round is its figure."""
     from ingot.ops.triton import decode_attention, skinny_gemm
 
-    report = {"env": env_info(), "context_len": CONTEXT, "shapes": {}}
+    report = {"env": env_info(), "context_len": CONTEXT, "rounds": rounds, "shapes": {}}
     for i, shape in enumerate(shapes):
         model, cfg = build_shape(shape, torch.bfloat16, torch.device("cuda"), CONTEXT + 64)
-        rows = []
-        for label, skinny_rows, knobs in VARIANTS:
-            skinny_gemm.CONFIG_OVERRIDE.clear()
-            skinny_gemm.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k != "fuse"})
-            decode_attention.CONFIG_OVERRIDE.clear()
-            decode_attention.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k == "pdl"})
-            with _only_fused(knobs.get("fuse")):
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in VARIANTS}
+        for r in range(rounds):
+            for label, skinny_rows, knobs in VARIANTS:
+                skinny_gemm.CONFIG_OVERRIDE.clear()
+                skinny_gemm.CONFIG_OVERRIDE.update(knobs)
+                decode_attention.CONFIG_OVERRIDE.clear()
+                decode_attention.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k == "pdl"})
                 (timing,) = bench_decode(model, cfg, [1], CONTEXT, ["graph", "gemm_only"], iters=iters,
                                          config=EngineConfig(skinny_gemm_max_rows=skinny_rows))
-            rows.append(dict(variant=label, knobs=knobs, graph_ms=timing.ms["graph"], gemm_only_ms=timing.ms["gemm_only"],
-                             step_minus_gemm_ms=timing.ms["graph"] - timing.ms["gemm_only"]))
-            print(f"  {shape:>13} {label:<15} graph {rows[-1]['graph_ms']:.3f} ms  GEMM-only {rows[-1]['gemm_only_ms']:.3f} ms"
-                  f"  step - GEMMs {rows[-1]['step_minus_gemm_ms']:.3f} ms", flush=True)
+                runs[label].append((timing.ms["graph"], timing.ms["gemm_only"]))
+                print(f"  {shape:>13} round {r} {label:<16} graph {runs[label][-1][0]:.3f} ms"
+                      f"  GEMM-only {runs[label][-1][1]:.3f} ms", flush=True)
         skinny_gemm.CONFIG_OVERRIDE.clear()
         decode_attention.CONFIG_OVERRIDE.clear()
+        rows = []
+        print(f"\n  {shape}: best of {rounds} rounds")
+        for label, _, knobs in VARIANTS:
+            graph_ms = min(g for g, _ in runs[label])
+            gemm_ms = min(m for _, m in runs[label])
+            rows.append(dict(variant=label, knobs=knobs, graph_ms=graph_ms, gemm_only_ms=gemm_ms,
+                             step_minus_gemm_ms=graph_ms - gemm_ms, rounds=runs[label]))
+            print(f"  {shape:>13} {label:<16} graph {graph_ms:.3f} ms  GEMM-only {gemm_ms:.3f} ms"
+                  f"  step - GEMMs {graph_ms - gemm_ms:.3f} ms", flush=True)
         entry = {"variants": rows}
         if hf and i == 0:
             entry["hf_static_compiled_ms"] = _hf_ms(shape, iters)
@@ -79,26 +90,6 @@ def run(shapes: list[str], iters: int, hf: bool) -> dict:
         del model
         torch.cuda.empty_cache()
     return report
-
-
-@contextlib.contextmanager
-def _only_fused(which: Optional[str]) -> Iterator[None]:
-    """Keep only the ``which`` prologue fused ("norm" or "silu"; None: both)."""
-    import ingot.models.llama as llama
-
-    saved = llama.norm_linear, llama.silu_mul_linear
-    if which == "norm":
-        llama.silu_mul_linear = lambda x, act, proj: proj(act(x))
-    elif which == "silu":
-        def unfused_norm(x, residual, norm, proj):
-            h, residual = norm(x, residual)
-            return proj(h), residual
-
-        llama.norm_linear = unfused_norm
-    try:
-        yield
-    finally:
-        llama.norm_linear, llama.silu_mul_linear = saved
 
 
 def _hf_ms(shape: str, iters: int) -> float:
@@ -116,12 +107,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=2, help="passes over the variants (best per variant)")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers (static cache + compile) on the first shape")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/batch1-<date>.json)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/batch1.py needs a CUDA GPU")
-    report = run([s for s in args.shapes.split(",") if s], args.iters, args.hf)
+    report = run([s for s in args.shapes.split(",") if s], args.iters, args.hf, args.rounds)
     out = write_json(args.out or Path(__file__).parent / "results" / f"batch1-{dt.date.today()}.json", report)
     print(f"\nwrote {out}")
 

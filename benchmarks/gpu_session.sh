@@ -71,9 +71,9 @@ for stage in "$@"; do
       INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 benchmarks/profile_step.py --shape qwen2.5-1.5b --batches 1 --out $OUT/profile_15b_skinny1.json 2>&1 | grep -A12 "batch 1:"
       INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,64 --decode-compile off --compare-hf --quiet \
         --json $OUT/bench-decode-hf-qwen2.5-1.5b.json --plot $OUT/bench-decode-hf-qwen2.5-1.5b.png 2>&1 | tail -12 ;;
-    batch1)  # the prologue knobs (cvt rounding, wider tiles) at batch 1 vs cuBLAS and HF, one run
-      python3 -m pytest -q -m cuda tests/ops -k "prologue or rotary or rope" 2>&1 | tail -3 || status=1
-      python3 benchmarks/batch1.py --hf --out $OUT/batch1.json 2>&1 | grep -v "^Loading" | tail -20 ;;
+    batch1)  # the skinny GEMM's knobs at batch 1, whole steps vs cuBLAS and HF, one run
+      python3 -m pytest -q -m cuda tests/ops -k "skinny or prologue or pdl" 2>&1 | tail -3 || status=1
+      python3 benchmarks/batch1.py --hf --out $OUT/batch1.json 2>&1 | grep -v "^Loading" | grep -v " round " | tail -36 ;;
     prologue_short)  # the essentials of "prologue" when device time is short
       python3 -m pytest -q -m cuda tests/ops -k "prologue" 2>&1 | tail -3 || status=1
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1 --modes graph,gemm_only --skinny-rows 1 --out $OUT/floor_skinny1.json 2>&1 | grep -A2 "^ batch"
