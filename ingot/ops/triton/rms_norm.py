@@ -23,6 +23,10 @@ from ingot.ops.triton._common import next_pow2
 
 _ELEMS_PER_PROGRAM = 4096
 _WEIGHT_FIRST_MAX_ROWS = 256  # decode batches
+# Optional override for tuning sweeps (benchmarks/kernels.py --sweep elementwise):
+# ELEMS (elements per program, whole rows), num_warps, weight_first, stream (streaming cache
+# hints on x and the outputs: touched once).
+CONFIG_OVERRIDE: dict = {}
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -31,7 +35,7 @@ def _rms_norm_kernel(
     num_rows, inner, eps,
     sx0, sx1, sr0, sr1, so0, so1, sq0, sq1,
     N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, WEIGHT_FIRST: tl.constexpr, STREAM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -45,7 +49,11 @@ def _rms_norm_kernel(
     if WEIGHT_FIRST:
         # few rows (decode): the weight's load overlaps the row's instead of waiting for the reduction
         w = tl.load(w_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
+    if STREAM:
+        x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first")
+    else:
+        x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
     dtype = x.dtype
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + (outer * sr0 + mid * sr1)[:, None] + cols[None, :], mask=mask, other=0.0)
@@ -60,11 +68,11 @@ def _rms_norm_kernel(
     if not WEIGHT_FIRST:
         w = tl.load(w_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)
     y = w[None, :] * hn
-    tl.store(
-        out_ptr + (outer * so0 + mid * so1)[:, None] + cols[None, :],
-        y.to(out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    dst = out_ptr + (outer * so0 + mid * so1)[:, None] + cols[None, :]
+    if STREAM:
+        tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -91,9 +99,10 @@ def _launch(x, residual, weight, eps, out, res_out):
         return
     inner = x3.shape[1]
     block_n = next_pow2(n)
-    block_r = max(1, min(_ELEMS_PER_PROGRAM // block_n, next_pow2(num_rows)))
+    o = CONFIG_OVERRIDE
+    block_r = max(1, min(o.get("ELEMS", _ELEMS_PER_PROGRAM) // block_n, next_pow2(num_rows)))
     elems = block_r * block_n
-    num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
+    num_warps = o.get("num_warps", 4 if elems <= 2048 else (8 if elems <= 8192 else 16))
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
         x3, r3, weight, o3, q3,
@@ -104,7 +113,8 @@ def _launch(x, residual, weight, eps, out, res_out):
         HAS_RESIDUAL=residual is not None,
         # H200: weight first cut a 1-row norm from 1.86 to 1.63 us in a decode step, but the
         # 4096-row benchmark read 63% of copy bandwidth that way against 70-71% without
-        WEIGHT_FIRST=num_rows <= _WEIGHT_FIRST_MAX_ROWS,
+        WEIGHT_FIRST=o.get("weight_first", num_rows <= _WEIGHT_FIRST_MAX_ROWS),
+        STREAM=o.get("stream", False),
         num_warps=num_warps,
     )
 
