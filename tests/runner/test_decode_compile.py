@@ -612,11 +612,23 @@ def test_stats_since_survives_dynamo_reset():
     assert stats.graph_breaks >= 1 and stats.recompiles == 0
 
 
-@pytest.mark.parametrize("native,fused", [((), True), (("rms_norm", "silu_and_mul"), False)])
-def test_batch1_step_with_fused_prologues_compiles_without_breaks(tmp_path, native, fused):
-    """The batch-1 decode step on the skinny path (rms_norm_linear, silu_mul_linear) traces
-    through AOTAutograd with the ops' fakes, as opaque nodes, and equals the raw step; a
-    native norm / activation policy removes them from the graph."""
+class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """Collects the names (namespace.op) of the ops that run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(f"{func.namespace}.{func._opname}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_batch1_step_compiles_on_the_plain_gemm_path(tmp_path):
+    """With the skinny path on (as the raw decode graphs run batch 1), the compiled step
+    traces without graph breaks, takes the plain GEMMs instead of the skinny ops (Inductor
+    2.11 did not finish lowering a 28-layer chain of them, see layers/linear.py) and
+    equals the raw step, which does run them."""
     from ingot.engine.engine import Engine
     from ingot.layers.linear import set_skinny_gemm_rows
     from ingot.runner.graph_runner import StaticBuffers, make_decode_forward
@@ -631,8 +643,7 @@ def test_batch1_step_with_fused_prologues_compiles_without_breaks(tmp_path, nati
         return aot_autograd(fw_compiler=lambda g, _: g.forward)(gm, example_inputs)
 
     path = write_tiny_checkpoint(tmp_path / "qwen2", "qwen2")
-    cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False,
-                       decode_compile=True, compile_native_ops=native)
+    cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, decode_compile=True)
     engine = Engine.from_config(cfg)
     raw = make_decode_forward(engine.runner.model)
     buf = StaticBuffers.allocate(1, 8, torch.device("cpu"))
@@ -643,13 +654,16 @@ def test_batch1_step_with_fused_prologues_compiles_without_breaks(tmp_path, nati
     try:
         fwd = dc.build_decode_forward(raw, cfg, "cpu", backend=record_aot, allow_cpu=True)
         with torch.inference_mode():
-            expected = raw(*buf.view(1)).clone()
+            with OpNames() as ran:
+                expected = raw(*buf.view(1)).clone()
             snap = dc.stats_snapshot()
             got = fwd(*buf.view(1))
             stats = dc.stats_since(snap)
     finally:
         set_skinny_gemm_rows(0)
+    assert {"ingot.rms_norm_linear", "ingot.silu_mul_linear"} <= ran.names
     torch.testing.assert_close(got, expected)
     assert stats.graph_breaks == 0, stats.describe()
     source = "\n".join(str(g.graph) for g in graphs)
-    assert ("ingot.rms_norm_linear" in source and "ingot.silu_mul_linear" in source) is fused
+    assert "ingot.decode_attention" in source  # the opaque kernels stay
+    assert not any(op in source for op in ("ingot.skinny_linear", "ingot.rms_norm_linear", "ingot.silu_mul_linear"))
