@@ -8,7 +8,8 @@ all of K. This times the graph-replayed step and its GEMM-only floor for:
 cuBLAS (``skinny_gemm_max_rows=0``), and the skinny path with each
 ``skinny_gemm.CONFIG_OVERRIDE`` variant (``round``: integer or ``cvt``
 rounding; ``prologue_block_n``: the tile width of GEMVs with a prologue;
-``pdl``: programmatic dependent launch of the GEMVs and decode attention). With
+``pdl``: programmatic dependent launch of the GEMVs and decode attention;
+``norm_prologue_max_n``: ``layers.linear.NORM_PROLOGUE_MAX_N``). With
 ``--hf`` it also times HF transformers' static-cache compiled decode on the
 first shape, so the speed-up is a ratio within one run. Prints a table, writes
 JSON. Pick the defaults in ``skinny_gemm._config`` from the result.
@@ -48,13 +49,20 @@ VARIANTS = [
     ("defer 16/512 w2", 1, {"defer": True, "prologue_block_n": 16, "BLOCK_K": 512, "num_warps": 2, "waves": 8}),
     ("defer 8/1024 w4", 1, {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "BLOCK_K": 1024, "waves": 4}),
     ("defer + PDL", 1, {"defer": True, "pdl": True}),
+    # the norm fused into gate/up too (the default before NORM_PROLOGUE_MAX_N)
+    ("gate_up norm", 1, {"norm_prologue_max_n": 1 << 30}),
 ]
+# knobs that are not skinny_gemm.CONFIG_OVERRIDE keys
+_LAYER_KNOBS = ("norm_prologue_max_n",)
 
 
 def run(shapes: list[str], iters: int, hf: bool, rounds: int, variants: list = VARIANTS) -> dict:
     """Every variant ``rounds`` times, interleaved (so drift of a shared GPU hits all alike);
     each variant's best round is its figure."""
+    from ingot.layers import linear
     from ingot.ops.triton import decode_attention, skinny_gemm
+
+    default_max_n = linear.NORM_PROLOGUE_MAX_N
 
     report = {"env": env_info(), "context_len": CONTEXT, "rounds": rounds, "shapes": {}}
     for i, shape in enumerate(shapes):
@@ -63,7 +71,8 @@ def run(shapes: list[str], iters: int, hf: bool, rounds: int, variants: list = V
         for r in range(rounds):
             for label, skinny_rows, knobs in variants:
                 skinny_gemm.CONFIG_OVERRIDE.clear()
-                skinny_gemm.CONFIG_OVERRIDE.update(knobs)
+                skinny_gemm.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k not in _LAYER_KNOBS})
+                linear.NORM_PROLOGUE_MAX_N = knobs.get("norm_prologue_max_n", default_max_n)
                 decode_attention.CONFIG_OVERRIDE.clear()
                 decode_attention.CONFIG_OVERRIDE.update({k: v for k, v in knobs.items() if k == "pdl"})
                 (timing,) = bench_decode(model, cfg, [1], CONTEXT, ["graph", "gemm_only"], iters=iters,
@@ -73,6 +82,7 @@ def run(shapes: list[str], iters: int, hf: bool, rounds: int, variants: list = V
                       f"  GEMM-only {runs[label][-1][1]:.3f} ms", flush=True)
         skinny_gemm.CONFIG_OVERRIDE.clear()
         decode_attention.CONFIG_OVERRIDE.clear()
+        linear.NORM_PROLOGUE_MAX_N = default_max_n
         rows = []
         print(f"\n  {shape}: best of {rounds} rounds")
         for label, _, knobs in variants:

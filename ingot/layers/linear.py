@@ -12,6 +12,13 @@ On that path ``norm_linear`` and ``silu_mul_linear`` also fold the RMSNorm or
 SiLU-and-mul in front of a projection into the GEMV's load of its input (one
 launch instead of two), unless the compile policy keeps that op native.
 
+The norm is fused only into projections of at most ``NORM_PROLOGUE_MAX_N``
+outputs: every N tile of the GEMV recomputes it over all of K, so a wide
+projection pays it hundreds of times. H200, one row, each replayed alone
+(``benchmarks/kernels.py``, ``kernels-2026-11-30-s5.json``): the qkv
+projections gain (1.5B 5.18 fused vs 5.54 us norm + GEMV; 7B 9.36 vs 9.96),
+the gate/up projections lose (1.5B 17.85 vs 16.38 us; 7B 69.10 vs 63.93).
+
 Compiled decode (``torch.compile``) never takes the skinny path: on the H200
 (PyTorch 2.11) Inductor did not finish lowering a batch-1 Qwen2.5-1.5B step
 built from the skinny ops in 150 s (the stack was deep in the recursive
@@ -27,12 +34,15 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling
 
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.norm import RMSNorm
 from ingot.ops import use_native
 
 _SKINNY_ROWS = 0
+# widest projection (output features) that takes the norm in its GEMV: qkv yes, gate/up no
+NORM_PROLOGUE_MAX_N = 8192
 
 
 def set_skinny_gemm_rows(rows: int) -> None:
@@ -52,7 +62,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 def _skinny(x: torch.Tensor) -> bool:
-    if torch.compiler.is_compiling():  # see the module docstring
+    if is_compiling():  # see the module docstring
         return False
     return bool(_SKINNY_ROWS) and x.dim() == 2 and x.shape[0] <= _SKINNY_ROWS
 
@@ -60,8 +70,9 @@ def _skinny(x: torch.Tensor) -> bool:
 def norm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: "MergedLinear"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(proj(norm(x + residual)), x + residual), the norm fused into the GEMV on the skinny path."""
-    if _skinny(x) and not use_native("rms_norm"):
+    """(proj(norm(x + residual)), x + residual), the norm fused into the GEMV on the skinny path
+    (for projections of at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
+    if _skinny(x) and not use_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N:
         return torch.ops.ingot.rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
     h, residual = norm(x, residual)
     return proj(h), residual

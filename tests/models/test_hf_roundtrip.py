@@ -25,12 +25,19 @@ def test_logits_match_hf(tmp_path, arch):
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_fused_prologue_path_matches_hf(tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("arch,max_n,fused_norms_per_layer", [
+    ("qwen2", 8192, 2), ("qwen3", 8192, 2),
+    ("qwen2", 200, 1),  # qkv (128 outputs) takes the norm, gate/up (256) gets its own
+])
+def test_fused_prologue_path_matches_hf(tmp_path, monkeypatch, arch, max_n, fused_norms_per_layer):
     """Decode rows on the skinny path take the norm and SiLU fused into their GEMMs
-    (ingot.rms_norm_linear, ingot.silu_mul_linear); the logits still match HF."""
+    (ingot.rms_norm_linear, ingot.silu_mul_linear), the norm only into projections of at
+    most NORM_PROLOGUE_MAX_N outputs; the logits still match HF."""
+    import ingot.layers.linear as linear
     import ingot.ops.reference as reference
     from ingot.layers.linear import set_skinny_gemm_rows
+
+    monkeypatch.setattr(linear, "NORM_PROLOGUE_MAX_N", max_n)
 
     calls = {"rms_norm_linear": 0, "silu_mul_linear": 0}
     for name in calls:
@@ -51,8 +58,10 @@ def test_fused_prologue_path_matches_hf(tmp_path, monkeypatch, arch):
         set_skinny_gemm_rows(0)
     layers = engine.runner.model.config.num_layers
     decode_steps = len(ids) - 16
-    # per layer: the post-attention norm, the next layer's input norm (not the first layer's), the MLP
-    assert calls == {"rms_norm_linear": decode_steps * (2 * layers - 1), "silu_mul_linear": decode_steps * layers}
+    # per layer: the post-attention norm (if fused), the next layer's input norm (not the first
+    # layer's), the MLP
+    fused_norms = (layers - 1) + (layers if fused_norms_per_layer == 2 else 0)
+    assert calls == {"rms_norm_linear": decode_steps * fused_norms, "silu_mul_linear": decode_steps * layers}
     ref = hf_logits(path, ids)
     assert (got - ref).norm() / ref.norm() < 1e-5
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
