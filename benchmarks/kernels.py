@@ -250,6 +250,8 @@ def run(args) -> dict:
     elementwise = _sweep_elementwise(bw) if args.sweep in ("elementwise", "all") else None
     sweep = _sweep_decode(decode_attention) if args.sweep in ("decode", "all") else None
     skinny_sweep = _sweep_skinny() if args.sweep in ("skinny", "all") else None
+    if args.sweep in ("skinny7b", "all"):
+        skinny_sweep = (skinny_sweep or []) + _sweep_skinny("7b")
 
     return dict(
         gpu=gpu, torch=torch.__version__, triton=triton.__version__,
@@ -432,22 +434,27 @@ def _sweep_elementwise(copy_gbps: float, t: int = 4096, h: int = 3584) -> list:
     return out
 
 
-def _sweep_skinny() -> list:
-    """Tile configurations of the skinny GEMM on the 1.5B projections, at M=1 (the
-    multiply-reduce form against tl.dot) and M=16 (tl.dot only)."""
+def _sweep_skinny(shape: str = "1.5b") -> list:
+    """Tile configurations of the skinny GEMM on one shape's projections. 1.5B: M=1 (the
+    multiply-reduce form against tl.dot) and M=16 (tl.dot only). 7B: M=1 multiply-reduce
+    only, with wider and deeper tiles (its down projection ran faster with 32-wide tiles
+    and the SiLU prologue than plain with the 16-wide default: kernels-2026-11-30-s5.json)."""
     from ingot.ops.triton import skinny_gemm
 
-    print("\n# skinny GEMM sweep (graph replay us): M form BLOCK_N BLOCK_K warps waves")
-    cases = {name: PROJECTIONS["1.5b"][name] for name in ("qkv", "gate_up", "down")}
+    print(f"\n# skinny GEMM sweep, {shape} (graph replay us): M form BLOCK_N BLOCK_K warps waves")
+    names = ("qkv", "gate_up", "down") if shape == "1.5b" else ("qkv", "o", "gate_up", "down")
+    cases = {name: PROJECTIONS[shape][name] for name in names}
     weights = {name: torch.randn(n, k, dtype=BF16, device=DEV) for name, (n, k) in cases.items()}
     out = []
-    grid = [(1, dot) for dot in (False, True)] + [(16, True)]
-    for (m, dot), block_n, block_k, warps, waves in itertools.product(
-            grid, (16, 32, 64, 128), (64, 128, 256), (4, 8), (1, 2, 4)):
+    if shape == "1.5b":
+        configs = itertools.product([(1, False), (1, True), (16, True)], (16, 32, 64, 128), (64, 128, 256), (4, 8), (1, 2, 4))
+    else:
+        configs = itertools.product([(1, False)], (16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4))
+    for (m, dot), block_n, block_k, warps, waves in configs:
         cfg = dict(m=m, dot=dot, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=4, waves=waves)
         skinny_gemm.CONFIG_OVERRIDE.clear()
         skinny_gemm.CONFIG_OVERRIDE.update(cfg)
-        res = dict(cfg)
+        res = dict(cfg, shape=shape)
         try:
             for name, w in weights.items():
                 x = torch.randn(m, w.shape[1], dtype=BF16, device=DEV)
@@ -461,7 +468,9 @@ def _sweep_skinny() -> list:
     for m in (1, 16):
         ok = [r for r in out if "error" not in r and r["m"] == m]
         if ok:
-            print(f"# best skinny config at M{m} (sum over cases): {min(ok, key=lambda r: sum(r[n] for n in cases))}")
+            print(f"# best skinny config at M{m}, {shape} (sum over cases): {min(ok, key=lambda r: sum(r[n] for n in cases))}")
+    del weights
+    torch.cuda.empty_cache()
     return out
 
 
@@ -502,9 +511,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/kernels-<date>.json)")
     parser.add_argument("--no-ref", action="store_true", help="skip timing the PyTorch reference implementations")
-    parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "elementwise", "all"),
-                        help="also sweep tile configurations of the decode kernel, the skinny GEMM, "
-                             "RMSNorm and rotary, or all")
+    parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "skinny7b", "elementwise", "all"),
+                        help="also sweep tile configurations of the decode kernel, the skinny GEMM (1.5B "
+                             "or 7B projections), RMSNorm and rotary, or all")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/kernels.py needs a CUDA GPU")
