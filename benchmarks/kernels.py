@@ -453,7 +453,7 @@ def _prologue_rows() -> list:
 
 
 def _sweep_elementwise(copy_gbps: float, t: int = 4096, h: int = 3584) -> list:
-    """Launch configurations of RMSNorm (rows per program, warps, streaming hints) and
+    """Launch configurations of RMSNorm (rows per program, warps) and
     rotary (pairs per program, warps) on the 4096-token benchmark shapes; % of copy."""
     from ingot.ops.triton import rms_norm, rotary
 
@@ -474,8 +474,7 @@ def _sweep_elementwise(copy_gbps: float, t: int = 4096, h: int = 3584) -> list:
         "rotary": (rotary, lambda: rotary.rotary_embedding(pos, q, kk, cache), 2 * t * (hq + hkv) * d * 2 + t * d * 4 + t * 8),
     }
     grids = {
-        "rms_norm": [dict(ELEMS=e, num_warps=nw, stream=st) for e, nw, st in
-                     itertools.product((4096, 8192, 16384), (4, 8, 16), (False, True))],
+        "rms_norm": [dict(ELEMS=e, num_warps=nw) for e, nw in itertools.product((4096, 8192, 16384), (4, 8, 16))],
         "rotary": [dict(TILE=e, num_warps=nw) for e, nw in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8))],
     }
     grids["add_rms_norm"] = grids["rms_norm"]

@@ -23,9 +23,10 @@ from ingot.ops.triton._common import next_pow2
 
 _ELEMS_PER_PROGRAM = 4096
 _WEIGHT_FIRST_MAX_ROWS = 256  # decode batches
-# Optional override for tuning sweeps (benchmarks/kernels.py --sweep elementwise):
-# ELEMS (elements per program, whole rows), num_warps, weight_first, stream (streaming cache
-# hints on x and the outputs: touched once).
+# Optional override for tuning sweeps (benchmarks/kernels.py --sweep elementwise): ELEMS
+# (elements per program, whole rows), num_warps, weight_first. The H200 sweep found nothing
+# better than the defaults at 4096 x 3584; streaming cache hints on x and the outputs
+# (tried as a knob) did not help either and were removed.
 CONFIG_OVERRIDE: dict = {}
 
 
@@ -35,7 +36,7 @@ def _rms_norm_kernel(
     num_rows, inner, eps,
     sx0, sx1, sr0, sr1, so0, so1, sq0, sq1,
     N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, WEIGHT_FIRST: tl.constexpr, STREAM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -49,11 +50,7 @@ def _rms_norm_kernel(
     if WEIGHT_FIRST:
         # few rows (decode): the weight's load overlaps the row's instead of waiting for the reduction
         w = tl.load(w_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)
-    if STREAM:
-        x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first")
-    else:
-        x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + (outer * sx0 + mid * sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
     dtype = x.dtype
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + (outer * sr0 + mid * sr1)[:, None] + cols[None, :], mask=mask, other=0.0)
@@ -68,11 +65,11 @@ def _rms_norm_kernel(
     if not WEIGHT_FIRST:
         w = tl.load(w_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)
     y = w[None, :] * hn
-    dst = out_ptr + (outer * so0 + mid * so1)[:, None] + cols[None, :]
-    if STREAM:
-        tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + (outer * so0 + mid * so1)[:, None] + cols[None, :],
+        y.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -114,7 +111,6 @@ def _launch(x, residual, weight, eps, out, res_out):
         # H200: weight first cut a 1-row norm from 1.86 to 1.63 us in a decode step, but the
         # 4096-row benchmark read 63% of copy bandwidth that way against 70-71% without
         WEIGHT_FIRST=o.get("weight_first", num_rows <= _WEIGHT_FIRST_MAX_ROWS),
-        STREAM=o.get("stream", False),
         num_warps=num_warps,
     )
 
