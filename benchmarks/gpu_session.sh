@@ -10,6 +10,9 @@ SITE=/root/site
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 status=0
+# a test that runs past 4 minutes dumps every thread's stack (pytest's faulthandler_timeout);
+# compile-heavy stages also get a hard limit, so a hang cannot eat a whole device call
+PYTEST_GUARD="-o faulthandler_timeout=240"
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
@@ -27,7 +30,7 @@ for stage in "$@"; do
       python3 benchmarks/kernels.py --no-ref ${KERNELS_SWEEP:+--sweep $KERNELS_SWEEP} --out $OUT/kernels.json 2>&1 \
         | grep -v "^  M\|^  .*{'\(TILE\|ELEMS\)" | tail -75 ;;
     drift)
-      python3 -m ingot check drift --steps 128 --buckets 1,8 --json $OUT/drift-smollm2.json 2>&1 | grep -v "^Loading" | tail -40 || status=1 ;;
+      timeout -s INT 300 python3 -X faulthandler -m ingot check drift --steps 128 --buckets 1,8 --json $OUT/drift-smollm2.json 2>&1 | grep -v "^Loading" | tail -40 || status=1 ;;
     serve)
       python3 -m ingot bench serve --shape qwen2.5-1.5b --num-requests 512 --input-len 64-1024 --output-len 64-512 \
         --max-model-len 2048 --compile-modes off --quiet --json $OUT/serve-qwen2.5-1.5b.json 2>&1 | tail -40 ;;
@@ -41,11 +44,11 @@ for stage in "$@"; do
       python3 -m ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --decode-compile ${DECODE7_COMPILE:-on} --quiet \
         --json $OUT/bench-decode-qwen2.5-7b.json --plot $OUT/bench-decode-qwen2.5-7b.png 2>&1 | tail -30 ;;
     cudatests)
-      python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | tee $OUT/cuda_tests.log | tail -30 || status=1 ;;
+      timeout -s INT 560 python3 -m pytest -q -m cuda -p no:cacheprovider $PYTEST_GUARD 2>&1 | tee $OUT/cuda_tests.log | tail -30 || status=1 ;;
     modeltests)  # the GPU tests outside tests/ops (the kernels stage runs those)
-      INGOT_REPORT_DIR=$OUT python3 -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/ops 2>&1 | tee $OUT/model_tests.log | tail -30 || status=1 ;;
+      INGOT_REPORT_DIR=$OUT timeout -s INT 480 python3 -m pytest -q -m cuda -p no:cacheprovider $PYTEST_GUARD --ignore=tests/ops 2>&1 | tee $OUT/model_tests.log | tail -30 || status=1 ;;
     graphs)
-      INGOT_REPORT_DIR=$OUT python3 -m pytest -q -s tests/runner/test_decode_graphs_cuda.py 2>&1 | tee $OUT/graphs_tests.log | grep -v "^Loading" | tail -60 || status=1 ;;
+      INGOT_REPORT_DIR=$OUT timeout -s INT 400 python3 -m pytest -q -s $PYTEST_GUARD tests/runner/test_decode_graphs_cuda.py 2>&1 | tee $OUT/graphs_tests.log | grep -v "^Loading" | tail -60 || status=1 ;;
     bench)
       python3 benchmarks/decode_graphs.py --shapes qwen2.5-1.5b,qwen2.5-7b --batches 1,8,32,64,256 --modes eager,graph,compiled,gemm_only --out $OUT/decode_graphs.json 2>&1 | tail -30 ;;
     bench15)
