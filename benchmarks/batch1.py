@@ -40,15 +40,7 @@ VARIANTS = [
     ("pro64", 1, {"prologue_block_n": 64}),
     ("pro128", 1, {"prologue_block_n": 128}),
     ("cvt", 1, {"round": "cvt"}),
-    ("defer", 1, {"defer": True}),
-    ("defer cvt", 1, {"defer": True, "round": "cvt"}),
-    ("defer 16/512", 1, {"defer": True, "BLOCK_K": 512}),
-    ("defer 8/256 w1", 1, {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "num_warps": 1, "waves": 16}),
-    ("defer 16/256 w1", 1, {"defer": True, "prologue_block_n": 16, "num_warps": 1, "waves": 16}),
-    ("defer 8/512 w2", 1, {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "BLOCK_K": 512, "num_warps": 2, "waves": 8}),
-    ("defer 16/512 w2", 1, {"defer": True, "prologue_block_n": 16, "BLOCK_K": 512, "num_warps": 2, "waves": 8}),
-    ("defer 8/1024 w4", 1, {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "BLOCK_K": 1024, "waves": 4}),
-    ("defer + PDL", 1, {"defer": True, "pdl": True}),
+    # (the "defer" variants of the fourth session, all slower: batch1-knobs-2026-11-30.json; knob removed)
     # the norm fused into gate/up too (the default before NORM_PROLOGUE_MAX_N)
     ("gate_up norm", 1, {"norm_prologue_max_n": 1 << 30}),
 ]

@@ -160,15 +160,15 @@ def test_decode_merge_kernel_fallback(K):
         K.decode_attention.CONFIG_OVERRIDE.clear()
 
 
-@pytest.mark.parametrize("m,n,k,bias,splits,defer", [(1, 100, 96, True, None, False), (1, 100, 96, True, 2, True),
-                                                     (3, 64, 300, False, 3, False), (16, 130, 256, True, 2, False),
-                                                     (5, 17, 40, False, 1, False)])
-def test_skinny_linear(K, m, n, k, bias, splits, defer):
+@pytest.mark.parametrize("m,n,k,bias,splits", [(1, 100, 96, True, None), (1, 100, 96, True, 2),
+                                              (3, 64, 300, False, 3), (16, 130, 256, True, 2),
+                                              (5, 17, 40, False, 1)])
+def test_skinny_linear(K, m, n, k, bias, splits):
     gen = torch.Generator().manual_seed(m * n + k)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
-    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, defer=defer, **({} if splits is None else {"splits": splits}))
+    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, **({} if splits is None else {"splits": splits}))
     try:
         out = K.skinny_gemm.skinny_linear(x, w, b)
     finally:
@@ -182,13 +182,12 @@ def test_skinny_linear(K, m, n, k, bias, splits, defer):
 
 
 @pytest.mark.parametrize("prologue", ["norm", "silu"])
-@pytest.mark.parametrize("m,n,k,bias,splits,defer", [(1, 40, 96, True, None, False), (1, 24, 300, False, 3, False),
-                                                     (1, 24, 300, False, 3, True), (3, 33, 64, True, 2, False)])
-def test_prologue_linear(K, prologue, m, n, k, bias, splits, defer):
-    """RMSNorm / SiLU-and-mul fused in front of the skinny GEMM, one row (multiply-reduce, and its
-    deferred-reduction form) and a few (tl.dot); a narrower prologue tile for the first case."""
+@pytest.mark.parametrize("m,n,k,bias,splits", [(1, 40, 96, True, None), (1, 24, 300, False, 3), (3, 33, 64, True, 2)])
+def test_prologue_linear(K, prologue, m, n, k, bias, splits):
+    """RMSNorm / SiLU-and-mul fused in front of the skinny GEMM, one row (multiply-reduce) and a
+    few (tl.dot); a narrower prologue tile for the first case."""
     narrow = {"prologue_block_n": 16} if splits is None else {}
-    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, defer=defer, **narrow, **({} if splits is None else {"splits": splits}))
+    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, **narrow, **({} if splits is None else {"splits": splits}))
     try:
         check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k))
     finally:

@@ -376,17 +376,12 @@ def test_rotary(K, t, hq, hkv, d):
 @gpu
 @pytest.mark.parametrize("m", [1, 2, 7, 16])
 @pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (1536, 8960, False), (17920, 1536, False), (4608, 3584, True), (131, 200, True)])
-@pytest.mark.parametrize("defer", [False, True])
-def test_skinny_linear(K, m, n, k, bias, defer):
+def test_skinny_linear(K, m, n, k, bias):
     gen = torch.Generator().manual_seed(m + n + k)
     x = torch.randn(m, k, generator=gen).to(BF16).cuda()
     w = (0.05 * torch.randn(n, k, generator=gen)).to(BF16).cuda()
     b = torch.randn(n, generator=gen).to(BF16).cuda() if bias else None
-    K.skinny_gemm.CONFIG_OVERRIDE["defer"] = defer
-    try:
-        out = K.skinny_gemm.skinny_linear(x, w, b)
-    finally:
-        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+    out = K.skinny_gemm.skinny_linear(x, w, b)
     expected = ref.skinny_linear(x.float(), w.float(), None if b is None else b.float())
     assert out.dtype == BF16 and out.shape == (m, n)
     assert rel_err(out, expected) < TOL
@@ -397,11 +392,11 @@ def test_skinny_linear(K, m, n, k, bias, defer):
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True)])
 @pytest.mark.parametrize("knobs", [{}, {"round": "cvt", "prologue_block_n": 64, "pdl": True},
-                                   {"defer": True, "BLOCK_N": 8, "prologue_block_n": 8, "num_warps": 1, "waves": 16}])
+                                   {"BLOCK_N": 8, "prologue_block_n": 8, "num_warps": 1, "waves": 16}])
 def test_prologue_linear(K, prologue, m, n, k, bias, knobs):
     """The norm and SiLU prologues of the skinny GEMM against the reference ops (kernel_cases),
-    with the default rounding and tiles, the sweep's cvt rounding and wide tiles, and the deferred
-    reduction with one-warp programs."""
+    with the default rounding and tiles, the sweep's cvt rounding and wide tiles, and narrow
+    one-warp programs."""
     K.skinny_gemm.CONFIG_OVERRIDE.update(knobs)
     try:
         check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda")

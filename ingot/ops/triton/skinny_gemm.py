@@ -50,8 +50,9 @@ NONE, NORM, SILU = 0, 1, 2  # prologues
 # Optional override for tuning sweeps: dot, BLOCK_N, BLOCK_K, num_warps, num_stages, waves, splits,
 # round ("int" | "cvt": how the prologues round), prologue_block_n (BLOCK_N of GEMVs with a prologue:
 # each N tile recomputes the prologue over all of its K, so wider tiles do less of that work),
-# pdl (programmatic dependent launch, see pdl.py), defer (one row: sum products and squares
-# elementwise over the K loop and reduce once after it, instead of a reduction per iteration).
+# pdl (programmatic dependent launch, see pdl.py). (A "defer" knob, summing the one-row products
+# elementwise over the K loop and reducing once after it, was slower in every configuration the
+# H200 ran, benchmarks/results/batch1-knobs-2026-11-30.json, and was removed.)
 CONFIG_OVERRIDE: dict = {}
 
 
@@ -70,7 +71,7 @@ def _skinny_gemm_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr, PDL: tl.constexpr, DEFER: tl.constexpr,
+    PROLOGUE: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr, PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     wait_for_previous(PDL)
@@ -88,9 +89,6 @@ def _skinny_gemm_kernel(
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)  # of x + residual over this program's K range
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # DEFER (one row): products and squares summed elementwise, reduced once after the loop
-    acc_nk = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    sumsq_k = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
@@ -101,10 +99,7 @@ def _skinny_gemm_kernel(
                        x.dtype, BF16, CVT)
             if pid_n == 0:
                 tl.store(r_out_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], s.to(x.dtype), mask=mk)
-            if DEFER:
-                sumsq_k += s * s
-            else:
-                sumsq += tl.sum(s * s, axis=1)
+            sumsq += tl.sum(s * s, axis=1)
             nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             x = _round(nw[None, :] * s, x.dtype, BF16, CVT).to(x.dtype)
         elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
@@ -118,13 +113,8 @@ def _skinny_gemm_kernel(
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
             acc += tl.dot(x, tl.trans(w))
-        elif DEFER:  # one row: a multiply-add streams W without staging it for tensor cores
-            acc_nk += w.to(tl.float32) * x.to(tl.float32)
-        else:
+        else:  # one row (BLOCK_M == 1): a multiply-reduce streams W without staging it for tensor cores
             acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
-    if DEFER:
-        acc = tl.sum(acc_nk, axis=1)[None, :]
-        sumsq = tl.sum(sumsq_k, axis=1)
     mn_mask = m_mask[:, None] & n_mask[None, :]
     y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     if DIRECT:
@@ -217,7 +207,6 @@ def _launch(
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
         PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16, CVT=CONFIG_OVERRIDE.get("round") == "cvt",
-        DEFER=not use_dot and CONFIG_OVERRIDE.get("defer", False),
         **pdl_args(CONFIG_OVERRIDE),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
