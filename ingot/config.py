@@ -66,6 +66,12 @@ class EngineConfig:
     # instead of one per bucket: start-up no longer grows with the number of buckets.
     compile_dynamic_batch: bool = True
     auto_compile_max_drift: float = 1e-3  # auto: largest probe relative logit error a compiled bucket may show
+    # Inductor times its Triton GEMM templates against cuBLAS for every projection while
+    # compiling (max_autotune_gemm), and a template may take a native norm or activation
+    # (compile_native_ops) into its prologue or epilogue: the fusion graph decode cannot do.
+    # Off: slower start-up, GEMM numerics no longer cuBLAS's (ingot check drift). Not yet
+    # measured on a GPU.
+    compile_autotune_gemm: bool = False
     compile_skip_modules: tuple[str, ...] = ()
     # UX
     show_progress: bool = True
@@ -173,6 +179,8 @@ def parse_value(text: str, tp: Any, name: str) -> Any:
             (item,) = typing.get_args(base)[:1]
             parts = [p.strip() for p in text.split(",") if p.strip()]
             return tuple(int(p) if item is int else p for p in parts)
+    except ConfigError:  # already names the variable
+        raise
     except ValueError as exc:
         raise ConfigError(f"{name}={text!r}: {exc}") from None
     raise ConfigError(f"{name}: cannot parse type {tp}")  # pragma: no cover

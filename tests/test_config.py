@@ -49,3 +49,9 @@ def test_skinny_gemm_rows_from_env_and_bounds():
             EngineConfig(skinny_gemm_max_rows=bad)
     assert EngineConfig().compile_dynamic_batch is True
     assert EngineConfig.create(env={"INGOT_COMPILE_DYNAMIC_BATCH": "0"}).compile_dynamic_batch is False
+
+
+def test_bad_bool_message_names_the_variable_once():
+    with pytest.raises(ConfigError) as info:
+        EngineConfig.create(env={"INGOT_COMPILE_AUTOTUNE_GEMM": "maybe"})
+    assert str(info.value) == "INGOT_COMPILE_AUTOTUNE_GEMM='maybe' is not a boolean (use 1/0, true/false, on/off)"

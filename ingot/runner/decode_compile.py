@@ -92,13 +92,15 @@ def has_option(config: Any, name: str) -> bool:
     return True
 
 
-def inductor_options(inductor_config: Any, strict: bool = False) -> dict[str, Any]:
+def inductor_options(inductor_config: Any, strict: bool = False, autotune_gemm: bool = False) -> dict[str, Any]:
     """The Inductor ``options=`` for the decode compile, limited to names ``inductor_config`` has.
 
     Always: Inductor's own cudagraphs off (we capture), eager-like precision
     casts and division rounding where the version has them. ``strict`` adds
     ``fallback_random``, ``eager_numerics.disable_ftz`` and ``deterministic``
-    where present.
+    where present; ``autotune_gemm`` adds ``max_autotune_gemm`` (GEMMs only:
+    the rest of max-autotune would also retune our opaque kernels' neighbours
+    and turn on Inductor's own CUDA graphs).
     """
     opts: dict[str, Any] = {}
     if has_option(inductor_config, "triton.cudagraphs"):
@@ -113,6 +115,8 @@ def inductor_options(inductor_config: Any, strict: bool = False) -> dict[str, An
         for name in _STRICT_OPTIONS:
             if has_option(inductor_config, name):
                 opts[name] = True
+    if autotune_gemm and has_option(inductor_config, "max_autotune_gemm"):
+        opts["max_autotune_gemm"] = True
     return opts
 
 
@@ -393,7 +397,7 @@ def build_decode_forward(
     if backend == "inductor":
         import torch._inductor.config as inductor_config
 
-        options = inductor_options(inductor_config, config.compile_strict_numerics)
+        options = inductor_options(inductor_config, config.compile_strict_numerics, config.compile_autotune_gemm)
     dynamic = None if config.compile_dynamic_batch else False
     compiled = torch.compile(forward, fullgraph=False, dynamic=dynamic, backend=backend, options=options)
     # Dynamo guards the policy global by value (``_NATIVE == frozenset(...)``);

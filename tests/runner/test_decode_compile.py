@@ -144,6 +144,17 @@ def test_inductor_options_prefers_new_division_name_and_drops_unknowns():
     assert dc.inductor_options(odd, strict=True) == {"eager_numerics.disable_ftz": True}
 
 
+@pytest.mark.parametrize("version", ["2.8", "2.11", "2.14"])
+def test_inductor_options_autotune_gemm(version):
+    """Opt-in GEMM autotuning adds max_autotune_gemm where the config has it, and nothing else."""
+    cfg = fake_inductor(version)
+    plain = dc.inductor_options(cfg)
+    assert dc.inductor_options(cfg, autotune_gemm=True) == plain  # the fake config lacks the name
+    cfg.max_autotune_gemm = False
+    assert dc.inductor_options(cfg, autotune_gemm=True) == {**plain, "max_autotune_gemm": True}
+    assert dc.inductor_options(cfg) == plain
+
+
 def test_has_option_dotted():
     cfg = fake_inductor("2.14")
     assert dc.has_option(cfg, "triton.cudagraphs")
@@ -371,8 +382,9 @@ def test_unsupported_torch_is_raw_with_one_warning(monkeypatch, caplog):
     assert "2.7.1" in warnings[0].getMessage()
 
 
-@pytest.mark.parametrize("strict,dynamic_batch", [(False, True), (True, True), (False, False)])
-def test_compile_call_arguments(monkeypatch, strict, dynamic_batch):
+@pytest.mark.parametrize("strict,dynamic_batch,autotune", [(False, True, False), (True, True, False), (False, False, False),
+                                                     (False, True, True)])
+def test_compile_call_arguments(monkeypatch, strict, dynamic_batch, autotune):
     import torch._inductor.config as inductor_config
 
     seen = {}
@@ -382,15 +394,17 @@ def test_compile_call_arguments(monkeypatch, strict, dynamic_batch):
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    cfg = EngineConfig(decode_compile=True, compile_strict_numerics=strict, compile_dynamic_batch=dynamic_batch)
+    cfg = EngineConfig(decode_compile=True, compile_strict_numerics=strict, compile_dynamic_batch=dynamic_batch,
+                       compile_autotune_gemm=autotune)
     fwd = dc.build_decode_forward(f_add, cfg, "cuda")  # device type only: nothing runs on it
     assert seen == {
         "fn": f_add,
         "fullgraph": False,
         "dynamic": None if dynamic_batch else False,
         "backend": "inductor",
-        "options": dc.inductor_options(inductor_config, strict),
+        "options": dc.inductor_options(inductor_config, strict, autotune),
     }
+    assert seen["options"].get("max_autotune_gemm", False) is autotune  # the installed torch has the name
     assert fwd.compiled is True and fwd.raw is f_add
     assert fwd.__name__ == "f_add"
     assert dc.build_decode_forward(fwd, cfg, "cuda") is fwd  # never wrapped twice
