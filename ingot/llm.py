@@ -71,7 +71,7 @@ class LLM:
             try:
                 if isinstance(prompt, _Invalid):
                     raise RequestError(prompt.message)
-                seq = self.engine.add_request(prompt, p, chat=chat)
+                seq = self.engine.add_request(prompt, p, chat=chat, stream=False)
                 seqs[seq.request_id] = (i, seq)
             except (RequestError, ValueError) as exc:
                 log.warning("request %d rejected: %s", i, exc)

@@ -75,6 +75,30 @@ def test_stream_deltas_add_up(llm):
     assert len(deltas) == 10
 
 
+def test_generate_detokenizes_once_at_the_end(llm, monkeypatch):
+    """generate() reads text only at the end: its tokens are decoded once, in one batch for
+    the sequences that finish together; stop strings still need the text of every step."""
+    import ingot.engine.engine as engine_mod
+
+    calls = []
+    real = engine_mod.add_tokens
+
+    def counting(detoks, token_ids, final=False):
+        calls.append((len(detoks), final))
+        return real(detoks, token_ids, final)
+
+    monkeypatch.setattr(engine_mod, "add_tokens", counting)
+    outs = llm.generate(["hello world", "the quick brown fox"], greedy(9))
+    assert [c for c in calls if c[0]] == [(2, True)]
+    tok = llm.get_tokenizer()
+    for o in outs:
+        assert o.outputs[0].text == tok.decode(o.outputs[0].token_ids)
+    assert outs[0].outputs[0].text == "".join(o.delta for o in llm.stream("hello world", greedy(9)))
+    calls.clear()
+    llm.generate("hello world", greedy(9, stop=["never appears \u2603"]))
+    assert [c for c in calls if c[0]] == [(1, False)] * 9
+
+
 def test_chat_uses_template(llm):
     out = llm.chat([{"role": "user", "content": "hi"}], greedy(4))[0]
     tok = llm.get_tokenizer()

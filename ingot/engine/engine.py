@@ -92,8 +92,14 @@ class Engine:
         request_id: Optional[str] = None,
         *,
         chat: bool = False,
+        stream: bool = True,
     ) -> Sequence:
-        """Validate and queue one request; raises RequestError (nothing else changes) if bad."""
+        """Validate and queue one request; raises RequestError (nothing else changes) if bad.
+
+        ``stream=False``: the caller reads the text only once the request has finished,
+        so without stop strings its tokens are detokenized once, at the end, instead of
+        every step (``seq.text`` and ``seq.delta`` stay empty until then).
+        """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be SamplingParams, got {type(params).__name__}")
@@ -104,6 +110,7 @@ class Engine:
         gen = make_generator(params.seed, self.device) if params.seed is not None else None
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         seq = Sequence(request_id, text, ids, params, detok, gen)
+        seq.lazy_text = not stream and not params.stop
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -152,9 +159,17 @@ class Engine:
         for i, seq in enumerate(batch.seqs):
             seq.num_computed_tokens += batch.num_new_tokens[i]
         touched = [batch.seqs[row] for row in rows]
-        add_tokens([seq.detok for seq in touched], [[t] for t in out.token_ids])  # one batched detokenize
+        eager = [k for k, seq in enumerate(touched) if not seq.lazy_text]
+        add_tokens([touched[k].detok for k in eager], [[out.token_ids[k]] for k in eager])  # one batched detokenize
         for k, seq in enumerate(touched):
+            if seq.lazy_text:
+                seq.detok.defer([out.token_ids[k]])
             self._append(seq, out.token_ids[k], out.logprobs[k])
+        done = [seq for seq in touched if seq.lazy_text and seq.finished]
+        if done:  # their whole output in one batched decode
+            add_tokens([seq.detok for seq in done], [[] for _ in done], final=True)
+            for seq in done:
+                seq.text = seq.delta = seq.detok.text
         return touched
 
     def _append(self, seq: Sequence, token: int, logprobs: Optional[dict[int, float]]) -> None:

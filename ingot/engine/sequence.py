@@ -60,6 +60,9 @@ class Sequence:
         self.num_preemptions = 0
         self.text = ""  # output text so far (stop strings already cut)
         self.delta = ""  # text added by the last step
+        # no reader of per-step text (no streaming, no stop strings): the tokens are
+        # detokenized once, when the sequence finishes (Engine.step)
+        self.lazy_text = False
 
     @property
     def num_tokens(self) -> int:

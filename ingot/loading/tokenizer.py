@@ -145,11 +145,19 @@ class IncrementalDetokenizer:
         """Append tokens; return the newly complete text (may be empty)."""
         return add_tokens([self], [token_ids])[0]
 
+    def defer(self, token_ids: Sequence[int]) -> None:
+        """Append tokens without decoding them: the text comes with the next ``add`` or
+        ``add_tokens(..., final=True)`` (one decode for many tokens, when no one reads
+        the text in between)."""
+        self.ids.extend(token_ids)
+
     def _windows(self) -> tuple[list[int], list[int]]:
         """The ids whose text is already out, and those plus the pending ones."""
         return self.ids[self.prefix_offset : self.read_offset], self.ids[self.prefix_offset :]
 
-    def _advance(self, prefix: str, full: str) -> str:
+    def _advance(self, prefix: str, full: str, final: bool = False) -> str:
+        if final:  # nothing follows: release all but a trailing partial character
+            full = full.rstrip("\ufffd")
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         delta = full[len(prefix) :]
@@ -159,10 +167,14 @@ class IncrementalDetokenizer:
         return delta
 
 
-def add_tokens(detoks: Sequence[IncrementalDetokenizer], token_ids: Sequence[Sequence[int]]) -> list[str]:
+def add_tokens(
+    detoks: Sequence[IncrementalDetokenizer], token_ids: Sequence[Sequence[int]], final: bool = False
+) -> list[str]:
     """``IncrementalDetokenizer.add`` for a whole step's sequences: one ``decode_batch``
     per tokenizer and skip flag instead of two ``decode`` calls per sequence (at batch
-    256: 0.77 instead of 1.52 ms per step on a 2-core CPU)."""
+    256: 0.77 instead of 1.52 ms per step on a 2-core CPU). ``final``: the sequences
+    end here, so a trailing partial character is dropped rather than held back (what
+    one-token-at-a-time decoding leaves out too)."""
     groups: dict[tuple[int, bool], list[int]] = {}
     for i, (d, ids) in enumerate(zip(detoks, token_ids)):
         d.ids.extend(ids)
@@ -173,5 +185,5 @@ def add_tokens(detoks: Sequence[IncrementalDetokenizer], token_ids: Sequence[Seq
         texts = detoks[rows[0]].tokenizer.decode_batch([w[0] for w in windows] + [w[1] for w in windows], skip)
         n = len(rows)
         for j, i in enumerate(rows):
-            deltas[i] = detoks[i]._advance(texts[j], texts[n + j])
+            deltas[i] = detoks[i]._advance(texts[j], texts[n + j], final)
     return deltas

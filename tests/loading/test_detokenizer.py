@@ -46,3 +46,32 @@ def test_batched_add_matches_one_by_one(tok):
     eos_text = tok.token_text(eos)
     assert eos_text in many[1].text and eos_text not in many[2].text
     assert many[2].text == TEXTS[2]
+
+
+@pytest.mark.parametrize("cut", [None, -1, -2])
+def test_deferred_then_final_matches_one_by_one(tok, cut):
+    """Tokens deferred and decoded once at the end give the text that one-at-a-time
+    decoding released, also when the output stops inside a multi-byte character."""
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        ids = ids if cut is None else ids[:cut]
+        prompt = tok.encode("Say:", add_special_tokens=False)
+        one = IncrementalDetokenizer(tok, prompt)
+        for t in ids:
+            one.add([t])
+        lazy = IncrementalDetokenizer(tok, prompt)
+        for t in ids:
+            lazy.defer([t])
+        assert lazy.text == ""
+        (delta,) = add_tokens([lazy], [[]], final=True)
+        assert delta == lazy.text == one.text
+        assert "\ufffd" not in lazy.text
+
+
+def test_final_releases_text_before_a_trailing_partial_character(tok):
+    ids = tok.encode("ok 🎉", add_special_tokens=False)
+    partial = next(i for i in range(1, len(ids) + 1) if tok.decode(ids[:i]).endswith("\ufffd"))
+    lazy = IncrementalDetokenizer(tok, [])
+    lazy.defer(ids[:partial])
+    add_tokens([lazy], [[]], final=True)
+    assert lazy.text == tok.decode(ids[:partial]).rstrip("\ufffd") and lazy.text.startswith("ok")
