@@ -12,7 +12,7 @@ import dataclasses
 import os
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Union
 
 ENV_PREFIX = "INGOT_"
