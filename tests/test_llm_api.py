@@ -97,6 +97,14 @@ def test_generate_detokenizes_once_at_the_end(llm, monkeypatch):
     calls.clear()
     llm.generate("hello world", greedy(9, stop=["never appears \u2603"]))
     assert [c for c in calls if c[0]] == [(1, False)] * 9
+    # an aborted deferred request still gets the text of the tokens it has
+    seq = llm.engine.add_request("hello world", greedy(9), stream=False)
+    for _ in range(4):
+        llm.engine.step()
+    assert seq.output_token_ids and seq.text == ""
+    llm.engine.abort(seq.request_id)
+    assert seq.finish_reason == "abort" and seq.text == tok.decode(seq.output_token_ids)
+    llm.engine.requests.pop(seq.request_id, None)
 
 
 def test_chat_uses_template(llm):

@@ -145,6 +145,7 @@ class Engine:
         if seq is not None and not seq.finished:
             seq.finish_reason = "abort"
             self.scheduler.finish(seq)
+            self._flush_text([seq])
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -165,12 +166,17 @@ class Engine:
             if seq.lazy_text:
                 seq.detok.defer([out.token_ids[k]])
             self._append(seq, out.token_ids[k], out.logprobs[k])
-        done = [seq for seq in touched if seq.lazy_text and seq.finished]
-        if done:  # their whole output in one batched decode
-            add_tokens([seq.detok for seq in done], [[] for _ in done], final=True)
-            for seq in done:
-                seq.text = seq.delta = seq.detok.text
+        self._flush_text([seq for seq in touched if seq.finished])
         return touched
+
+    @staticmethod
+    def _flush_text(finished: list[Sequence]) -> None:
+        """The deferred text of finished ``lazy_text`` sequences, in one batched decode."""
+        lazy = [seq for seq in finished if seq.lazy_text]
+        if lazy:
+            add_tokens([seq.detok for seq in lazy], [[] for _ in lazy], final=True)
+            for seq in lazy:
+                seq.text = seq.delta = seq.detok.text
 
     def _append(self, seq: Sequence, token: int, logprobs: Optional[dict[int, float]]) -> None:
         """Record a sampled token (already detokenized into ``seq.detok``) and apply the stop rules."""
