@@ -168,10 +168,37 @@ def prefill_case(tokens, hq, hkv, d, page=16):
     return (q, k, v, k_cache, v_cache, cu, seq_lens, table, d**-0.5), flops
 
 
+def elementwise_cases(t: int, h: int) -> dict:
+    """RMSNorm, fused add + RMSNorm and rotary at ``t`` tokens x hidden ``h`` (rotary: 28/4
+    heads, d128, q/k strided slices of a fused qkv): per case the kernel's module, the
+    call, the reference call, the bytes moved and the row labels."""
+    from ingot.ops.triton import rms_norm, rotary
+
+    x = torch.randn(t, h, dtype=BF16, device=DEV)
+    r = torch.randn(t, h, dtype=BF16, device=DEV)
+    w = torch.randn(h, dtype=BF16, device=DEV)
+    hq, hkv, d = 28, 4, 128
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=BF16, device=DEV)
+    q = qkv[:, : hq * d].view(t, hq, d)
+    kk = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    cache = torch.randn(32768, d, device=DEV)
+    pos = torch.randint(0, 32768, (t,), device=DEV)
+    return {
+        "rms_norm": dict(kernel="rms_norm", shape=f"{t}x{h}", module=rms_norm, nbytes=2 * t * h * 2,
+                         fn=lambda: rms_norm.rms_norm(x, w, 1e-6), ref=lambda: ref.rms_norm(x, w, 1e-6)),
+        "add_rms_norm": dict(kernel="add_rms_norm", shape=f"{t}x{h}", module=rms_norm, nbytes=4 * t * h * 2,
+                             fn=lambda: rms_norm.add_rms_norm(x, r, w, 1e-6), ref=lambda: ref.add_rms_norm(x, r, w, 1e-6)),
+        "rotary": dict(kernel="rotary_embedding", shape=f"T{t} {hq}/{hkv} d{d} (strided)", module=rotary,
+                       nbytes=2 * t * (hq + hkv) * d * 2 + t * d * 4 + t * 8,
+                       fn=lambda: rotary.rotary_embedding(pos, q, kk, cache),
+                       ref=lambda: ref.rotary_embedding(pos, q, kk, cache)),
+    }
+
+
 def run(args) -> dict:
     import triton
 
-    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary
+    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention
 
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name()
@@ -252,24 +279,8 @@ def run(args) -> dict:
 
     # elementwise at 4096 tokens x hidden 3584
     t, h = 4096, 3584
-    x = torch.randn(t, h, dtype=BF16, device=DEV)
-    r = torch.randn(t, h, dtype=BF16, device=DEV)
-    w = torch.randn(h, dtype=BF16, device=DEV)
-    record("rms_norm", f"{t}x{h}", lambda: rms_norm.rms_norm(x, w, 1e-6),
-           lambda: ref.rms_norm(x, w, 1e-6), nbytes=2 * t * h * 2, target=70)
-    record("add_rms_norm", f"{t}x{h}", lambda: rms_norm.add_rms_norm(x, r, w, 1e-6),
-           lambda: ref.add_rms_norm(x, r, w, 1e-6), nbytes=4 * t * h * 2, target=70)
-
-    hq, hkv, d = 28, 4, 128
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=BF16, device=DEV)
-    q = qkv[:, : hq * d].view(t, hq, d)
-    kk = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
-    cache = torch.randn(32768, d, device=DEV)
-    pos = torch.randint(0, 32768, (t,), device=DEV)
-    record("rotary_embedding", f"T{t} {hq}/{hkv} d{d} (strided)",
-           lambda: rotary.rotary_embedding(pos, q, kk, cache),
-           lambda: ref.rotary_embedding(pos, q, kk, cache),
-           nbytes=2 * t * (hq + hkv) * d * 2 + t * d * 4 + t * 8, target=70)
+    for case in elementwise_cases(t, h).values():
+        record(case["kernel"], case["shape"], case["fn"], case["ref"], nbytes=case["nbytes"], target=70)
 
     for inter in (3584, 18944):
         g = torch.randn(t, 2 * inter, dtype=BF16, device=DEV)
@@ -455,24 +466,8 @@ def _prologue_rows() -> list:
 def _sweep_elementwise(copy_gbps: float, t: int = 4096, h: int = 3584) -> list:
     """Launch configurations of RMSNorm (rows per program, warps) and
     rotary (pairs per program, warps) on the 4096-token benchmark shapes; % of copy."""
-    from ingot.ops.triton import rms_norm, rotary
-
     print("\n# elementwise sweep: % of copy bandwidth (flushed-graph timing)")
-
-    x = torch.randn(t, h, dtype=BF16, device=DEV)
-    r = torch.randn(t, h, dtype=BF16, device=DEV)
-    w = torch.randn(h, dtype=BF16, device=DEV)
-    hq, hkv, d = 28, 4, 128
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=BF16, device=DEV)
-    q = qkv[:, : hq * d].view(t, hq, d)
-    kk = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
-    cache = torch.randn(32768, d, device=DEV)
-    pos = torch.randint(0, 32768, (t,), device=DEV)
-    cases = {
-        "rms_norm": (rms_norm, lambda: rms_norm.rms_norm(x, w, 1e-6), 2 * t * h * 2),
-        "add_rms_norm": (rms_norm, lambda: rms_norm.add_rms_norm(x, r, w, 1e-6), 4 * t * h * 2),
-        "rotary": (rotary, lambda: rotary.rotary_embedding(pos, q, kk, cache), 2 * t * (hq + hkv) * d * 2 + t * d * 4 + t * 8),
-    }
+    cases = {name: (case["module"], case["fn"], case["nbytes"]) for name, case in elementwise_cases(t, h).items()}
     grids = {
         "rms_norm": [dict(ELEMS=e, num_warps=nw) for e, nw in itertools.product((4096, 8192, 16384), (4, 8, 16))],
         "rotary": [dict(TILE=e, num_warps=nw) for e, nw in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8))],
