@@ -41,7 +41,7 @@ for stage in "$@"; do
       python3 -m ingot bench decode --shape qwen2.5-1.5b --batch-sizes 1,64 --decode-compile off --compare-hf --quiet \
         --json $OUT/bench-decode-hf-qwen2.5-1.5b.json --plot $OUT/bench-decode-hf-qwen2.5-1.5b.png 2>&1 | tail -30 ;;
     autotune15)  # compile with Inductor's GEMM autotuning and the native norm / SiLU (what graph decode cannot fuse)
-      INGOT_COMPILE_AUTOTUNE_GEMM=1 INGOT_COMPILE_NATIVE_OPS=rms_norm,silu_and_mul timeout -s INT 560 python3 -m ingot bench decode \
+      INGOT_COMPILE_AUTOTUNE_GEMM=1 INGOT_COMPILE_NATIVE_OPS=rms_norm,silu_and_mul timeout -s INT ${AUTOTUNE_LIMIT:-560} python3 -m ingot bench decode \
         --shape qwen2.5-1.5b --batch-sizes 8,32 --decode-compile on --quiet --json $OUT/bench-decode-autotune-qwen2.5-1.5b.json 2>&1 | tail -20 ;;
     decode7)
       python3 -m ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --decode-compile ${DECODE7_COMPILE:-on} --quiet \
