@@ -36,23 +36,44 @@ def _dump_and_exit(outer: int, inner: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--after", type=int, default=60, help="seconds before the stack dump")
-    ap.add_argument("--shape", default="qwen2.5-1.5b")
+    ap.add_argument("--shape", default="qwen2.5-1.5b", help="shape for the default run (decode_graphs.py, batch 1)")
+    ap.add_argument("--norm-prologue-max-n", type=int, default=None,
+                    help="layers.linear.NORM_PROLOGUE_MAX_N for this run (the fifth session hung with it unbounded)")
+    ap.add_argument("--short-errors", action="store_true",
+                    help="let Inductor's LoweringException name its op without printing the IR arguments "
+                         "(that printing is the hang), so the real lowering error shows")
     ap.add_argument("--outer", type=int, default=70)
     ap.add_argument("--inner", type=int, default=12)
+    ap.add_argument("cmd", nargs=argparse.REMAINDER,
+                    help="after --: '-m module args' or 'script.py args' to run instead of the default")
     args = ap.parse_args()
 
     import ingot.layers.linear as linear
 
     linear.is_compiling = lambda: False  # lift the bypass: compile the skinny ops
+    if args.norm_prologue_max_n is not None:
+        linear.NORM_PROLOGUE_MAX_N = args.norm_prologue_max_n
+    if args.short_errors:
+        import torch._inductor.exc as inductor_exc
+
+        inductor_exc.OperatorIssue.operator_str = staticmethod(lambda target, a, kw: f"{target} (IR arguments not printed)")
     signal.signal(signal.SIGALRM, lambda *_: _dump_and_exit(args.outer, args.inner))
     signal.alarm(args.after)
 
     import runpy
 
-    sys.argv = ["decode_graphs.py", "--shapes", args.shape, "--batches", "1", "--modes", "compiled",
-                "--skinny-rows", "1", "--iters", "5", "--out", os.path.join(os.environ.get("OUT", "/tmp"), "probe.json")]
-    runpy.run_path(str(Path(__file__).parent / "decode_graphs.py"), run_name="__main__")
-    print("compiled bucket 1 with the skinny ops: no hang", flush=True)
+    cmd = [c for c in args.cmd if c != "--"]
+    if not cmd:
+        cmd = [str(Path(__file__).parent / "decode_graphs.py"), "--shapes", args.shape, "--batches", "1",
+               "--modes", "graph,compiled", "--skinny-rows", "1", "--iters", "10",
+               "--out", os.path.join(os.environ.get("OUT", "/tmp"), f"probe-{args.shape}.json")]
+    if cmd[0] == "-m":
+        sys.argv = cmd[1:]
+        runpy.run_module(cmd[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = cmd
+        runpy.run_path(cmd[0], run_name="__main__")
+    print(f"{' '.join(cmd)}: finished, no hang", flush=True)
 
 
 if __name__ == "__main__":
