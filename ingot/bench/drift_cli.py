@@ -20,7 +20,6 @@ from typing import Any, Optional, Sequence, Union
 
 from ingot.bench import report
 from ingot.config import DTYPES
-from ingot.layers.linear import skinny_gemm_rows
 
 REFERENCE = "graph"
 
@@ -80,15 +79,6 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[PromptSpec]) -> list[list[i
 def gated_mode(modes: Sequence[str]) -> str:
     """The mode the threshold applies to: compiled when it exists, else eager."""
     return "compiled" if "compiled" in modes else "eager"
-
-
-def gemm_path_note(bucket: int, gated: str, skinny_rows: int) -> Optional[str]:
-    """Why compiled and graph decode differ beyond compile at a bucket on the skinny path:
-    compiled decode runs cuBLAS where the raw graph runs the skinny GEMVs (layers/linear.py)."""
-    if gated != "compiled" or bucket > skinny_rows:
-        return None
-    return ("compiled decode runs cuBLAS GEMMs at this bucket, graph decode the skinny GEMVs: "
-            "INGOT_SKINNY_GEMM_MAX_ROWS=0 compares compile alone; decode_compile=auto keeps the graph here")
 
 
 def _divergences(firsts: Sequence[Optional[int]]) -> str:
@@ -185,17 +175,14 @@ def cmd_drift(args: argparse.Namespace) -> int:
         gated = gated_mode(modes.modes)
         gated_tf = next((r for r in tf if r.mode == gated), None)
         ok = gated_tf is not None and gated_tf.top1_agreement >= args.threshold
-        note = gemm_path_note(bucket, gated, skinny_gemm_rows())
         if not ok:
             got = f"{100 * gated_tf.top1_agreement:.2f}%" if gated_tf else "not run"
-            failures.append(f"bucket {bucket}: {gated} top-1 agreement {got} < {100 * args.threshold:.2f}%"
-                            + (f" ({note})" if note else ""))
+            failures.append(f"bucket {bucket}: {gated} top-1 agreement {got} < {100 * args.threshold:.2f}%")
         con.print(bucket_table(bucket, tf, fr, gated, args.threshold))
         results[bucket] = {
             "modes": modes.modes,
             "gated_mode": gated,
             "passed": ok,
-            "note": note,
             "teacher_forced": as_dicts(tf),
             "free_running": as_dicts(fr),
         }

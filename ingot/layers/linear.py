@@ -19,13 +19,10 @@ projection pays it hundreds of times. H200, one row, each replayed alone
 projections gain (1.5B 5.18 fused vs 5.54 us norm + GEMV; 7B 9.36 vs 9.96),
 the gate/up projections lose (1.5B 17.85 vs 16.38 us; 7B 69.10 vs 63.93).
 
-Compiled decode (``torch.compile``) never takes the skinny path: on the H200
-(PyTorch 2.11) Inductor did not finish lowering a batch-1 Qwen2.5-1.5B step
-built from the skinny ops in 150 s (the stack was deep in the recursive
-``__str__`` of chained extern-kernel IR nodes, which grows with the layer
-count), while the same step with cuBLAS GEMMs compiled in 9 s. The raw
-decode graph keeps the skinny ops, so ``decode_compile="auto"`` picks the
-raw graph wherever they make it faster.
+Compiled decode keeps these ops as opaque nodes like every other ingot op.
+(The fifth session bypassed them under compile after Inductor hung lowering
+a batch-1 step built from them on PyTorch 2.11; the cause was an eagerly
+formatted log message, fixed in ``runner/inductor_fallbacks.py``.)
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
-from torch.compiler import is_compiling
 
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.norm import RMSNorm
@@ -62,8 +58,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 def _skinny(x: torch.Tensor) -> bool:
-    if is_compiling():  # see the module docstring
-        return False
     return bool(_SKINNY_ROWS) and x.dim() == 2 and x.shape[0] <= _SKINNY_ROWS
 
 

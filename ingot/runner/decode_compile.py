@@ -60,6 +60,7 @@ import torch
 
 from ingot.config import EngineConfig
 from ingot.ops import native_ops
+from ingot.runner import inductor_fallbacks
 
 log = logging.getLogger(__name__)
 
@@ -398,6 +399,7 @@ def build_decode_forward(
         import torch._inductor.config as inductor_config
 
         options = inductor_options(inductor_config, config.compile_strict_numerics, config.compile_autotune_gemm)
+        inductor_fallbacks.register_op_fallbacks()  # before the model: see inductor_fallbacks.py
     dynamic = None if config.compile_dynamic_batch else False
     compiled = torch.compile(forward, fullgraph=False, dynamic=dynamic, backend=backend, options=options)
     # Dynamo guards the policy global by value (``_NATIVE == frozenset(...)``);

@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 
 from ingot.config import EngineConfig
 from ingot.layers.attention import AttentionMetadata
-from ingot.layers.linear import skinny_gemm_rows
 from ingot.runner import auto_compile, decode_compile
 from ingot.runner.step_inputs import StepInputs
 
@@ -212,10 +211,6 @@ class DecodeGraphRunner:
             self.decisions[size] = decision
             self.entries[size] = comp if decision.use_compiled else raw
         else:
-            if is_compiled and size <= skinny_gemm_rows():
-                log.warning("bucket %d: compiled decode runs cuBLAS GEMMs where the raw graph runs the skinny "
-                            "GEMVs (see layers/linear.py): slower, and not bitwise equal to eager decode; "
-                            "decode_compile='auto' keeps the raw graph there", size)
             self.entries[size] = self._warm_and_capture(forward, is_compiled, size, info)
         info.compiled = self.entries[size].compiled
         self.info[size] = info

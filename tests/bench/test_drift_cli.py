@@ -141,16 +141,3 @@ def test_cpu_without_fake_graphs_exits_2(tiny, prompt_file, capsys):
 def test_steps_beyond_max_model_len_exits_2(tiny, prompt_file, capsys):
     assert main(_argv(tiny, prompt_file, "--max-model-len", "8")) == 2  # the later value wins
     assert "max_model_len" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("bucket,gated,rows,noted", [
-    (1, "compiled", 1, True),   # the raw graph runs the skinny GEMVs, compiled decode cuBLAS
-    (8, "compiled", 1, False),  # both cuBLAS
-    (1, "compiled", 0, False),  # skinny path off
-    (1, "eager", 1, False),     # no compile: the same kernels
-])
-def test_gemm_path_note(bucket, gated, rows, noted):
-    note = drift_cli.gemm_path_note(bucket, gated, rows)
-    assert (note is not None) is noted
-    if noted:
-        assert "INGOT_SKINNY_GEMM_MAX_ROWS=0" in note

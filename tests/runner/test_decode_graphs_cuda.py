@@ -80,18 +80,8 @@ def test_graph_replay_bitwise_equals_raw_forward(llm, monkeypatch):
     assert not mismatches, f"graph replay differs from raw forward at steps {mismatches[:5]}"
 
 
-@pytest.fixture(scope="module")
-def llm_plain_gemms(smollm2_gguf):
-    """Batch 1 on cuBLAS too: compiled decode never runs the skinny GEMVs (layers/linear.py),
-    so with them on, bucket 1 compares two GEMM paths (H200, 2026-11-30: top-1 98.73%, first
-    divergence after 2-125 steps), not compiled against raw numerics."""
-    return LLM(str(smollm2_gguf), dtype="bfloat16", device="cuda", max_num_seqs=8, skinny_gemm_max_rows=0,
-               cudagraph_capture_sizes=(1, 8), show_progress=False, max_model_len=1024, gpu_memory_utilization=0.3)
-
-
 @pytest.mark.parametrize("bucket", [1, 8])
-def test_compiled_decode_drift(llm_plain_gemms, bucket):
-    llm = llm_plain_gemms
+def test_compiled_decode_drift(llm, bucket):
     modes = DecodeModes(llm.engine, bucket)
     assert "compiled" in modes.modes, "decode compile did not build on CUDA"
     p = prompts(llm)

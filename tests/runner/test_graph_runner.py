@@ -87,23 +87,3 @@ def test_compiled_forward_built_lazily_once_and_never_for_prefill(tiny, monkeypa
 def test_lazy_build_not_called_without_graphs(tiny, monkeypatch):
     monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", lambda *a: pytest.fail("built"))
     make(tiny, decode_compile=True)  # CPU, no fake capture: the raw model only
-
-
-@pytest.mark.parametrize("skinny_rows,warned", [(1, [1]), (0, [])])
-def test_compiled_buckets_in_the_skinny_range_are_flagged(tiny, monkeypatch, caplog, skinny_rows, warned):
-    """Compiled decode cannot run the skinny GEMVs (layers/linear.py): a bucket the raw graph
-    would run on them gets a warning when compile is forced on."""
-    def fake_build(forward, config, device):
-        def compiled(*args):
-            return forward(*args)
-
-        compiled.compiled = True
-        return compiled
-
-    monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", fake_build)
-    monkeypatch.setattr(graph_runner, "skinny_gemm_rows", lambda: skinny_rows)  # CPU never sets it
-    with caplog.at_level("WARNING", logger=graph_runner.log.name):
-        make(tiny, fake_graph_capture=True, decode_compile=True)
-    flagged = sorted(int(r.getMessage().split()[1].rstrip(":")) for r in caplog.records
-                     if "skinny GEMVs" in r.getMessage())
-    assert flagged == warned

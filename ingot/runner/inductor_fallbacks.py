@@ -1,0 +1,87 @@
+"""Let Inductor meet every ``torch.ops.ingot`` op once on shallow inputs, before the model.
+
+Inductor has no lowering for our custom ops; the first time a graph uses one,
+``GraphLowering.call_function`` creates an implicit fallback for it and logs
+that, and PyTorch up to 2.11 formats the log message eagerly (later versions
+format it lazily). The message prints the op's IR arguments, and each IR node
+prints its own inputs: for an op first met deep in a decode step whose layers
+are chains of our opaque ops (the final norm after 30 layers of skinny GEMVs
+with fused norms, SmolLM2 at batch 1), that string doubles per layer. On the
+H200 (PyTorch 2.11) the lowering of such a step never finished
+(``benchmarks/compile_hang_probe.py`` found the caller; a ``LoweringException``
+formatter that elides the arguments made the same step compile in 6 s).
+
+The fallback, once made, is process-wide (Inductor keeps one lowering per op),
+so compiling one small function that calls each op on graph inputs, whose
+description is a line each, makes every later graph take the fast path. This
+uses only ``torch.compile``; it runs on CPU tensors (the reference kernels),
+because the fallback does not depend on the device and CPU runs launch no
+Triton compiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+_DONE = False
+
+
+def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
+                   positions: torch.Tensor, cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                   table: torch.Tensor, seq_lens: torch.Tensor) -> list[torch.Tensor]:
+    """Each decode-path op once (prefill attention never runs compiled)."""
+    ops = torch.ops.ingot
+    out = [ops.rms_norm(x, w, 1e-6), *ops.add_rms_norm(x, x, w, 1e-6), ops.silu_and_mul(x2)]
+    out += [*ops.rotary_embedding(positions, q, k, cos_sin)]
+    ops.store_kv(k, v, k_cache, v_cache, slots)
+    out.append(ops.decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0))
+    out.append(ops.decode_attention_rope(q, k, v, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, 1.0))
+    out += [ops.skinny_linear(x, weight, None), *ops.rms_norm_linear(x, x, w, 1e-6, weight, None)]
+    out.append(ops.silu_mul_linear(x2, weight, None))
+    return out
+
+
+def _example_inputs() -> list[torch.Tensor]:
+    hidden, heads, head_dim, page = 8, 2, 8, 4
+    x = torch.randn(1, hidden)
+    k_cache = torch.zeros(2, page, 1, head_dim)
+    return [
+        x, torch.ones(hidden), torch.randn(1, 2 * hidden), torch.randn(4, hidden),
+        torch.zeros(1, dtype=torch.int64), torch.randn(page, head_dim),
+        torch.randn(1, heads, head_dim), torch.randn(1, 1, head_dim), torch.randn(1, 1, head_dim),
+        k_cache, k_cache.clone(), torch.tensor([page], dtype=torch.int64),
+        torch.tensor([[1]], dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+    ]
+
+
+def register_op_fallbacks(options: dict | None = None) -> bool:
+    """Compile ``_call_every_op`` once per process with Inductor; True when it ran now.
+
+    A failure only costs the protection (logged); the decode compile goes on.
+    """
+    global _DONE
+    with _LOCK:
+        if _DONE:
+            return False
+        _DONE = True
+        try:
+            fn = torch.compile(_call_every_op, backend="inductor", fullgraph=True, dynamic=False, options=options)
+            with torch.no_grad():
+                fn(*_example_inputs())
+        except Exception as exc:  # noqa: BLE001 - an optimisation of compile time, never fatal
+            log.warning("could not pre-register Inductor fallbacks for the ingot ops (%s: %s); on PyTorch "
+                        "<= 2.11 compiling a deep decode step may then take minutes",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return True
+
+
+def _reset_for_tests() -> None:
+    global _DONE
+    _DONE = False
