@@ -116,3 +116,15 @@ def ingot_logits(engine, ids: list[int], prefill_len: int, chunk: int | None = N
             hidden = runner.model(torch.tensor(ids[start:end], device=dev), pos, meta)
             out.append(runner.model.compute_logits(hidden))
     return torch.cat(out).float().cpu()
+
+
+class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """Collects the names (namespace.op) of the ops that run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(f"{func.namespace}.{func._opname}")
+        return func(*args, **(kwargs or {}))

@@ -626,18 +626,6 @@ def test_stats_since_survives_dynamo_reset():
     assert stats.graph_breaks >= 1 and stats.recompiles == 0
 
 
-class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
-    """Collects the names (namespace.op) of the ops that run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.add(f"{func.namespace}.{func._opname}")
-        return func(*args, **(kwargs or {}))
-
-
 def test_batch1_step_compiles_with_the_skinny_ops(tmp_path):
     """With the skinny path on (as the raw decode graphs run batch 1), the compiled step
     traces without graph breaks, keeps the skinny GEMVs and their fused prologues as
@@ -645,7 +633,7 @@ def test_batch1_step_compiles_with_the_skinny_ops(tmp_path):
     from ingot.engine.engine import Engine
     from ingot.layers.linear import set_skinny_gemm_rows
     from ingot.runner.graph_runner import StaticBuffers, make_decode_forward
-    from tests.helpers import write_tiny_checkpoint
+    from tests.helpers import OpNames, write_tiny_checkpoint
 
     graphs = []
 
