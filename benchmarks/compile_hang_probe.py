@@ -1,13 +1,20 @@
-"""Find who hangs Inductor on the skinny batch-1 decode step (torch 2.11, CUDA).
+"""Find who hangs Inductor while it lowers a decode step (the batch-1 skinny path hang).
 
 The fifth session saw ``torch.compile`` of a batch-1 decode step built from the
-skinny GEMV ops recurse for minutes in ``ExternKernel.__str__``; faulthandler
-only shows the innermost 100 frames, all in that recursion. This script lifts
-the compile bypass in ``layers/linear.py``, compiles one bucket, and after
-``--after`` seconds prints the *outermost* frames of the main thread (the
-caller), then exits.
+skinny GEMV ops recurse for minutes in ``ExternKernel.__str__`` (PyTorch 2.11,
+CUDA); faulthandler shows only the innermost 100 frames, all in that recursion.
+This script compiles a step with the skinny ops (the default run: one
+``decode_graphs.py`` bucket) and after ``--after`` seconds prints the
+*outermost* frames of the main thread, i.e. the caller, then exits.
+
+Sixth session: it found ``GraphLowering.call_function`` formatting its
+implicit-fallback log message eagerly; ``--short-errors`` elides that
+formatting (the step then compiled in 6 s), and ``runner/inductor_fallbacks.py``
+is the fix. The ``is_compiling`` patch below is a no-op since that fix
+(compiled decode no longer bypasses the skinny ops) and stays for older trees.
 
     python3 benchmarks/compile_hang_probe.py --after 60 --shape qwen2.5-1.5b
+    python3 benchmarks/compile_hang_probe.py --after 180 -- -m ingot check drift --buckets 1
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ def main() -> None:
 
     import ingot.layers.linear as linear
 
-    linear.is_compiling = lambda: False  # lift the bypass: compile the skinny ops
+    linear.is_compiling = lambda: False  # the fifth session's bypass, gone since the fallback fix
     if args.norm_prologue_max_n is not None:
         linear.NORM_PROLOGUE_MAX_N = args.norm_prologue_max_n
     if args.short_errors:
