@@ -10,8 +10,9 @@ This script compiles a step with the skinny ops (the default run: one
 Sixth session: it found ``GraphLowering.call_function`` formatting its
 implicit-fallback log message eagerly; ``--short-errors`` elides that
 formatting (the step then compiled in 6 s), and ``runner/inductor_fallbacks.py``
-is the fix. The ``is_compiling`` patch below is a no-op since that fix
-(compiled decode no longer bypasses the skinny ops) and stays for older trees.
+is the fix; ``--no-fallbacks`` turns the fix off, to reproduce the hang on
+PyTorch <= 2.11 (with ``--norm-prologue-max-n 1000000000`` at the 1.5B shape,
+or any SmolLM2 run).
 
     python3 benchmarks/compile_hang_probe.py --after 60 --shape qwen2.5-1.5b
     python3 benchmarks/compile_hang_probe.py --after 180 -- -m ingot check drift --buckets 1
@@ -46,6 +47,8 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen2.5-1.5b", help="shape for the default run (decode_graphs.py, batch 1)")
     ap.add_argument("--norm-prologue-max-n", type=int, default=None,
                     help="layers.linear.NORM_PROLOGUE_MAX_N for this run (the fifth session hung with it unbounded)")
+    ap.add_argument("--no-fallbacks", action="store_true",
+                    help="skip runner/inductor_fallbacks.py (the fix), to reproduce the hang")
     ap.add_argument("--short-errors", action="store_true",
                     help="let Inductor's LoweringException name its op without printing the IR arguments "
                          "(that printing is the hang), so the real lowering error shows")
@@ -56,8 +59,10 @@ def main() -> None:
     args = ap.parse_args()
 
     import ingot.layers.linear as linear
+    from ingot.runner import inductor_fallbacks
 
-    linear.is_compiling = lambda: False  # the fifth session's bypass, gone since the fallback fix
+    if args.no_fallbacks:
+        inductor_fallbacks.register_op_fallbacks = lambda *a, **k: False
     if args.norm_prologue_max_n is not None:
         linear.NORM_PROLOGUE_MAX_N = args.norm_prologue_max_n
     if args.short_errors:
