@@ -157,16 +157,20 @@ class Engine:
         if batch is None:
             return []
         rows, out = self.runner.execute(batch, self.eos_token_ids)
-        for i, seq in enumerate(batch.seqs):
-            seq.num_computed_tokens += batch.num_new_tokens[i]
-        touched = [batch.seqs[row] for row in rows]
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+        touched = [batch.seqs[row] for row in rows] if len(rows) < len(batch.seqs) else batch.seqs
         eager = [k for k, seq in enumerate(touched) if not seq.lazy_text]
-        add_tokens([touched[k].detok for k in eager], [[out.token_ids[k]] for k in eager])  # one batched detokenize
-        for k, seq in enumerate(touched):
+        if eager:
+            add_tokens([touched[k].detok for k in eager], [[out.token_ids[k]] for k in eager])  # one batched detokenize
+        now = time.monotonic()
+        finished = []
+        for seq, token, logprobs in zip(touched, out.token_ids, out.logprobs):
             if seq.lazy_text:
-                seq.detok.defer([out.token_ids[k]])
-            self._append(seq, out.token_ids[k], out.logprobs[k])
-        self._flush_text([seq for seq in touched if seq.finished])
+                seq.detok.defer([token])
+            if self._append(seq, token, logprobs, now):
+                finished.append(seq)
+        self._flush_text(finished)
         return touched
 
     @staticmethod
@@ -178,12 +182,14 @@ class Engine:
             for seq in lazy:
                 seq.text = seq.delta = seq.detok.text
 
-    def _append(self, seq: Sequence, token: int, logprobs: Optional[dict[int, float]]) -> None:
-        """Record a sampled token (already detokenized into ``seq.detok``) and apply the stop rules."""
+    def _append(self, seq: Sequence, token: int, logprobs: Optional[dict[int, float]], now: float) -> bool:
+        """Record a sampled token (already detokenized into ``seq.detok``) at time ``now`` and
+        apply the stop rules; True if the sequence finished."""
         p = seq.params
         seq.output_token_ids.append(token)
-        seq.token_times.append(time.monotonic())
-        seq.first_token_time = seq.token_times[0]
+        seq.token_times.append(now)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
         if seq.logprobs is not None and logprobs is not None:
             seq.logprobs.append(logprobs)
         n_out = len(seq.output_token_ids)
@@ -200,7 +206,8 @@ class Engine:
                 pos, s = hit
                 text = text[: pos + len(s)] if p.include_stop_str_in_output else text[:pos]
                 reason, stop_reason = "stop", s
-        if reason is None and ((p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len):
+        if reason is None and ((p.max_tokens is not None and n_out >= p.max_tokens)
+                               or len(seq.prompt_token_ids) + n_out >= self.max_model_len):
             reason = "length"
         if reason is None and p.stop:
             hold = max(len(s) for s in p.stop) - 1  # a stop string may still be forming
@@ -209,9 +216,11 @@ class Engine:
             visible = text
         seq.delta = visible[len(seq.text) :]
         seq.text = visible
-        if reason is not None:
-            seq.finish_reason, seq.stop_reason = reason, stop_reason
-            self.scheduler.finish(seq)
+        if reason is None:
+            return False
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self.scheduler.finish(seq)
+        return True
 
 
 def _find_stop(text: str, stops: list[str], already: int) -> Optional[tuple[int, str]]:

@@ -59,7 +59,11 @@ class Scheduler:
     def _schedule_prefill(self) -> ScheduledBatch:
         batch = ScheduledBatch([], True)
         budget = self.max_num_batched_tokens
-        for seq in [s for s in self.running if s.is_prefill]:
+        # a decode-only step is the common case: find the (few) prefilling sequences without
+        # calling Sequence.is_prefill per running sequence (this runs on every step)
+        prefilling = [s for s in self.running
+                      if s.num_computed_tokens < len(s.prompt_token_ids) + len(s.output_token_ids) - 1]
+        for seq in prefilling:
             if budget == 0:
                 break
             if seq.status is not Status.RUNNING:  # preempted to make room for an older one
@@ -88,11 +92,11 @@ class Scheduler:
         batch = ScheduledBatch([], False)
         block_size = self.blocks.block_size
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING or seq.is_prefill:
+            n = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # seq.num_tokens, inlined
+            if seq.status is not Status.RUNNING or seq.num_computed_tokens < n - 1:  # preempted, or prefill
                 continue
             # most steps the new token still fits the last block: no allocation to try
-            fits = seq.num_tokens <= len(seq.block_ids) * block_size
-            if not fits and not self._make_room(seq, seq.num_tokens):
+            if n > len(seq.block_ids) * block_size and not self._make_room(seq, n):
                 continue  # seq itself was preempted
             batch.seqs.append(seq)
             batch.num_new_tokens.append(1)

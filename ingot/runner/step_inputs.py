@@ -27,26 +27,11 @@ class StepInputs:
 def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
     """Flatten the batch's new tokens: host lists first, then one copy per dtype; the
     step's tensors are views of those two device tensors."""
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    seq_lens: list[int] = []
-    cu = [0]
-    logits_indices: list[int] = []
-    sample_rows: list[int] = []
     tables = [seq.block_ids for seq in batch.seqs]
-    for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-        start = seq.num_computed_tokens
-        end = start + n
-        ids.extend(seq.tokens(start, end))
-        positions.extend(range(start, end))
-        for pos in range(start, end):
-            slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
-        seq_lens.append(end)
-        cu.append(cu[-1] + n)
-        if batch.samples(row):
-            logits_indices.append(cu[-1] - 1)
-            sample_rows.append(row)
+    if batch.is_prefill:
+        ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = _prefill_fields(batch, block_size)
+    else:
+        ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = _decode_fields(batch, block_size)
     # two host-to-device copies per step (the int64 fields, then the int32 ones) instead of
     # six: each copy from pageable memory is its own blocking cudaMemcpy on the host
     rows, width, table = padded_block_rows(tables)
@@ -67,6 +52,49 @@ def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.devi
         logits_indices=logits_t,
         sample_rows=sample_rows,
     )
+
+
+def _prefill_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:
+    """Token ids, positions, slots, seq lens, cu_seqlens, logits rows and sampling rows
+    of a prefill batch (any number of new tokens per sequence)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    seq_lens: list[int] = []
+    cu = [0]
+    logits_indices: list[int] = []
+    sample_rows: list[int] = []
+    for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+        start = seq.num_computed_tokens
+        end = start + n
+        ids.extend(seq.tokens(start, end))
+        positions.extend(range(start, end))
+        for pos in range(start, end):
+            slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
+        seq_lens.append(end)
+        cu.append(cu[-1] + n)
+        if batch.samples(row):
+            logits_indices.append(cu[-1] - 1)
+            sample_rows.append(row)
+    return ids, positions, slots, seq_lens, cu, logits_indices, sample_rows
+
+
+def _decode_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:
+    """The same fields for a decode batch, where every row computes its last token and
+    samples: one pass without per-token loops (this runs on every step, for every
+    running sequence, while the GPU waits)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    for seq in batch.seqs:
+        pos = seq.num_computed_tokens
+        out = seq.output_token_ids
+        ids.append(out[-1] if out else seq.prompt_token_ids[-1])
+        positions.append(pos)
+        slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
+    rows = list(range(len(ids)))
+    seq_lens = [p + 1 for p in positions]
+    return ids, positions, slots, seq_lens, [0, *range(1, len(ids) + 1)], rows, rows
 
 
 _ALIGN = 16  # elements: every field starts at a multiple of 64 / 128 bytes

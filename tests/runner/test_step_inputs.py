@@ -72,3 +72,21 @@ def test_step_tensors_share_two_buffers_at_aligned_offsets():
     assert inp.attn.cu_seqlens_q.tolist() == [0, 2, 5] and inp.attn.block_tables.tolist() == [[3, 7], [1, 0]]
     empty = build_step_inputs(ScheduledBatch([], False, []), 4, torch.device("cpu"))
     assert empty.input_ids.numel() == 0 and empty.attn.block_tables.shape == (0, 0)
+
+
+def test_decode_fast_path_equals_the_general_path():
+    """The decode-only fields (one pass, no per-token loops) match the general ones."""
+    import random
+
+    from ingot.runner.step_inputs import _decode_fields, _prefill_fields
+
+    rng = random.Random(0)
+    seqs = []
+    for _ in range(50):
+        prompt = [rng.randrange(1000) for _ in range(rng.randint(1, 40))]
+        output = [rng.randrange(1000) for _ in range(rng.randint(1, 30))]
+        n = len(prompt) + len(output)
+        blocks = rng.sample(range(1, 500), -(-n // 4))
+        seqs.append(_seq(prompt, output, blocks, n - 1))
+    batch = ScheduledBatch(seqs, False, [1] * len(seqs))
+    assert _decode_fields(batch, 4) == _prefill_fields(batch, 4)
