@@ -16,11 +16,14 @@ so compiling one small function that calls each op on graph inputs, whose
 description is a line each, makes every later graph take the fast path. This
 uses only ``torch.compile``; it runs on CPU tensors (the reference kernels),
 because the fallback does not depend on the device and CPU runs launch no
-Triton compiles.
+Triton compiles. The compile caches are off for it: a cache hit skips the
+lowering, so no fallback would be made, while the model's own compile may
+still miss the cache and lower.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -61,6 +64,24 @@ def _example_inputs() -> list[torch.Tensor]:
     ]
 
 
+# (config module, option): the local and remote FX-graph and AOTAutograd caches
+_CACHES = (("torch._inductor.config", "fx_graph_cache"), ("torch._inductor.config", "fx_graph_remote_cache"),
+           ("torch._functorch.config", "enable_autograd_cache"),
+           ("torch._functorch.config", "enable_remote_autograd_cache"))
+
+
+def _caches_off() -> contextlib.ExitStack:
+    """Turn off, for one compile, every compile cache the installed PyTorch has."""
+    import importlib
+
+    stack = contextlib.ExitStack()
+    for module, name in _CACHES:
+        config = importlib.import_module(module)
+        if name in getattr(config, "_config", {}):
+            stack.enter_context(config.patch(name, False))
+    return stack
+
+
 def register_op_fallbacks(options: dict | None = None) -> bool:
     """Compile ``_call_every_op`` once per process with Inductor; True when it ran now.
 
@@ -73,7 +94,7 @@ def register_op_fallbacks(options: dict | None = None) -> bool:
         _DONE = True
         try:
             fn = torch.compile(_call_every_op, backend="inductor", fullgraph=True, dynamic=False, options=options)
-            with torch.no_grad():
+            with torch.no_grad(), _caches_off():
                 fn(*_example_inputs())
         except Exception as exc:  # noqa: BLE001 - an optimisation of compile time, never fatal
             log.warning("could not pre-register Inductor fallbacks for the ingot ops (%s: %s); on PyTorch "

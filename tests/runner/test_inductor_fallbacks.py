@@ -27,6 +27,20 @@ def fresh():
     fb._reset_for_tests()
 
 
+@pytest.fixture
+def no_fallbacks(fresh):
+    """Inductor as if it never met the ingot ops (their lowerings removed, Dynamo reset)."""
+    from torch._inductor.lowering import lowerings  # a peek at Inductor's table, for the tests only
+
+    ops = [getattr(torch.ops.ingot, name.split(".")[1]).default for name in _all_ops() - NOT_IN_DECODE]
+    saved = {op: lowerings.pop(op) for op in ops if op in lowerings}
+    torch._dynamo.reset()
+    yield lowerings, ops
+    for op, fn in saved.items():
+        lowerings.setdefault(op, fn)
+    torch._dynamo.reset()
+
+
 def test_every_decode_op_is_called():
     """A new decode op must be added to _call_every_op, or a deep first use can hang 2.11."""
     with torch.no_grad(), OpNames() as ran:
@@ -35,14 +49,23 @@ def test_every_decode_op_is_called():
     assert len(_all_ops()) >= 10  # the enumeration itself found the library
 
 
-def test_registers_the_fallbacks_once(fresh):
-    from torch._inductor.lowering import lowerings  # a peek at Inductor's table, for the test only
-
+def test_registers_the_fallbacks_once(no_fallbacks):
+    lowerings, ops = no_fallbacks
     assert fb.register_op_fallbacks() is True
-    for name in _all_ops() - NOT_IN_DECODE:
-        op = getattr(torch.ops.ingot, name.split(".")[1]).default
-        assert op in lowerings, name
+    assert [op for op in ops if op not in lowerings] == []
     assert fb.register_op_fallbacks() is False  # once per process
+
+
+def test_registers_even_when_the_compile_cache_has_the_function(no_fallbacks):
+    """A cache hit would skip the lowering (and so the fallbacks): the caches are off for it."""
+    lowerings, ops = no_fallbacks
+    with torch.no_grad():
+        torch.compile(fb._call_every_op, backend="inductor", fullgraph=True, dynamic=False)(*fb._example_inputs())
+    for op in ops:  # forget what that compile made; its artifact stays in the caches
+        lowerings.pop(op, None)
+    torch._dynamo.reset()
+    assert fb.register_op_fallbacks() is True
+    assert [op for op in ops if op not in lowerings] == []
 
 
 def test_a_failure_is_logged_not_raised(fresh, monkeypatch, caplog):
