@@ -91,11 +91,21 @@ class Sampler:
         batch = logits.shape[0]
         if batch == 0:
             return SamplerOutput([], [])
+        # one pass over the rows (this runs for every sequence on every step)
         params = [r.params for r in rows]
-        want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
-        pen_rows = [i for i, p in enumerate(params) if _has_penalty(p)]
-        mask_rows = [i for i, r in enumerate(rows) if _needs_min_tokens_mask(r)]
-        greedy = [p.greedy for p in params]
+        want_lp: list[int] = []
+        pen_rows: list[int] = []
+        mask_rows: list[int] = []
+        greedy: list[bool] = []
+        for i, r in enumerate(rows):
+            p = r.params
+            if p.logprobs is not None:
+                want_lp.append(i)
+            if _has_penalty(p):
+                pen_rows.append(i)
+            if p.min_tokens and _needs_min_tokens_mask(r):
+                mask_rows.append(i)
+            greedy.append(p.greedy)
 
         if all(greedy) and not pen_rows and not want_lp and not mask_rows:
             # Fast path: argmax is exact in any float dtype.
