@@ -82,7 +82,7 @@ def _caches_off() -> contextlib.ExitStack:
     return stack
 
 
-def register_op_fallbacks(options: dict | None = None) -> bool:
+def register_op_fallbacks() -> bool:
     """Compile ``_call_every_op`` once per process with Inductor; True when it ran now.
 
     A failure only costs the protection (logged); the decode compile goes on.
@@ -93,7 +93,7 @@ def register_op_fallbacks(options: dict | None = None) -> bool:
             return False
         _DONE = True
         try:
-            fn = torch.compile(_call_every_op, backend="inductor", fullgraph=True, dynamic=False, options=options)
+            fn = torch.compile(_call_every_op, backend="inductor", fullgraph=True, dynamic=False)
             with torch.no_grad(), _caches_off():
                 fn(*_example_inputs())
         except Exception as exc:  # noqa: BLE001 - an optimisation of compile time, never fatal
