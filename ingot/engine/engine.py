@@ -159,7 +159,7 @@ class Engine:
         rows, out = self.runner.execute(batch, self.eos_token_ids)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
-        touched = [batch.seqs[row] for row in rows] if len(rows) < len(batch.seqs) else batch.seqs
+        touched = [batch.seqs[row] for row in rows]
         eager = [k for k, seq in enumerate(touched) if not seq.lazy_text]
         if eager:
             add_tokens([touched[k].detok for k in eager], [[out.token_ids[k]] for k in eager])  # one batched detokenize
@@ -206,8 +206,7 @@ class Engine:
                 pos, s = hit
                 text = text[: pos + len(s)] if p.include_stop_str_in_output else text[:pos]
                 reason, stop_reason = "stop", s
-        if reason is None and ((p.max_tokens is not None and n_out >= p.max_tokens)
-                               or len(seq.prompt_token_ids) + n_out >= self.max_model_len):
+        if reason is None and ((p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len):
             reason = "length"
         if reason is None and p.stop:
             hold = max(len(s) for s in p.stop) - 1  # a stop string may still be forming

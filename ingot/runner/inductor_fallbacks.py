@@ -74,10 +74,12 @@ def _caches_off() -> contextlib.ExitStack:
     """Turn off, for one compile, every compile cache the installed PyTorch has."""
     import importlib
 
+    from ingot.runner.decode_compile import has_option  # (decode_compile imports this module)
+
     stack = contextlib.ExitStack()
     for module, name in _CACHES:
         config = importlib.import_module(module)
-        if name in getattr(config, "_config", {}):
+        if has_option(config, name):
             stack.enter_context(config.patch(name, False))
     return stack
 

@@ -94,7 +94,7 @@ def _decode_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], .
         slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
     rows = list(range(len(ids)))
     seq_lens = [p + 1 for p in positions]
-    return ids, positions, slots, seq_lens, [0, *range(1, len(ids) + 1)], rows, rows
+    return ids, positions, slots, seq_lens, list(range(len(ids) + 1)), rows, rows
 
 
 _ALIGN = 16  # elements: every field starts at a multiple of 64 / 128 bytes
