@@ -12,7 +12,7 @@ TRITON ?= triton==3.6.0
 
 .PHONY: install run test test-cuda clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
@@ -27,6 +27,7 @@ run: $(STAMP)
 	$(VENV)/bin/ingot generate "The three most useful things to know about the sea are" --max-tokens 48
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 	INGOT_TEST_TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests/ops/test_triton_interpret.py
 

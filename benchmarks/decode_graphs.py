@@ -35,9 +35,9 @@ def startup_child(shape: str, batches: list[int], context: int) -> None:
 
     device = torch.device("cuda")
     model, cfg = build_shape(shape, torch.bfloat16, device, context + 64)
-    config, _runner, per_seq = decode_bench_runner(model, cfg, EngineConfig(decode_compile=True), batches, context)
+    config, runner, per_seq = decode_bench_runner(model, cfg, EngineConfig(decode_compile=True), batches, context)
     t0 = time.perf_counter()
-    graphs = DecodeGraphRunner(model, config, device, per_seq)
+    graphs = DecodeGraphRunner(model, config, device, per_seq, runner.policy)
     graphs.capture_all()
     total = time.perf_counter() - t0
     print(json.dumps({"capture_all_s": total, "per_bucket": {b: [i.seconds_warmup, i.seconds_capture] for b, i in graphs.info.items()}}))

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingot.bench.report import env_info, write_json  # noqa: E402
-from ingot.engine.scheduler import ScheduledBatch  # noqa: E402
+from ingot.runner.batch import ScheduledBatch  # noqa: E402
 from ingot.engine.sequence import Sequence  # noqa: E402
 from ingot.runner.step_inputs import build_step_inputs  # noqa: E402
 from ingot.sampling_params import SamplingParams  # noqa: E402

@@ -30,7 +30,7 @@ from ingot.bench.random_engine import id_tokenizer  # noqa: E402
 from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.config import EngineConfig  # noqa: E402
 from ingot.engine.engine import Engine  # noqa: E402
-from ingot.models.model_config import ModelConfig  # noqa: E402
+from ingot.loading.model_config import ModelConfig  # noqa: E402
 from ingot.models.loader import build_model, init_random  # noqa: E402
 from ingot.runner import model_runner  # noqa: E402
 from ingot.sampling_params import SamplingParams  # noqa: E402

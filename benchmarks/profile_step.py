@@ -36,8 +36,8 @@ def short(name: str) -> str:
 def profile(shape: str, batches: list[int], context: int, steps: int) -> dict:
     device = torch.device("cuda")
     model, cfg = build_shape(shape, torch.bfloat16, device, context + 64)
-    config, _runner, per_seq = decode_bench_runner(model, cfg, EngineConfig.create(), batches, context)  # INGOT_* apply
-    graphs = DecodeGraphRunner(model, config, device, per_seq)
+    config, runner, per_seq = decode_bench_runner(model, cfg, EngineConfig.create(), batches, context)  # INGOT_* apply
+    graphs = DecodeGraphRunner(model, config, device, per_seq, runner.policy)
     graphs.capture_all()
     out = {}
     for b in batches:

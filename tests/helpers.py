@@ -88,7 +88,7 @@ def hf_logits(path: Path, ids: list[int]) -> torch.Tensor:
 
 def ingot_logits(engine, ids: list[int], prefill_len: int, chunk: int | None = None) -> torch.Tensor:
     """Logits at every position: prefill ``ids[:prefill_len]`` (in chunks), then decode one by one."""
-    from ingot.engine.kv_cache import blocks_for
+    from ingot.runner.kv_pool import blocks_for
     from ingot.layers.attention import AttentionMetadata
 
     runner = engine.runner
@@ -113,8 +113,8 @@ def ingot_logits(engine, ids: list[int], prefill_len: int, chunk: int | None = N
                 seq_lens=torch.tensor([end], dtype=torch.int32, device=dev),
                 cu_seqlens_q=torch.tensor([0, end - start], dtype=torch.int32, device=dev) if prefill else None,
             )
-            hidden = runner.model(torch.tensor(ids[start:end], device=dev), pos, meta)
-            out.append(runner.model.compute_logits(hidden))
+            hidden = runner.model(torch.tensor(ids[start:end], device=dev), pos, meta, runner.policy)
+            out.append(runner.model.compute_logits(hidden, runner.policy))
     return torch.cat(out).float().cpu()
 
 

@@ -14,10 +14,10 @@ from typing import Optional
 import torch
 
 from ingot.config import EngineConfig
-from ingot.engine.kv_cache import blocks_for
+from ingot.runner.kv_pool import blocks_for
 from ingot.layers.attention import AttentionMetadata
 from ingot.models.loader import build_model, init_random
-from ingot.models.model_config import ModelConfig
+from ingot.loading.model_config import ModelConfig
 from ingot.bench.gemm_floor import gemm_only_ms
 from ingot.runner.auto_compile import time_ms
 from ingot.runner.graph_runner import DecodeGraphRunner
@@ -25,6 +25,7 @@ from ingot.runner.model_runner import ModelRunner
 from ingot.runner.step_inputs import StepInputs
 
 # HF config.json fields of the benchmark shapes (random weights).
+DEFAULT_SHAPE = "qwen2.5-1.5b"
 SHAPES: dict[str, dict] = {
     "qwen2.5-1.5b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
@@ -107,7 +108,7 @@ def bench_decode(
     for mode in modes:
         if mode == "gemm_only":
             for b in batches:
-                results[b].ms[mode] = gemm_only_ms(model, b, iters)
+                results[b].ms[mode] = gemm_only_ms(model, b, runner.policy, iters)
             continue
         if mode == "eager":
             runner.graphs = None
@@ -115,7 +116,7 @@ def bench_decode(
                 results[b].ms[mode] = time_cuda(lambda: runner.forward_logits(inputs[b]), iters)
             continue
         cfg_mode = base.replace(decode_compile={"graph": False, "compiled": True, "auto": "auto"}[mode])
-        graphs = DecodeGraphRunner(model, cfg_mode, device, per_seq)
+        graphs = DecodeGraphRunner(model, cfg_mode, device, per_seq, runner.policy)
         graphs.capture_all()
         for b in batches:
             info = graphs.info[b]

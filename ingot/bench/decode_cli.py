@@ -21,12 +21,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from ingot.bench import report
-from ingot.bench.decode import SHAPES, BucketTiming
+from ingot.bench.decode import DEFAULT_SHAPE, SHAPES, BucketTiming
 from ingot.config import DTYPES
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SHAPE = "qwen2.5-1.5b"
 COMPILE_CHOICES = ("off", "on", "auto")
 COPY_BYTES = 1 << 30  # size of the bandwidth probe (each of source and destination)
 
@@ -237,9 +236,9 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
 
     modes = modes_for(args.decode_compile)
     if "compiled" in modes:
-        from ingot.runner import decode_compile
+        from ingot.runner.compile_options import supported
 
-        ok, why = decode_compile.supported()
+        ok, why = supported()
         if not ok:
             print(f"ingot bench decode: compiled mode skipped: {why}", file=sys.stderr)
             modes.remove("compiled")

@@ -19,7 +19,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from ingot.engine.engine import Engine
-from ingot.engine.kv_cache import blocks_for
+from ingot.runner.kv_pool import blocks_for
 from ingot.runner.graph_runner import DecodeGraphRunner
 from ingot.runner.step_inputs import StepInputs, build_step_inputs
 from ingot.sampling_params import SamplingParams
@@ -78,7 +78,7 @@ class DecodeModes:
         max_blocks = blocks_for(engine.max_model_len, engine.config.block_size)
         for mode, compile_on in (("graph", False), ("compiled", True)):
             cfg = base.replace(decode_compile=compile_on, show_progress=False)
-            runner = DecodeGraphRunner(engine.runner.model, cfg, engine.device, max_blocks)
+            runner = DecodeGraphRunner(engine.runner.model, cfg, engine.device, max_blocks, engine.runner.policy)
             runner.capture_all()
             if compile_on and not runner.compiled:
                 continue  # compile unavailable here (CPU, old torch): skip the mode
@@ -92,8 +92,9 @@ class DecodeModes:
     def logits(self, mode: Mode, inputs: StepInputs) -> torch.Tensor:
         runner = self.runners[mode]
         if runner is None:
-            model = self.engine.runner.model
-            return model.compute_logits(model(inputs.input_ids, inputs.positions, inputs.attn)).float()
+            runner = self.engine.runner
+            hidden = runner.model(inputs.input_ids, inputs.positions, inputs.attn, runner.policy)
+            return runner.model.compute_logits(hidden, runner.policy).float()
         return runner.run(inputs).float().clone()
 
     @contextlib.contextmanager

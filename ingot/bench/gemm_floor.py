@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ingot.layers.linear import MergedLinear, linear
+from ingot.layers.policy import OpPolicy
 from ingot.runner.auto_compile import time_ms
 
 
@@ -26,15 +27,16 @@ def linear_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | 
 
 
 @torch.inference_mode()
-def gemm_only_ms(model: nn.Module, batch: int, iters: int = 30) -> float:
-    """Median ms of all the model's GEMMs at ``batch`` rows (one graph replay on CUDA)."""
+def gemm_only_ms(model: nn.Module, batch: int, policy: OpPolicy, iters: int = 30) -> float:
+    """Median ms of all the model's GEMMs at ``batch`` rows (one graph replay on CUDA), routed
+    as the model's forward routes them under ``policy`` (cuBLAS or the skinny GEMM)."""
     weights = linear_weights(model)
     ref = weights[0][0]
     inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=ref.dtype, device=ref.device) for w, _ in weights}
 
     def run() -> None:
         for w, b in weights:
-            linear(inputs[w.shape[1]], w, b)  # the model's own routing (cuBLAS or the skinny GEMM)
+            linear(inputs[w.shape[1]], w, b, policy)
 
     if ref.device.type != "cuda":
         return statistics.median(time_ms(run, iters, ref.device))

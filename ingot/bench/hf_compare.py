@@ -32,6 +32,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ingot.bench.decode import DEFAULT_SHAPE
+
 HF_MODE = "hf_static_compiled"  # the mode name in the table / JSON
 HF_RECIPE = 'transformers StaticCache + torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)'
 WARMUP = 5  # decode calls before timing: compile, CUDA-graph recording, then replays
@@ -286,7 +288,7 @@ def add_hf_mode(bench, args, device: torch.device, dtype: torch.dtype) -> bool:
     it (a batch size that fails, e.g. out of memory, is left out alone). True if any batch size was timed."""
     try:
         transformers = require_transformers()
-        model = build_hf_model(args.model, None if args.model else (args.shape or _default_shape()), dtype, device)
+        model = build_hf_model(args.model, None if args.model else (args.shape or DEFAULT_SHAPE), dtype, device)
     except Exception as exc:  # noqa: BLE001 - the comparison is optional
         _warn(f"skipped, transformers cannot build the model: {type(exc).__name__}: {exc}")
         _free(device)
@@ -321,8 +323,3 @@ def add_hf_mode(bench, args, device: torch.device, dtype: torch.dtype) -> bool:
             bench.env["hf_compare_no_cudagraphs_batches"] = skipped
     return timed
 
-
-def _default_shape() -> str:
-    from ingot.bench.decode_cli import DEFAULT_SHAPE
-
-    return DEFAULT_SHAPE

@@ -14,14 +14,15 @@ from typing import Optional, Sequence as Seq, Union
 import torch
 
 from ingot.config import ConfigError, EngineConfig
-from ingot.engine.kv_cache import BlockManager, blocks_for
-from ingot.engine.sampler import make_generator
+from ingot.engine.block_manager import BlockManager
+from ingot.runner.kv_pool import blocks_for
+from ingot.runner.sampler import make_generator
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence
 from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
 from ingot.models.loader import load_checkpoint, resolve_device, resolve_dtype
-from ingot.models.model_config import ModelConfig
+from ingot.loading.model_config import ModelConfig
 from ingot.runner.model_runner import ModelRunner
 from ingot.sampling_params import SamplingParams
 

@@ -14,22 +14,10 @@ Policy (one step is either all-prefill or all-decode):
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
-from ingot.engine.kv_cache import BlockManager
+from ingot.engine.block_manager import BlockManager
 from ingot.engine.sequence import Sequence, Status
-
-
-@dataclass
-class ScheduledBatch:
-    seqs: list[Sequence]
-    is_prefill: bool
-    num_new_tokens: list[int] = field(default_factory=list)  # tokens computed per seq this step
-
-    def samples(self, i: int) -> bool:
-        """Does row i produce a token this step (its computation reaches its last token)?"""
-        seq = self.seqs[i]
-        return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
+from ingot.runner.batch import ScheduledBatch
 
 
 class Scheduler:

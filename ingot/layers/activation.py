@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ingot.ops import reference, use_native
+from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
+from ingot.ops import reference
 
 
 class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_native("silu_and_mul"):
+    def forward(self, x: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
+        if policy.is_native("silu_and_mul"):
             return reference.silu_and_mul(x)
         return torch.ops.ingot.silu_and_mul(x)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ingot.layers.rotary import RotaryEmbedding
-from ingot.ops import use_native
+from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 
 
 @dataclass
@@ -54,15 +54,16 @@ class Attention(nn.Module):
         v: torch.Tensor,
         meta: AttentionMetadata,
         rotary: RotaryEmbedding,
+        policy: OpPolicy = DEFAULT_POLICY,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D], not yet rotated -> [T, Hq, D]."""
         assert self.k_cache is not None, "KV cache not bound: ModelRunner allocates it"
-        if not meta.is_prefill and not use_native("rotary"):
+        if not meta.is_prefill and not policy.is_native("rotary"):
             return torch.ops.ingot.decode_attention_rope(
                 q, k, v, positions, rotary.cos_sin_cache, self.k_cache, self.v_cache,
                 meta.slot_mapping, meta.block_tables, meta.seq_lens, self.scale,
             )
-        q, k = rotary(positions, q, k)
+        q, k = rotary(positions, q, k, policy)
         torch.ops.ingot.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_prefill:
             return torch.ops.ingot.prefill_attention(

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ingot.layers.linear import linear
+from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 
 
 class Embedding(nn.Module):
@@ -29,5 +30,5 @@ class LMHead(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.weight)
+    def forward(self, hidden: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
+        return linear(hidden, self.weight, None, policy)

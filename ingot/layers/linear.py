@@ -4,13 +4,14 @@ Fusing q/k/v and gate/up into single GEMMs halves the launches of a decode
 step. Each checkpoint shard is copied into its row range; a later
 tensor-parallel split only has to narrow these ranges per rank.
 
-Inputs of at most ``skinny_gemm_rows()`` rows (decode batches; 0 = never)
-go through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead
-of ``F.linear``. The ModelRunner sets it from
-``EngineConfig.skinny_gemm_max_rows``, process-wide like kernel registration.
-On that path ``norm_linear`` and ``silu_mul_linear`` also fold the RMSNorm or
-SiLU-and-mul in front of a projection into the GEMV's load of its input (one
-launch instead of two), unless the compile policy keeps that op native.
+Inputs of at most ``policy.skinny_rows`` rows (decode batches; 0 = never) go
+through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead of
+``F.linear``; the model runner sets the row limit from
+``EngineConfig.skinny_gemm_max_rows`` in the policy it gives each forward
+(``layers/policy.py``). On that path ``norm_linear`` and ``silu_mul_linear``
+also fold the RMSNorm or SiLU-and-mul in front of a projection into the GEMV's
+load of its input (one launch instead of two), unless the policy keeps that op
+native.
 
 The norm is fused only into projections of at most ``NORM_PROLOGUE_MAX_N``
 outputs: every N tile of the GEMV recomputes it over all of K, so a wide
@@ -19,10 +20,8 @@ projection pays it hundreds of times. H200, one row, each replayed alone
 projections gain (1.5B 5.18 fused vs 5.54 us norm + GEMV; 7B 9.36 vs 9.96),
 the gate/up projections lose (1.5B 17.85 vs 16.38 us; 7B 69.10 vs 63.93).
 
-Compiled decode keeps these ops as opaque nodes like every other ingot op.
-(The fifth session bypassed them under compile after Inductor hung lowering
-a batch-1 step built from them on PyTorch 2.11; the cause was an eagerly
-formatted log message, fixed in ``runner/inductor_fallbacks.py``.)
+Compiled decode keeps these ops as opaque nodes like every other ingot op
+(``runner/inductor_fallbacks.py`` keeps Inductor's lowering of them fast).
 """
 
 from __future__ import annotations
@@ -34,49 +33,37 @@ from torch import nn
 
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.norm import RMSNorm
-from ingot.ops import use_native
+from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 
-_SKINNY_ROWS = 0
 # widest projection (output features) that takes the norm in its GEMV: qkv yes, gate/up no
 NORM_PROLOGUE_MAX_N = 8192
 
 
-def set_skinny_gemm_rows(rows: int) -> None:
-    global _SKINNY_ROWS
-    _SKINNY_ROWS = int(rows)
-
-
-def skinny_gemm_rows() -> int:
-    return _SKINNY_ROWS
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear``, or the skinny-GEMM op for inputs of at most ``skinny_gemm_rows()`` rows."""
-    if _skinny(x):
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, policy: OpPolicy = DEFAULT_POLICY
+) -> torch.Tensor:
+    """``F.linear``, or the skinny-GEMM op for inputs of at most ``policy.skinny_rows`` rows."""
+    if policy.skinny(x):
         return torch.ops.ingot.skinny_linear(x, weight, bias)
     return nn.functional.linear(x, weight, bias)
 
 
-def _skinny(x: torch.Tensor) -> bool:
-    return bool(_SKINNY_ROWS) and x.dim() == 2 and x.shape[0] <= _SKINNY_ROWS
-
-
 def norm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: "MergedLinear"
+    x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(proj(norm(x + residual)), x + residual), the norm fused into the GEMV on the skinny path
     (for projections of at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
-    if _skinny(x) and not use_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N:
+    if policy.skinny(x) and not policy.is_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N:
         return torch.ops.ingot.rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
-    h, residual = norm(x, residual)
-    return proj(h), residual
+    h, residual = norm(x, residual, policy)
+    return proj(h, policy), residual
 
 
-def silu_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear") -> torch.Tensor:
+def silu_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
     """proj(silu_and_mul(x)), the activation fused into the GEMV on the skinny path."""
-    if _skinny(x) and not use_native("silu_and_mul"):
+    if policy.skinny(x) and not policy.is_native("silu_and_mul"):
         return torch.ops.ingot.silu_mul_linear(x, proj.weight, proj.bias)
-    return proj(act(x))
+    return proj(act(x, policy), policy)
 
 
 class MergedLinear(nn.Module):
@@ -99,8 +86,8 @@ class MergedLinear(nn.Module):
             raise ValueError(f"{param} shard {index}: expected {size} rows, got {tuple(tensor.shape)}")
         target.data[start : start + size].copy_(tensor)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, policy)
 
 
 def Linear(in_features: int, out_features: int, bias: bool = False) -> MergedLinear:

@@ -7,7 +7,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ingot.ops import reference, use_native
+from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
+from ingot.ops import reference
 
 
 class RMSNorm(nn.Module):
@@ -17,10 +18,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(
-        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, policy: OpPolicy = DEFAULT_POLICY
     ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Norm of ``x``; with ``residual``, returns (norm(x + residual), x + residual)."""
-        native = use_native("rms_norm")
+        native = policy.is_native("rms_norm")
         if residual is None:
             if native:
                 return reference.rms_norm(x, self.weight, self.eps)

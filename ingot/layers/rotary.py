@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from ingot.loading.errors import CheckpointError
-from ingot.ops import reference, use_native
+from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
+from ingot.ops import reference
 
 
 def _inv_freq(head_dim: int, base: float) -> torch.Tensor:
@@ -68,8 +69,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if use_native("rotary"):
+        if policy.is_native("rotary"):
             return reference.rotary_embedding(positions, q, k, self.cos_sin_cache)
         return torch.ops.ingot.rotary_embedding(positions, q, k, self.cos_sin_cache)

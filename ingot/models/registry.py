@@ -6,7 +6,7 @@ from torch import nn
 
 from ingot.loading.errors import CheckpointError
 from ingot.models.llama import LlamaForCausalLM
-from ingot.models.model_config import ModelConfig
+from ingot.loading.model_config import ModelConfig
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,

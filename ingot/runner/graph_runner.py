@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 
 from ingot.config import EngineConfig
 from ingot.layers.attention import AttentionMetadata
-from ingot.runner import auto_compile, decode_compile
+from ingot.layers.policy import OpPolicy
+from ingot.runner import auto_compile, compile_stats, decode_compile
 from ingot.runner.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,9 @@ def graphs_enabled(config: EngineConfig, device: torch.device) -> bool:
     return device.type == "cuda" or config.fake_graph_capture
 
 
-def make_decode_forward(model: nn.Module) -> DecodeForward:
-    """The decode step as a function of plain tensors (what gets compiled and captured)."""
+def make_decode_forward(model: nn.Module, policy: OpPolicy) -> DecodeForward:
+    """The decode step as a function of plain tensors (what gets compiled and captured),
+    its layers running their fusible ops as ``policy`` says."""
 
     def decode_forward(
         input_ids: torch.Tensor,
@@ -63,7 +65,7 @@ def make_decode_forward(model: nn.Module) -> DecodeForward:
         seq_lens: torch.Tensor,
     ) -> torch.Tensor:
         meta = AttentionMetadata(False, slot_mapping, block_tables, seq_lens)
-        return model.compute_logits(model(input_ids, positions, meta))
+        return model.compute_logits(model(input_ids, positions, meta, policy), policy)
 
     return decode_forward
 
@@ -74,7 +76,7 @@ class BucketInfo:
     seconds_warmup: float = 0.0  # includes the compile, when on
     seconds_capture: float = 0.0
     compiled: bool = False
-    stats: Optional[decode_compile.CompileStats] = None
+    stats: Optional[compile_stats.CompileStats] = None
 
 
 @dataclass
@@ -147,8 +149,11 @@ class CapturedBucket:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model: nn.Module, config: EngineConfig, device: torch.device, max_blocks_per_seq: int) -> None:
+    def __init__(
+        self, model: nn.Module, config: EngineConfig, device: torch.device, max_blocks_per_seq: int, policy: OpPolicy
+    ) -> None:
         self.model = model
+        self.policy = policy
         self.config = config
         self.device = device
         self.fake = device.type != "cuda" or config.fake_graph_capture
@@ -156,7 +161,7 @@ class DecodeGraphRunner:
         self.buckets = capture_sizes(config)
         self.max_blocks = max_blocks_per_seq
         self.buffers = StaticBuffers.allocate(self.buckets[-1], max_blocks_per_seq, device)
-        self.raw_forward = make_decode_forward(model)
+        self.raw_forward = make_decode_forward(model, policy)
         self._forward: Optional[DecodeForward] = None  # built lazily at the first capture
         self.entries: dict[int, CapturedBucket] = {}
         self.info: dict[int, BucketInfo] = {}
@@ -166,9 +171,13 @@ class DecodeGraphRunner:
     # ------------------------------------------------------------------ build
     @property
     def forward(self) -> DecodeForward:
-        """The compiled forward if compile is on (built once, lazily), else the raw one."""
+        """The compiled forward if compile is on (built once, lazily), else the raw one.
+
+        The compiled one runs the ``compile_native_ops`` in their PyTorch form, for Inductor to fuse."""
         if self._forward is None:
-            self._forward = decode_compile.build_decode_forward(self.raw_forward, self.config, self.device)
+            native = make_decode_forward(self.model, self.policy.with_native(self.config.compile_native_ops))
+            compiled = decode_compile.build_decode_forward(native, self.config, self.device)
+            self._forward = compiled if getattr(compiled, "compiled", False) else self.raw_forward
         return self._forward
 
     @property
@@ -219,14 +228,14 @@ class DecodeGraphRunner:
     def _warm_and_capture(self, forward: DecodeForward, compiled: bool, size: int, info: BucketInfo) -> CapturedBucket:
         """Warm up (compiling, when on, and autotuning kernels), then capture one graph."""
         args = self.buffers.view(size)
-        snap = decode_compile.stats_snapshot()
+        snap = compile_stats.stats_snapshot()
         t0 = time.perf_counter()
         for _ in range(2):
             forward(*args)
         self._sync()
         info.seconds_warmup += time.perf_counter() - t0
         if compiled:
-            info.stats = decode_compile.stats_since(snap)
+            info.stats = compile_stats.stats_since(snap)
             if info.stats is not None and (info.stats.graph_breaks or info.stats.recompiles):
                 log.info("bucket %d: %s", size, info.stats.describe())
         entry = CapturedBucket(forward, compiled)

@@ -29,6 +29,8 @@ import threading
 
 import torch
 
+from ingot.runner.compile_options import has_option
+
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
@@ -73,8 +75,6 @@ _CACHES = (("torch._inductor.config", "fx_graph_cache"), ("torch._inductor.confi
 def _caches_off() -> contextlib.ExitStack:
     """Turn off, for one compile, every compile cache the installed PyTorch has."""
     import importlib
-
-    from ingot.runner.decode_compile import has_option  # (decode_compile imports this module)
 
     stack = contextlib.ExitStack()
     for module, name in _CACHES:

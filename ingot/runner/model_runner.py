@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from ingot.config import ConfigError, EngineConfig
-from ingot.engine.kv_cache import KVCachePool, blocks_for
-from ingot.engine.sampler import Sampler, SamplerOutput, SamplingRow
-from ingot.layers.linear import set_skinny_gemm_rows
-from ingot.engine.scheduler import ScheduledBatch
+from ingot.runner.kv_pool import KVCachePool, blocks_for
+from ingot.runner.sampler import Sampler, SamplerOutput, SamplingRow
+from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
-from ingot.models.model_config import ModelConfig
+from ingot.layers.policy import OpPolicy
+from ingot.loading.model_config import ModelConfig
 from ingot.runner.step_inputs import StepInputs, build_step_inputs
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ class ModelRunner:
             from ingot.ops.triton import register_cuda_kernels
 
             kernels = register_cuda_kernels()  # Triton kernels become the CUDA dispatch of torch.ops.ingot.*
-        set_skinny_gemm_rows(config.skinny_gemm_max_rows if kernels else 0)
+        # the skinny GEMV exists only as a Triton kernel: without kernels every row count takes cuBLAS
+        self.policy = OpPolicy(skinny_rows=config.skinny_gemm_max_rows if kernels else 0)
 
     # ------------------------------------------------------------------ KV cache
     def _bytes_per_block(self) -> int:
@@ -84,8 +85,8 @@ class ModelRunner:
             cu_seqlens_q=torch.tensor([0, tokens], dtype=torch.int32, device=self.device),
         )
         with torch.inference_mode():
-            hidden = self.model(ids, pos, meta)
-            self.model.compute_logits(hidden[-self.config.max_num_seqs :])
+            hidden = self.model(ids, pos, meta, self.policy)
+            self.model.compute_logits(hidden[-self.config.max_num_seqs :], self.policy)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
         self.release_kv_cache()
@@ -114,7 +115,7 @@ class ModelRunner:
 
         if not graphs_enabled(self.config, self.device):
             return
-        self.graphs = DecodeGraphRunner(self.model, self.config, self.device, max_blocks_per_seq)
+        self.graphs = DecodeGraphRunner(self.model, self.config, self.device, max_blocks_per_seq, self.policy)
         self.graphs.capture_all()
 
     # ------------------------------------------------------------------ step
@@ -127,8 +128,8 @@ class ModelRunner:
             and self.graphs.fits(inputs.num_seqs)
         ):
             return self.graphs.run(inputs)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn)
-        return self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn, self.policy)
+        return self.model.compute_logits(hidden.index_select(0, inputs.logits_indices), self.policy)
 
     def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
         """Run one step; returns (rows that sampled, their tokens/logprobs)."""
@@ -152,4 +153,4 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward_only(self, inputs: StepInputs) -> None:
         """A prefill chunk that samples nothing: fill the KV cache, skip the lm_head."""
-        self.model(inputs.input_ids, inputs.positions, inputs.attn)
+        self.model(inputs.input_ids, inputs.positions, inputs.attn, self.policy)

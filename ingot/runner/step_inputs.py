@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ingot.engine.scheduler import ScheduledBatch
+from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from ingot.bench.gemm_floor import gemm_only_ms, linear_weights
+from ingot.layers.policy import OpPolicy
 from ingot.models.loader import build_model, init_random
-from ingot.models.model_config import ModelConfig
+from ingot.loading.model_config import ModelConfig
 from tests.helpers import ARCHS, TINY
 
 
@@ -25,4 +26,4 @@ def test_linear_weights_are_every_projection_once():
 def test_gemm_only_ms_runs_on_cpu():
     cfg = ModelConfig.from_hf({**TINY, **ARCHS["llama"]})
     model = init_random(build_model(cfg, torch.float32, torch.device("cpu"), 64))
-    assert gemm_only_ms(model, batch=2, iters=3) > 0
+    assert gemm_only_ms(model, batch=2, policy=OpPolicy(), iters=3) > 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingot.engine.kv_cache import BlockManager
+from ingot.engine.block_manager import BlockManager
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status
 from ingot.sampling_params import SamplingParams

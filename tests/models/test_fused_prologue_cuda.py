@@ -8,7 +8,7 @@ import torch
 
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
-from ingot.layers.linear import set_skinny_gemm_rows
+from ingot.layers.policy import OpPolicy
 from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
 
 pytestmark = pytest.mark.cuda
@@ -27,14 +27,11 @@ def test_fused_prologue_decode_matches_hf(tmp_path, monkeypatch, arch):
     ids = torch.randint(3, 300, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     ref = hf_logits(path, ids)
     errors = {}
-    try:
-        for rows in (0, 1):
-            set_skinny_gemm_rows(rows)
-            got = ingot_logits(engine, ids, prefill_len=16)
-            errors[rows] = ((got - ref).norm() / ref.norm()).item()
-            assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
-    finally:
-        set_skinny_gemm_rows(0)
+    for rows in (0, 1):
+        engine.runner.policy = OpPolicy(skinny_rows=rows)
+        got = ingot_logits(engine, ids, prefill_len=16)
+        errors[rows] = ((got - ref).norm() / ref.norm()).item()
+        assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
     assert any(a == (skinny_gemm.NORM,) for a in launches) and any(a == (skinny_gemm.SILU,) for a in launches)
     # bf16 rounding dominates both; the fused path may differ from cuBLAS, not be worse
     assert errors[1] < 1.5 * errors[0] + 1e-3, errors

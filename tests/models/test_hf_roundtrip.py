@@ -35,7 +35,7 @@ def test_fused_prologue_path_matches_hf(tmp_path, monkeypatch, arch, max_n, fuse
     most NORM_PROLOGUE_MAX_N outputs; the logits still match HF."""
     import ingot.layers.linear as linear
     import ingot.ops.reference as reference
-    from ingot.layers.linear import set_skinny_gemm_rows
+    from ingot.layers.policy import OpPolicy
 
     monkeypatch.setattr(linear, "NORM_PROLOGUE_MAX_N", max_n)
 
@@ -51,11 +51,8 @@ def test_fused_prologue_path_matches_hf(tmp_path, monkeypatch, arch, max_n, fuse
     path = write_tiny_checkpoint(tmp_path / arch, arch)
     engine = Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
     ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(2)).tolist()
-    set_skinny_gemm_rows(1)  # the runner turns it off without CUDA kernels
-    try:
-        got = ingot_logits(engine, ids, prefill_len=16)
-    finally:
-        set_skinny_gemm_rows(0)
+    engine.runner.policy = OpPolicy(skinny_rows=1)  # the runner turns it off without CUDA kernels
+    got = ingot_logits(engine, ids, prefill_len=16)
     layers = engine.runner.model.config.num_layers
     decode_steps = len(ids) - 16
     # per layer: the post-attention norm (if fused), the next layer's input norm (not the first

@@ -9,7 +9,7 @@ import torch
 import ingot.layers.attention as attention_mod
 from ingot.layers.attention import Attention, AttentionMetadata
 from ingot.layers.rotary import RotaryEmbedding
-from ingot.ops import native_ops
+from ingot.layers.policy import OpPolicy
 from ingot.ops import reference as ref
 
 
@@ -59,8 +59,7 @@ def test_decode_uses_fused_op_and_native_rotary_splits_it(monkeypatch):
 
     spy.calls.clear()
     layer.k_cache, layer.v_cache = caches[0].clone(), caches[1].clone()
-    with native_ops({"rotary"}):
-        split = layer(positions, q, k, v, meta, rotary)
+    split = layer(positions, q, k, v, meta, rotary, OpPolicy(native=frozenset({"rotary"})))
     assert spy.calls == ["store_kv", "decode_attention"]  # rotary in its PyTorch form
     torch.testing.assert_close(split, fused, rtol=0, atol=0)
     assert torch.equal(layer.k_cache, fused_caches[0]) and torch.equal(layer.v_cache, fused_caches[1])
@@ -85,9 +84,9 @@ def test_prefill_never_uses_the_fused_op(monkeypatch):
 
 
 def test_skinny_rows_route_small_batches_to_the_skinny_op(monkeypatch):
-    """Linear layers send inputs of at most ``skinny_gemm_rows()`` rows to ingot.skinny_linear."""
+    """Linear layers send inputs of at most ``policy.skinny_rows`` rows to ingot.skinny_linear."""
     import ingot.layers.linear as linear_mod
-    from ingot.layers.linear import Linear, set_skinny_gemm_rows
+    from ingot.layers.linear import Linear
 
     layer = Linear(24, 40, bias=True)
     torch.nn.init.normal_(layer.weight)
@@ -95,15 +94,12 @@ def test_skinny_rows_route_small_batches_to_the_skinny_op(monkeypatch):
     spy = OpSpy()
     monkeypatch.setattr(linear_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
     small, big = torch.randn(4, 24), torch.randn(9, 24)
-    try:
-        set_skinny_gemm_rows(8)
-        torch.testing.assert_close(layer(small), torch.nn.functional.linear(small, layer.weight, layer.bias))
-        assert spy.calls == ["skinny_linear"]
-        layer(big)  # more rows than the limit: F.linear
-        assert spy.calls == ["skinny_linear"]
-    finally:
-        set_skinny_gemm_rows(0)
-    layer(small)  # off
+    policy = OpPolicy(skinny_rows=8)
+    torch.testing.assert_close(layer(small, policy), torch.nn.functional.linear(small, layer.weight, layer.bias))
+    assert spy.calls == ["skinny_linear"]
+    layer(big, policy)  # more rows than the limit: F.linear
+    assert spy.calls == ["skinny_linear"]
+    layer(small)  # the default policy: off
     assert spy.calls == ["skinny_linear"]
 
 
@@ -112,7 +108,7 @@ def test_prologues_fuse_on_the_skinny_path_unless_native(monkeypatch):
     unfused ops; when compile keeps the norm or activation native, they stay unfused."""
     import ingot.layers.linear as linear_mod
     from ingot.layers.activation import SiluAndMul
-    from ingot.layers.linear import Linear, norm_linear, set_skinny_gemm_rows, silu_mul_linear
+    from ingot.layers.linear import Linear, norm_linear, silu_mul_linear
     from ingot.layers.norm import RMSNorm
 
     gen = torch.Generator().manual_seed(5)
@@ -123,17 +119,14 @@ def test_prologues_fuse_on_the_skinny_path_unless_native(monkeypatch):
     spy = OpSpy()
     monkeypatch.setattr(linear_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
     h, new_res = ref.add_rms_norm(x, res, norm.weight, 1e-6)
-    try:
-        set_skinny_gemm_rows(1)
-        y, r = norm_linear(x, res, norm, proj)
-        z = silu_mul_linear(gu, SiluAndMul(), down)
-        assert spy.calls == ["rms_norm_linear", "silu_mul_linear"]
-        with native_ops({"rms_norm", "silu_and_mul"}):
-            y2, _ = norm_linear(x, res, norm, proj)
-            z2 = silu_mul_linear(gu, SiluAndMul(), down)
-        assert spy.calls == ["rms_norm_linear", "silu_mul_linear", "skinny_linear", "skinny_linear"]
-    finally:
-        set_skinny_gemm_rows(0)
+    skinny = OpPolicy(skinny_rows=1)
+    y, r = norm_linear(x, res, norm, proj, skinny)
+    z = silu_mul_linear(gu, SiluAndMul(), down, skinny)
+    assert spy.calls == ["rms_norm_linear", "silu_mul_linear"]
+    native = skinny.with_native({"rms_norm", "silu_and_mul"})
+    y2, _ = norm_linear(x, res, norm, proj, native)
+    z2 = silu_mul_linear(gu, SiluAndMul(), down, native)
+    assert spy.calls == ["rms_norm_linear", "silu_mul_linear", "skinny_linear", "skinny_linear"]
     torch.testing.assert_close(y, torch.nn.functional.linear(h, proj.weight, proj.bias))
     torch.testing.assert_close(r, new_res)
     torch.testing.assert_close(z, torch.nn.functional.linear(ref.silu_and_mul(gu), down.weight))

@@ -19,9 +19,9 @@ import torch._dynamo.utils as dynamo_utils
 from torch._dynamo import trace_rules
 
 import ingot.ops  # noqa: F401  (registers torch.ops.ingot.*)
-from ingot.config import FUSIBLE_OPS, EngineConfig
-from ingot.ops import reference as ref
-from ingot.ops import use_native
+from ingot.config import EngineConfig
+from ingot.runner import compile_options as co
+from ingot.runner import compile_stats as cs
 from ingot.runner import decode_compile as dc
 
 LOGGER = "ingot.runner.decode_compile"
@@ -58,7 +58,7 @@ def clean_state(monkeypatch, tmp_path):
     torch._dynamo.reset()
     dc._reset_for_tests()
     # config.patch restores the limits exactly (monkeypatch's undo would delete, i.e. hide, them)
-    limits = dynamo_config.patch({n: getattr(dynamo_config, n) for n in dc.dynamo_limit_names(dynamo_config)})
+    limits = dynamo_config.patch({n: getattr(dynamo_config, n) for n in co.dynamo_limit_names(dynamo_config)})
     limits.__enter__()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for var in CACHE_VARS:
@@ -129,7 +129,7 @@ def clean_state(monkeypatch, tmp_path):
 )
 def test_inductor_options_per_version(version, strict, expected):
     cfg = fake_inductor(version)
-    opts = dc.inductor_options(cfg, strict=strict)
+    opts = co.inductor_options(cfg, strict=strict)
     assert opts == expected
     for key in opts:  # never a key the config lacks
         resolve(cfg, key)
@@ -137,30 +137,30 @@ def test_inductor_options_per_version(version, strict, expected):
 
 def test_inductor_options_prefers_new_division_name_and_drops_unknowns():
     both = ns(emulate_divison_rounding=False, eager_numerics=ns(division_rounding=False))
-    assert dc.inductor_options(both) == {"eager_numerics.division_rounding": True}
-    assert dc.inductor_options(ns(), strict=True) == {}
+    assert co.inductor_options(both) == {"eager_numerics.division_rounding": True}
+    assert co.inductor_options(ns(), strict=True) == {}
     # a sub-config without the leaf, a leaf without its sub-config
     odd = ns(triton=ns(), eager_numerics=ns(disable_ftz=False), disable_ftz=False)
-    assert dc.inductor_options(odd, strict=True) == {"eager_numerics.disable_ftz": True}
+    assert co.inductor_options(odd, strict=True) == {"eager_numerics.disable_ftz": True}
 
 
 @pytest.mark.parametrize("version", ["2.8", "2.11", "2.14"])
 def test_inductor_options_autotune_gemm(version):
     """Opt-in GEMM autotuning adds max_autotune_gemm where the config has it, and nothing else."""
     cfg = fake_inductor(version)
-    plain = dc.inductor_options(cfg)
-    assert dc.inductor_options(cfg, autotune_gemm=True) == plain  # the fake config lacks the name
+    plain = co.inductor_options(cfg)
+    assert co.inductor_options(cfg, autotune_gemm=True) == plain  # the fake config lacks the name
     cfg.max_autotune_gemm = False
-    assert dc.inductor_options(cfg, autotune_gemm=True) == {**plain, "max_autotune_gemm": True}
-    assert dc.inductor_options(cfg) == plain
+    assert co.inductor_options(cfg, autotune_gemm=True) == {**plain, "max_autotune_gemm": True}
+    assert co.inductor_options(cfg) == plain
 
 
 def test_has_option_dotted():
     cfg = fake_inductor("2.14")
-    assert dc.has_option(cfg, "triton.cudagraphs")
-    assert dc.has_option(cfg, "eager_numerics.disable_ftz")
-    assert not dc.has_option(cfg, "eager_numerics.nope")
-    assert not dc.has_option(cfg, "nope.cudagraphs")
+    assert co.has_option(cfg, "triton.cudagraphs")
+    assert co.has_option(cfg, "eager_numerics.disable_ftz")
+    assert not co.has_option(cfg, "eager_numerics.nope")
+    assert not co.has_option(cfg, "nope.cudagraphs")
 
 
 def test_inductor_options_real_config_resolve():
@@ -168,7 +168,7 @@ def test_inductor_options_real_config_resolve():
 
     known = inductor_config.get_config_copy() if hasattr(inductor_config, "get_config_copy") else None
     for strict in (False, True):
-        opts = dc.inductor_options(inductor_config, strict=strict)
+        opts = co.inductor_options(inductor_config, strict=strict)
         assert opts["triton.cudagraphs"] is False
         for key in opts:
             resolve(inductor_config, key)
@@ -182,7 +182,7 @@ def test_inductor_options_real_compile_on_cpu():
     """One real Inductor compile with every option this torch has (a matmul: no C++ kernel to build)."""
     import torch._inductor.config as inductor_config
 
-    opts = dc.inductor_options(inductor_config, strict=True)
+    opts = co.inductor_options(inductor_config, strict=True)
     fn = torch.compile(lambda a, b: a @ b, backend="inductor", options=opts, dynamic=False, fullgraph=True)
     a, b = torch.randn(4, 8), torch.randn(8, 3)
     torch.testing.assert_close(fn(a, b), a @ b)
@@ -193,18 +193,18 @@ def test_inductor_options_real_compile_on_cpu():
 
 def test_dynamo_limit_names():
     new = ns(recompile_limit=8, accumulated_recompile_limit=256, cache_size_limit=8, accumulated_cache_size_limit=256)
-    assert dc.dynamo_limit_names(new) == ("recompile_limit", "accumulated_recompile_limit")
+    assert co.dynamo_limit_names(new) == ("recompile_limit", "accumulated_recompile_limit")
     old = ns(cache_size_limit=8, accumulated_cache_size_limit=64)
-    assert dc.dynamo_limit_names(old) == ("cache_size_limit", "accumulated_cache_size_limit")
-    assert dc.dynamo_limit_names(ns(cache_size_limit=8)) == ("cache_size_limit",)
-    assert dc.dynamo_limit_names(ns()) == ()
-    assert dc.dynamo_limit_names(dynamo_config) == ("recompile_limit", "accumulated_recompile_limit")
+    assert co.dynamo_limit_names(old) == ("cache_size_limit", "accumulated_cache_size_limit")
+    assert co.dynamo_limit_names(ns(cache_size_limit=8)) == ("cache_size_limit",)
+    assert co.dynamo_limit_names(ns()) == ()
+    assert co.dynamo_limit_names(dynamo_config) == ("recompile_limit", "accumulated_recompile_limit")
 
 
 def test_skip_rule_targets_dedup_in_order():
     cfg = EngineConfig(compile_skip_modules=("json", "triton", "json", "my_kernels"))
-    assert dc.skip_rule_targets(cfg) == ["triton", "flash_attn", "flash_attn_interface", "json", "my_kernels"]
-    assert dc.skip_rule_targets(EngineConfig()) == ["triton", "flash_attn", "flash_attn_interface"]
+    assert co.skip_rule_targets(cfg) == ["triton", "flash_attn", "flash_attn_interface", "json", "my_kernels"]
+    assert co.skip_rule_targets(EngineConfig()) == ["triton", "flash_attn", "flash_attn_interface"]
 
 
 # ------------------------------------------------------------ configure_process
@@ -318,9 +318,9 @@ def test_real_skip_rule_makes_dynamo_skip_the_module(monkeypatch, tmp_path):
         def f(x):
             return mod.helper(x * 2) * 3
 
-        snap = dc.stats_snapshot()
+        snap = cs.stats_snapshot()
         out = torch.compile(f, backend="eager", dynamic=False)(torch.ones(2))
-        stats = dc.stats_since(snap)
+        stats = cs.stats_since(snap)
         assert torch.equal(out, torch.full((2,), 9.0))
         assert stats.graph_breaks >= 1  # the skipped function ran outside the graph
     finally:
@@ -347,10 +347,10 @@ def test_real_skip_rule_makes_dynamo_skip_the_module(monkeypatch, tmp_path):
     ],
 )
 def test_supported(version, ok):
-    result, why = dc.supported(version)
+    result, why = co.supported(version)
     assert result is ok
     assert why
-    assert dc.supported()[0]  # the installed one
+    assert co.supported()[0]  # the installed one
 
 
 def f_add(x):
@@ -402,7 +402,7 @@ def test_compile_call_arguments(monkeypatch, strict, dynamic_batch, autotune):
         "fullgraph": False,
         "dynamic": None if dynamic_batch else False,
         "backend": "inductor",
-        "options": dc.inductor_options(inductor_config, strict, autotune),
+        "options": co.inductor_options(inductor_config, strict, autotune),
     }
     assert seen["options"].get("max_autotune_gemm", False) is autotune  # the installed torch has the name
     assert fwd.compiled is True and fwd.raw is f_add
@@ -422,9 +422,9 @@ def test_compiled_custom_op_no_graph_breaks(backend):
     cfg = EngineConfig(decode_compile=True, compile_native_ops=())
     fwd = dc.build_decode_forward(rms_forward, cfg, "cpu", backend=backend, allow_cpu=True)
     assert fwd.compiled is True and fwd.raw is rms_forward
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     out = fwd(x, w)
-    stats = dc.stats_since(snap)
+    stats = cs.stats_since(snap)
     torch.testing.assert_close(out, rms_forward(x, w))
     assert stats.graph_breaks == 0, stats.describe()
     assert stats.recompiles == 0
@@ -471,38 +471,54 @@ def test_dynamic_batch_compiles_once_for_all_buckets(dynamic_batch, expected_gra
     assert len(graphs) == expected_graphs
 
 
-def policy_forward(x, w):
-    if use_native("rms_norm"):
-        return ref.rms_norm(x, w, 1e-6) * 2.0  # "native" marker: x2
-    return torch.ops.ingot.rms_norm(x, w, 1e-6) * 3.0
+class PolicyRecorder(torch.nn.Module):
+    """A stand-in model that records the OpPolicy each forward hands its layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def forward(self, input_ids, positions, meta, policy):
+        self.seen.append(policy)
+        return input_ids.float()[:, None]
+
+    def compute_logits(self, hidden, policy):
+        return hidden
 
 
-def test_native_ops_active_inside_call_only():
-    x, w = torch.randn(2, 8), torch.rand(8) + 0.5
-    base = ref.rms_norm(x, w, 1e-6)
-    native = dc.build_decode_forward(
-        policy_forward, EngineConfig(decode_compile=True, compile_native_ops=FUSIBLE_OPS), "cpu", backend="eager", allow_cpu=True
-    )
-    for _ in range(2):
-        torch.testing.assert_close(native(x, w), base * 2.0)
-        assert not use_native("rms_norm")  # restored after the call
-    torch.testing.assert_close(policy_forward(x, w), base * 3.0)  # raw: policy off
-    opaque = dc.build_decode_forward(
-        policy_forward,
-        EngineConfig(decode_compile=True, compile_native_ops=("silu_and_mul",)),
-        "cpu",
-        backend="eager",
-        allow_cpu=True,
-    )
-    torch.testing.assert_close(opaque(x, w), base * 3.0)
-    assert set(FUSIBLE_OPS) >= {"rms_norm"}
+def test_compiled_forward_gets_the_native_policy_and_raw_keeps_its_own(monkeypatch):
+    """The graph runner builds the forward it compiles with ``compile_native_ops`` native,
+    and keeps the runner's policy (skinny rows included) for the raw forward."""
+    from ingot.layers.policy import OpPolicy
+    from ingot.runner import graph_runner
+
+    handed = []
+
+    def fake_build(forward, config, device):
+        handed.append(forward)
+        wrapped = lambda *a: forward(*a)  # noqa: E731
+        wrapped.compiled = True
+        return wrapped
+
+    monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", fake_build)
+    model = PolicyRecorder()
+    cfg = EngineConfig(decode_compile=True, compile_native_ops=("rms_norm", "silu_and_mul"), fake_graph_capture=True,
+                       cudagraph_capture_sizes=(2,), show_progress=False)
+    base = OpPolicy(skinny_rows=1)
+    runner = graph_runner.DecodeGraphRunner(model, cfg, torch.device("cpu"), 4, base)
+    args = runner.buffers.view(2)
+    runner.forward(*args)
+    assert model.seen[-1] == OpPolicy(skinny_rows=1, native=frozenset({"rms_norm", "silu_and_mul"}))
+    runner.raw_forward(*args)
+    assert model.seen[-1] == base and not base.native
+    assert len(handed) == 1
 
 
 def test_repeated_calls_do_not_recompile():
     x, w = torch.randn(2, 8), torch.ones(8)
-    fwd = dc.build_decode_forward(policy_forward, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
+    fwd = dc.build_decode_forward(rms_forward, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
     fwd(x, w)
-    with dc.forbid_recompiles():  # the native-ops policy guard holds call after call
+    with dc.forbid_recompiles():  # the guards hold call after call
         for _ in range(3):
             fwd(x, w)
 
@@ -546,9 +562,9 @@ def with_item(x):
 @pytest.mark.parametrize("fn", [with_print, with_item])
 def test_stats_report_graph_breaks_with_reasons(fn, capsys):
     fwd = dc.build_decode_forward(fn, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     out = fwd(torch.ones(3))
-    stats = dc.stats_since(snap)
+    stats = cs.stats_since(snap)
     assert torch.equal(out, fn(torch.ones(3)))
     assert stats.graph_breaks >= 1
     assert len(stats.graph_break_reasons) == stats.graph_breaks
@@ -557,22 +573,22 @@ def test_stats_report_graph_breaks_with_reasons(fn, capsys):
     text = stats.describe()
     assert "graph break" in text and "break x" in text
     # a second snapshot sees nothing new
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     fwd(torch.ones(3))
-    assert dc.stats_since(snap).graph_breaks == 0
+    assert cs.stats_since(snap).graph_breaks == 0
 
 
 def test_stats_report_recompiles_with_reasons():
     cfg = EngineConfig(decode_compile=True, compile_dynamic_batch=False)  # one compile per shape
     fwd = dc.build_decode_forward(f_add, cfg, "cpu", backend="eager", allow_cpu=True)
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     fwd(torch.ones(4))
-    first = dc.stats_since(snap)
+    first = cs.stats_since(snap)
     assert (first.frames, first.recompiles) == (1, 0)
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     fwd(torch.ones(5))
     fwd(torch.ones(6))
-    stats = dc.stats_since(snap)
+    stats = cs.stats_since(snap)
     assert stats.recompiles == 2 and stats.frames == 2
     assert all(r.startswith("f_add:") for r in stats.recompile_reasons)
     assert any("size" in r for r in stats.recompile_reasons), stats.recompile_reasons
@@ -591,13 +607,13 @@ def test_stats_from_compilation_metrics_records(monkeypatch):
     old = rec(duration_us=5_000_000)
     records = [old]
     monkeypatch.setattr(dynamo_utils, "get_compilation_metrics", lambda: list(records))
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     records += [
         rec(duration_us=1_500_000, recompile_reason="0/0: tensor 'x' size mismatch at index 0. expected 4, actual 8"),
         rec(is_runtime=True, duration_us=250_000),
         rec(co_name="resume", entire_frame_compile_time_s=0.25),
     ]
-    stats = dc.stats_since(snap)
+    stats = cs.stats_since(snap)
     assert (stats.frames, stats.recompiles) == (2, 1)
     assert stats.recompile_reasons == ["fwd: 0/0: tensor 'x' size mismatch at index 0. expected 4, actual 8"]
     assert stats.compile_seconds == pytest.approx(2.0)
@@ -608,9 +624,9 @@ def test_stats_degrade_without_compilation_metrics(monkeypatch):
     monkeypatch.setattr(dynamo_utils, "graph_break_reasons", None)  # fall back to counters too
     fwd = dc.build_decode_forward(with_print, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
     fwd(torch.ones(2))
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     fwd(torch.ones(3))
-    stats = dc.stats_since(snap)
+    stats = cs.stats_since(snap)
     assert stats.graph_breaks >= 1 and all(stats.graph_break_reasons)
     assert stats.recompiles >= 1  # guard failures: an upper bound
     assert stats.compile_seconds is not None
@@ -619,10 +635,10 @@ def test_stats_degrade_without_compilation_metrics(monkeypatch):
 def test_stats_since_survives_dynamo_reset():
     fwd = dc.build_decode_forward(with_print, EngineConfig(decode_compile=True), "cpu", backend="eager", allow_cpu=True)
     fwd(torch.ones(2))
-    snap = dc.stats_snapshot()
+    snap = cs.stats_snapshot()
     torch._dynamo.reset()
     fwd(torch.ones(2))
-    stats = dc.stats_since(snap)
+    stats = cs.stats_since(snap)
     assert stats.graph_breaks >= 1 and stats.recompiles == 0
 
 
@@ -631,7 +647,7 @@ def test_batch1_step_compiles_with_the_skinny_ops(tmp_path):
     traces without graph breaks, keeps the skinny GEMVs and their fused prologues as
     opaque nodes, like the raw step runs them, and equals the raw step."""
     from ingot.engine.engine import Engine
-    from ingot.layers.linear import set_skinny_gemm_rows
+    from ingot.layers.policy import OpPolicy
     from ingot.runner.graph_runner import StaticBuffers, make_decode_forward
     from tests.helpers import OpNames, write_tiny_checkpoint
 
@@ -646,22 +662,18 @@ def test_batch1_step_compiles_with_the_skinny_ops(tmp_path):
     path = write_tiny_checkpoint(tmp_path / "qwen2", "qwen2")
     cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, decode_compile=True)
     engine = Engine.from_config(cfg)
-    raw = make_decode_forward(engine.runner.model)
+    raw = make_decode_forward(engine.runner.model, OpPolicy(skinny_rows=1))
     buf = StaticBuffers.allocate(1, 8, torch.device("cpu"))
     buf.input_ids.copy_(torch.tensor([7]))
     buf.slot_mapping.copy_(torch.tensor([16]))
     buf.block_tables[0, 0] = 1
-    set_skinny_gemm_rows(1)
-    try:
-        fwd = dc.build_decode_forward(raw, cfg, "cpu", backend=record_aot, allow_cpu=True)
-        with torch.inference_mode():
-            with OpNames() as ran:
-                expected = raw(*buf.view(1)).clone()
-            snap = dc.stats_snapshot()
-            got = fwd(*buf.view(1))
-            stats = dc.stats_since(snap)
-    finally:
-        set_skinny_gemm_rows(0)
+    fwd = dc.build_decode_forward(raw, cfg, "cpu", backend=record_aot, allow_cpu=True)
+    with torch.inference_mode():
+        with OpNames() as ran:
+            expected = raw(*buf.view(1)).clone()
+        snap = cs.stats_snapshot()
+        got = fwd(*buf.view(1))
+        stats = cs.stats_since(snap)
     assert {"ingot.rms_norm_linear", "ingot.silu_mul_linear"} <= ran.names
     torch.testing.assert_close(got, expected)
     assert stats.graph_breaks == 0, stats.describe()

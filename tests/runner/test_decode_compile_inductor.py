@@ -26,7 +26,7 @@ def test_inductor_decode_step_in_place_and_close_to_raw(tmp_path):
     cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False,
                        num_kv_blocks=BLOCKS, decode_compile=True)
     engine = Engine.from_config(cfg)
-    raw = make_decode_forward(engine.runner.model)
+    raw = make_decode_forward(engine.runner.model, engine.runner.policy)
     compiled = decode_compile.build_decode_forward(raw, cfg, torch.device("cpu"), allow_cpu=True)
     assert getattr(compiled, "compiled", False)
     buf = StaticBuffers.allocate(4, 8, torch.device("cpu"))

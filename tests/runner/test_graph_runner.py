@@ -72,6 +72,7 @@ def test_compiled_forward_built_lazily_once_and_never_for_prefill(tiny, monkeypa
             calls.append(args[0].shape[0])
             return forward(*args)
 
+        spy.compiled = True
         return spy
 
     monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", fake_build)

@@ -6,7 +6,7 @@ import array
 
 import torch
 
-from ingot.engine.scheduler import ScheduledBatch
+from ingot.runner.batch import ScheduledBatch
 from ingot.engine.sequence import Sequence
 from ingot.runner.step_inputs import build_step_inputs, padded_block_rows
 from ingot.sampling_params import SamplingParams

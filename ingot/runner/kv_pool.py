@@ -1,57 +1,20 @@
-"""The paged KV cache: one preallocated pool of blocks, and the manager that hands them out.
+"""The paged KV cache on the device: one preallocated pool of fixed-size blocks per layer.
 
-Block 0 is never handed out: padded rows of a captured decode batch write their
-K/V there and attend only to it, so padding can never touch a real sequence.
+Block 0 (``DUMMY_BLOCK``) is never handed out by the engine's block manager:
+padded rows of a captured decode batch write their K/V there and attend only
+to it, so padding can never touch a real sequence.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
-
-from ingot.engine.sequence import Sequence
 
 DUMMY_BLOCK = 0
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold ``num_tokens`` tokens."""
     return -(-num_tokens // block_size)
-
-
-class BlockManager:
-    """Free-list allocator of KV blocks (ids 1..num_blocks-1)."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        assert num_blocks >= 2, "need at least one usable block besides the dummy"
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(1, num_blocks))
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free_blocks)
-
-    @property
-    def capacity_tokens(self) -> int:
-        """Tokens one sequence could ever hold: every usable block."""
-        return (self.num_blocks - 1) * self.block_size
-
-    def extra_blocks(self, seq: Sequence, num_tokens: int) -> int:
-        """Blocks ``seq`` still needs so that ``num_tokens`` of its tokens fit."""
-        return max(0, blocks_for(num_tokens, self.block_size) - len(seq.block_ids))
-
-    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.extra_blocks(seq, num_tokens) <= self.num_free
-
-    def grow(self, seq: Sequence, num_tokens: int) -> None:
-        need = self.extra_blocks(seq, num_tokens)
-        assert need <= self.num_free, "caller must check can_grow first"
-        seq.block_ids.extend(self.free_blocks.popleft() for _ in range(need))
-
-    def free(self, seq: Sequence) -> None:
-        self.free_blocks.extend(seq.block_ids)
-        del seq.block_ids[:]
 
 
 class KVCachePool:

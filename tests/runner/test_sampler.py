@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from ingot.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
+from ingot.runner.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from ingot.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")

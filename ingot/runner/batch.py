@@ -1,0 +1,46 @@
+"""ScheduledBatch: what the engine asks the runner to compute in one step.
+
+The runner reads a sequence only through ``BatchSequence``: its tokens, its
+progress, its KV block ids and how to sample it. The engine's ``Sequence``
+satisfies it; the runner never imports the engine.
+"""
+
+from __future__ import annotations
+
+import array
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+import torch
+
+from ingot.sampling_params import SamplingParams
+
+
+class BatchSequence(Protocol):
+    """The fields of one sequence that a step reads."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    generator: Optional[torch.Generator]
+    block_ids: array.array  # int32 KV block ids, in token order
+    num_computed_tokens: int  # tokens whose KV is already cached
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    def tokens(self, start: int, end: int) -> list[int]: ...
+
+
+@dataclass
+class ScheduledBatch:
+    """One step: all-prefill (chunks of any length) or all-decode (one token per sequence)."""
+
+    seqs: list[BatchSequence]
+    is_prefill: bool
+    num_new_tokens: list[int] = field(default_factory=list)  # tokens computed per seq this step
+
+    def samples(self, i: int) -> bool:
+        """Does row i produce a token this step (its computation reaches its last token)?"""
+        seq = self.seqs[i]
+        return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
