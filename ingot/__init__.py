@@ -1,14 +1,18 @@
 """ingot: a compact, fast LLM inference engine for PyTorch."""
 
 from ingot.config import ConfigError, EngineConfig
-from ingot.engine.engine import RequestError
+from ingot.engine.request import RequestError
+from ingot.engine.async_llm import AsyncLLM
 from ingot.llm import LLM
 from ingot.loading.errors import CheckpointError
-from ingot.outputs import CompletionOutput, RequestOutput
+from ingot.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ingot.sampling_params import SamplingError, SamplingParams
 
 __all__ = [
     "LLM",
+    "AsyncLLM",
+    "Logprob",
+    "RequestMetrics",
     "EngineConfig",
     "SamplingParams",
     "RequestOutput",

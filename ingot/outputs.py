@@ -1,23 +1,60 @@
-"""What generate() returns, vLLM-shaped: RequestOutput with CompletionOutputs."""
+"""What generate() returns, shaped like vLLM's outputs: RequestOutput with CompletionOutputs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass
+class Logprob:
+    """One token's log probability, its rank in the vocabulary (1 = most likely) and its text."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+# Per position: the sampled (or prompt) token and the top-n alternatives, each keyed by token id.
+SampleLogprobs = list[dict[int, Logprob]]
+PromptLogprobs = list[Optional[dict[int, Logprob]]]  # None for the first prompt token
+
 
 @dataclass
 class CompletionOutput:
+    """One of a request's ``n`` samples."""
+
     index: int
     text: str
     token_ids: list[int]
+    cumulative_logprob: Optional[float] = None  # sum of the sampled tokens' logprobs (with ``logprobs``)
+    logprobs: Optional[SampleLogprobs] = None
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
     stop_reason: Optional[object] = None  # the stop string or token id that ended it
-    logprobs: Optional[list[dict[int, float]]] = None
+    delta: str = ""  # text added since the previous output of this request (streaming)
+    delta_token_ids: list[int] = field(default_factory=list)  # token ids added since then
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times (``time.time()``) of one request's milestones."""
+
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
+    finished_time: Optional[float] = None
+    num_preemptions: int = 0
+
+    @property
+    def time_in_queue(self) -> Optional[float]:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
 
 @dataclass
@@ -27,5 +64,12 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
-    error: Optional[str] = None  # set when this request was rejected; others are unaffected
-    delta: str = ""  # text added by the last step (streaming)
+    error: Optional[str] = None  # set when this request failed; other requests are unaffected
+    prompt_logprobs: Optional[PromptLogprobs] = None
+    metrics: Optional[RequestMetrics] = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+    @property
+    def delta(self) -> str:
+        """The first sample's new text (streaming a request with ``n=1``)."""
+        return self.outputs[0].delta if self.outputs else ""

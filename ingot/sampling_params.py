@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Union
 # Below this temperature a request is decoded greedily.
 GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_N = 128
 
 
 class SamplingError(ValueError):
@@ -64,7 +65,8 @@ def _bool(name: str, value: Any) -> bool:
 class SamplingParams:
     """Per-request sampling settings (vLLM-like names and meanings)."""
 
-    n: int = 1  # only 1 is supported
+    n: int = 1  # samples of the prompt (they share its prefill and cached blocks)
+    best_of: Optional[int] = None  # None or n (ingot returns every sample; more than n is not supported)
     temperature: float = 1.0  # >= 0; 0 means greedy
     top_p: float = 1.0  # (0, 1]
     top_k: int = 0  # 0 or -1 disables; else >= 1
@@ -79,13 +81,14 @@ class SamplingParams:
     stop_token_ids: Optional[List[int]] = None  # normalised to list[int]
     ignore_eos: bool = False
     logprobs: Optional[int] = None  # top-n logprobs per generated token, 0..20
+    prompt_logprobs: Optional[int] = None  # top-n logprobs per prompt token, 0..20
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if not _is_int(self.n) or int(self.n) != 1:
-            raise SamplingError(f"n must be 1 (only one sequence per request is supported), got {self.n!r}")
-        self.n = 1
+        self.n = _int("n", self.n, f">= 1 (at most {MAX_N})", lo=1, hi=MAX_N)
+        if self.best_of is not None:
+            self.best_of = _int("best_of", self.best_of, f"None or equal to n={self.n}", lo=self.n, hi=self.n)
         self.temperature = _float("temperature", self.temperature, ">= 0", lambda v: v >= 0)
         self.top_p = _float("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
         if not _is_int(self.top_k) or not (int(self.top_k) in (0, -1) or int(self.top_k) >= 1):
@@ -112,6 +115,9 @@ class SamplingParams:
         if self.logprobs is not None:
             self.logprobs = _int("logprobs", self.logprobs,
                                  f"in [0, {MAX_LOGPROBS}] (or None)", lo=0, hi=MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = _int("prompt_logprobs", self.prompt_logprobs,
+                                        f"in [0, {MAX_LOGPROBS}] (or None)", lo=0, hi=MAX_LOGPROBS)
         self.skip_special_tokens = _bool("skip_special_tokens", self.skip_special_tokens)
         self.include_stop_str_in_output = _bool(
             "include_stop_str_in_output", self.include_stop_str_in_output)

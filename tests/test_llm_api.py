@@ -127,6 +127,10 @@ def test_seeded_sampling_reproducible_in_any_batch(llm):
 def test_logprobs(llm):
     out = llm.generate("hello world", greedy(3, logprobs=2))[0].outputs[0]
     assert len(out.logprobs) == 3
+    tok_ = llm.get_tokenizer()
     for tok, lp in zip(out.token_ids, out.logprobs):
         assert tok in lp and len(lp) >= 2
-        assert lp[tok] == max(lp.values())  # greedy picks the most likely token
+        assert lp[tok].logprob == max(v.logprob for v in lp.values())  # greedy picks the most likely token
+        assert lp[tok].rank == 1 and sorted(v.rank for v in lp.values()) == [1, 2]
+        assert all(v.decoded_token == tok_.decode([t]) for t, v in lp.items())
+    assert out.cumulative_logprob == pytest.approx(sum(lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)))

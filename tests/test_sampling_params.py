@@ -81,7 +81,7 @@ def test_numbers_are_coerced():
 
 
 INVALID = [
-    ("n", 2), ("n", 0), ("n", 1.0), ("n", "1"),
+    ("n", 0), ("n", 1.0), ("n", "1"), ("n", 129), ("best_of", 3), ("best_of", 0), ("prompt_logprobs", 21),
     ("temperature", -0.1), ("temperature", "hot"), ("temperature", None),
     ("temperature", math.nan), ("temperature", math.inf), ("temperature", True),
     ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", "0.9"), ("top_p", math.nan),

@@ -1,7 +1,11 @@
-"""Engine: the step loop. Admits requests, schedules, runs the model, applies stop rules.
+"""Engine: the synchronous core. Admits requests, schedules, runs the model, applies stop rules.
 
-Bad requests are rejected at ``add_request`` with a RequestError naming the
-problem; nothing already admitted is affected.
+One thread at a time may call ``add``, ``abort`` and ``step``: the engine loop
+(``engine_loop.py``) is that thread when several callers share an engine.
+Requests arrive validated (``request.InputProcessor``); anything that still
+fails inside a step (detokenizing, sampling, a stop check, even the forward)
+fails the requests it concerns, with ``RequestOutput.error``, and the engine
+goes on.
 """
 
 from __future__ import annotations
@@ -9,30 +13,32 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Optional, Sequence as Seq, Union
+from typing import Iterable, Optional
 
 import torch
 
 from ingot.config import ConfigError, EngineConfig
 from ingot.engine.block_manager import BlockManager
-from ingot.runner.kv_pool import blocks_for
-from ingot.runner.sampler import make_generator
+from ingot.engine.outputs import RequestState, build_output
+from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestError
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence
 from ingot.loading.checkpoint import open_checkpoint
+from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
 from ingot.models.loader import load_checkpoint, resolve_device, resolve_dtype
-from ingot.loading.model_config import ModelConfig
+from ingot.outputs import RequestOutput
+from ingot.runner.batch import ScheduledBatch
+from ingot.runner.kv_pool import blocks_for
 from ingot.runner.model_runner import ModelRunner
+from ingot.runner.sampler import make_generator
 from ingot.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-Prompt = Union[str, Seq[int]]
+__all__ = ["Engine", "RequestError", "Prompt"]
 
-
-class RequestError(ValueError):
-    """One request is invalid (empty, too long, bad token ids...). Other requests are unaffected."""
+_GOLDEN = 0x9E3779B97F4A7C15  # spreads the seeds of a request's n samples
 
 
 class Engine:
@@ -67,8 +73,11 @@ class Engine:
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
+        self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
         self._ids = itertools.count()
-        self.requests: dict[str, Sequence] = {}
+        self.requests: dict[str, RequestState] = {}
+        # requests whose samples 2..n wait until sample 1 has computed the shared prompt
+        self._held: list[RequestState] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -86,6 +95,9 @@ class Engine:
         return cls(config, model, mcfg, ckpt.tokenizer, device, dtype, max_len)
 
     # ------------------------------------------------------------------ requests
+    def new_request_id(self) -> str:
+        return str(next(self._ids))
+
     def add_request(
         self,
         prompt: Prompt,
@@ -95,95 +107,180 @@ class Engine:
         chat: bool = False,
         stream: bool = True,
     ) -> Sequence:
-        """Validate and queue one request; raises RequestError (nothing else changes) if bad.
+        """Validate and queue one request; returns its first sample's Sequence (the one a
+        request with ``n=1`` has). Raises RequestError (and changes nothing) if it is bad.
 
         ``stream=False``: the caller reads the text only once the request has finished,
         so without stop strings its tokens are detokenized once, at the end, instead of
         every step (``seq.text`` and ``seq.delta`` stay empty until then).
         """
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise RequestError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        text, ids = self._prompt_ids(prompt, chat)
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.requests:
-            raise RequestError(f"request id {request_id!r} is already in use")
-        gen = make_generator(params.seed, self.device) if params.seed is not None else None
-        detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-        seq = Sequence(request_id, text, ids, params, detok, gen)
-        seq.lazy_text = not stream and not params.stop
-        self.requests[request_id] = seq
-        self.scheduler.add(seq)
-        return seq
+        rid = self.new_request_id() if request_id is None else request_id
+        return self.add(self.inputs.process(prompt, params, rid, stream=stream, chat=chat)).seqs[0]
 
-    def _prompt_ids(self, prompt: Prompt, chat: bool) -> tuple[Optional[str], list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise RequestError("prompt is empty")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=not chat)
-            text: Optional[str] = prompt
-        else:
-            try:
-                ids = [int(t) for t in prompt]
-            except (TypeError, ValueError):
-                raise RequestError("a prompt must be a string or a list of token ids") from None
-            text = None
-        if not ids:
-            raise RequestError("prompt has no tokens")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
-        if len(ids) >= self.max_model_len:
-            raise RequestError(
-                f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}: "
-                "it leaves no room to generate; shorten the prompt"
-            )
-        return text, ids
+    def add(self, request: EngineRequest) -> RequestState:
+        """Queue a processed request; RequestError if its id is in use."""
+        if request.request_id in self.requests:
+            raise RequestError(f"request id {request.request_id!r} is already in use")
+        p = request.params
+        seqs = []
+        for i in range(p.n):
+            gen = make_generator((p.seed + i * _GOLDEN), self.device) if p.seed is not None else None
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens)
+            seq = Sequence(request.request_id, request.prompt, request.prompt_token_ids, p, detok, gen, index=i)
+            seq.arrival_time = request.arrival_time
+            seq.lazy_text = not request.stream and not p.stop
+            seqs.append(seq)
+        state = RequestState(request, seqs)
+        self.requests[request.request_id] = state
+        self.scheduler.add(seqs[0])
+        if len(seqs) > 1:
+            self._held.append(state)
+        return state
 
-    def abort(self, request_id: str) -> None:
-        seq = self.requests.get(request_id)
-        if seq is not None and not seq.finished:
-            seq.finish_reason = "abort"
-            self.scheduler.finish(seq)
-            self._flush_text([seq])
+    def abort(self, request_id: str) -> Optional[RequestOutput]:
+        """Stop a request wherever it is and free its blocks; its final output (None if unknown)."""
+        state = self.requests.get(request_id)
+        return None if state is None else self._finish_request(state, "abort")
+
+    def fail(self, request_id: str, message: str) -> Optional[RequestOutput]:
+        """End a request with ``message`` as its error (as ``abort`` otherwise)."""
+        state = self.requests.get(request_id)
+        return None if state is None else self._finish_request(state, "error", message)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return bool(self.requests)
+
+    def _finish_request(self, state: RequestState, reason: str, error: Optional[str] = None) -> RequestOutput:
+        """End every unfinished sample of ``state`` with ``reason`` and retire the request."""
+        ending = [s for s in state.seqs if not s.finished]
+        for seq in ending:
+            seq.finish_reason = reason
+            if error is not None:
+                seq.error = error
+            self.scheduler.finish(seq)
+        self._flush_text(ending)
+        if state in self._held:
+            self._held.remove(state)
+        return self._retire(state)
+
+    def _retire(self, state: RequestState) -> RequestOutput:
+        self.requests.pop(state.request.request_id, None)
+        return build_output(state, self.tokenizer)
 
     # ------------------------------------------------------------------ step
-    def step(self) -> list[Sequence]:
-        """Run one model step; returns the sequences that got a new token (or finished)."""
+    def step(self) -> list[RequestOutput]:
+        """Run one model step; the outputs of the requests it advanced (streaming requests:
+        each one that got a token; the others: only when they finish)."""
+        self._release_held()
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        rows, out = self.runner.execute(batch, self.eos_token_ids)
+        now_wall = time.time()
+        for seq in batch.seqs:
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now_wall
+        try:
+            rows, out = self.runner.execute(batch, self.eos_token_ids)
+        except Exception as exc:  # the forward itself failed: these requests fail, the engine goes on
+            log.exception("a step of %d sequences failed", len(batch.seqs))
+            return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
         touched = [batch.seqs[row] for row in rows]
-        eager = [k for k, seq in enumerate(touched) if not seq.lazy_text]
-        if eager:
-            add_tokens([touched[k].detok for k in eager], [[out.token_ids[k]] for k in eager])  # one batched detokenize
+        errors = out.errors or [None] * len(touched)
+        ok = [k for k, e in enumerate(errors) if e is None]
+        self._detokenize([touched[k] for k in ok], [out.token_ids[k] for k in ok], errors, ok)
         now = time.monotonic()
-        finished = []
-        for seq, token, logprobs in zip(touched, out.token_ids, out.logprobs):
+        changed: dict[str, RequestState] = {}
+        for seq, token, logprobs, error in zip(touched, out.token_ids, out.logprobs, errors):
+            state = self.requests.get(seq.request_id)
+            if state is None or seq.finished:
+                continue
+            changed[seq.request_id] = state
+            if error is None:
+                try:
+                    self._append(seq, token, logprobs, now)
+                    continue
+                except Exception as exc:
+                    log.exception("request %s: stop check failed", seq.request_id)
+                    error = f"{type(exc).__name__}: {exc}"
+            seq.error = error
+            seq.finish_reason = "error"
+            self.scheduler.finish(seq)
+        return self._outputs(changed.values())
+
+    def _detokenize(self, seqs: list[Sequence], tokens: list[int], errors: list, rows: list[int]) -> None:
+        """This step's tokens into each sequence's detokenizer: one batched decode for the
+        sequences whose text is read every step; a failure is pinned on the sequence that
+        causes it (``errors[rows[k]]``)."""
+        for seq, token in zip(seqs, tokens):
             if seq.lazy_text:
                 seq.detok.defer([token])
-            if self._append(seq, token, logprobs, now):
-                finished.append(seq)
-        self._flush_text(finished)
-        return touched
+        eager = [k for k, seq in enumerate(seqs) if not seq.lazy_text]
+        if not eager:
+            return
+        try:
+            add_tokens([seqs[k].detok for k in eager], [[tokens[k]] for k in eager])
+        except Exception:
+            for k in eager:  # the batched decode failed: find the culprits one by one
+                detok = seqs[k].detok
+                saved = (len(detok.ids), detok.prefix_offset, detok.read_offset, detok.text)
+                try:
+                    add_tokens([detok], [[tokens[k]]])
+                except Exception as exc:
+                    del detok.ids[saved[0] :]
+                    detok.prefix_offset, detok.read_offset, detok.text = saved[1:]
+                    errors[rows[k]] = f"detokenizing failed: {type(exc).__name__}: {exc}"
+
+    def _fail_batch(self, batch: ScheduledBatch, message: str) -> list[RequestOutput]:
+        outputs = []
+        for rid in dict.fromkeys(seq.request_id for seq in batch.seqs):
+            state = self.requests.get(rid)
+            if state is not None:
+                outputs.append(self._finish_request(state, "error", message))
+        return outputs
+
+    def _outputs(self, states: Iterable[RequestState]) -> list[RequestOutput]:
+        states = list(states)
+        self._flush_text([seq for state in states if state.finished for seq in state.seqs])  # one batched decode
+        outputs = []
+        for state in states:
+            if state.finished:
+                outputs.append(self._retire(state))
+            elif state.request.stream:
+                outputs.append(build_output(state, self.tokenizer))
+        return outputs
+
+    def _release_held(self) -> None:
+        """Queue samples 2..n of requests whose first sample has computed the prompt (their
+        prompt blocks are then cached, so they prefill only what is left)."""
+        if not self._held:
+            return
+        for state in list(self._held):
+            first = state.seqs[0]
+            if first.finished or not first.is_prefill and first.num_computed_tokens > 0:
+                for seq in state.seqs[1:]:
+                    if not seq.finished:
+                        self.scheduler.add(seq)
+                self._held.remove(state)
 
     @staticmethod
     def _flush_text(finished: list[Sequence]) -> None:
         """The deferred text of finished ``lazy_text`` sequences, in one batched decode."""
-        lazy = [seq for seq in finished if seq.lazy_text]
+        lazy = [seq for seq in finished if seq.lazy_text and not seq.text]
         if lazy:
-            add_tokens([seq.detok for seq in lazy], [[] for _ in lazy], final=True)
+            try:
+                add_tokens([seq.detok for seq in lazy], [[] for _ in lazy], final=True)
+            except Exception:
+                for seq in lazy:  # one bad sequence must not cost the others their text
+                    try:
+                        add_tokens([seq.detok], [[]], final=True)
+                    except Exception as exc:
+                        seq.error = seq.error or f"detokenizing failed: {type(exc).__name__}: {exc}"
             for seq in lazy:
                 seq.text = seq.delta = seq.detok.text
 
-    def _append(self, seq: Sequence, token: int, logprobs: Optional[dict[int, float]], now: float) -> bool:
+    def _append(self, seq: Sequence, token: int, logprobs, now: float) -> bool:
         """Record a sampled token (already detokenized into ``seq.detok``) at time ``now`` and
         apply the stop rules; True if the sequence finished."""
         p = seq.params
@@ -193,6 +290,7 @@ class Engine:
             seq.first_token_time = now
         if seq.logprobs is not None and logprobs is not None:
             seq.logprobs.append(logprobs)
+            seq.cumulative_logprob += logprobs[0][1]
         n_out = len(seq.output_token_ids)
         reason: Optional[str] = None
         stop_reason: Optional[object] = None

@@ -38,9 +38,11 @@ class Sequence:
         params: SamplingParams,
         detok: IncrementalDetokenizer,
         generator: Optional[torch.Generator] = None,
+        index: int = 0,
     ) -> None:
         self.seq_id = next(_ids)
         self.request_id = request_id
+        self.index = index  # which of the request's n samples
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -56,10 +58,19 @@ class Sequence:
         self.token_times: list[float] = []  # time.monotonic() of each output token
         self.finish_reason: Optional[str] = None
         self.stop_reason: Optional[object] = None
-        self.logprobs: Optional[list[dict[int, float]]] = [] if params.logprobs is not None else None
+        # per output token: (token, logprob, rank) of the sampled token, then the top-n
+        self.logprobs: Optional[list[list[tuple[int, float, int]]]] = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        # per prompt token: None for the first, then (token, logprob, rank) entries as for outputs
+        self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
+        self.num_cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
+        self.first_scheduled_time: Optional[float] = None
         self.num_preemptions = 0
         self.text = ""  # output text so far (stop strings already cut)
         self.delta = ""  # text added by the last step
+        self.emitted_text = 0  # characters of ``text`` already in an output
+        self.emitted_tokens = 0  # output tokens already in an output
+        self.error: Optional[str] = None  # why it failed (finish_reason "error")
         # no reader of per-step text (no streaming, no stop strings): the tokens are
         # detokenized once, when the sequence finishes (Engine.step)
         self.lazy_text = False

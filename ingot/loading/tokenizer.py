@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import jinja2
 import jinja2.sandbox
@@ -15,6 +15,32 @@ import tokenizers
 from ingot.loading.errors import CheckpointError
 
 Message = dict[str, Any]
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD.
+
+    Python turns invalid UTF-8 into lone surrogates (``"\\udcff"`` for byte 0xff:
+    command-line arguments, ``surrogateescape`` file reads); the tokenizer cannot
+    encode them. ingot encodes such text as the Unicode replacement character,
+    everywhere text enters (prompts, chat messages, stop strings are compared to it).
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+class Encoding(dict):
+    """What calling a tokenizer returns (HF's ``BatchEncoding`` subset): a dict with
+    ``input_ids`` and ``attention_mask``, also readable as attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class Tokenizer:
@@ -69,14 +95,38 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        """The first end-of-sequence id (HF's attribute); ``eos_token_ids`` has all of them."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __call__(self, text: Union[str, Sequence[str]], add_special_tokens: bool = True) -> Encoding:
+        """HF-style call: ``{"input_ids", "attention_mask"}`` for one text or a list of texts."""
+        if isinstance(text, str):
+            ids: Any = self.encode(text, add_special_tokens)
+            mask: Any = [1] * len(ids)
+        else:
+            ids = [self.encode(t, add_special_tokens) for t in text]
+            mask = [[1] * len(i) for i in ids]
+        return Encoding(input_ids=ids, attention_mask=mask)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of ``text`` (lone surrogates encoded as U+FFFD, see ``clean_text``)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text to encode must be a str, got {type(text).__name__}")
+        ids = self.tok.encode(clean_text(text), add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.prepend_bos and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]
         return ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: Union[int, Sequence[int]], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids`` (HF's default: special tokens kept)."""
+        if isinstance(ids, int):
+            ids = [ids]
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
@@ -86,35 +136,117 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.tok.id_to_token(token_id) or ""
 
+    def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]]) -> Union[str, list[str]]:
+        """The vocabulary entries (not decoded text) of ``ids``, as HF returns them."""
+        if isinstance(ids, int):
+            return self.token_text(ids)
+        return [self.token_text(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Union[str, Sequence[str]]) -> Union[Optional[int], list[Optional[int]]]:
+        if isinstance(tokens, str):
+            return self.tok.token_to_id(tokens)
+        return [self.tok.token_to_id(t) for t in tokens]
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.tok.get_vocab(with_added_tokens=True)
+
     # ------------------------------------------------------------ chat
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """Render a conversation to the prompt text the model was trained on."""
-        if not self.chat_template:
-            raise ValueError("this model has no chat template; use generate() with a plain prompt")
-        if not messages:
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        chat_template: Optional[str] = None,
+        continue_final_message: bool = False,
+    ) -> str:
+        """Render a conversation to the prompt text the model was trained on.
+
+        ``chat_template`` replaces the model's own template; ``continue_final_message``
+        leaves the last (assistant) message open for the model to continue, as HF does:
+        the text is cut right after that message's content. Raises ValueError with the
+        reason for a conversation or template it cannot render.
+        """
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be set")
+        if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("a conversation needs at least one message")
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"each message needs 'role' and 'content', got {m!r}")
-        if self._template is None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent, ensure_ascii=False)
-            env.globals["raise_exception"] = _raise
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._template = env.from_string(self.chat_template)
+        msgs = [_normalise_message(m) for m in messages]
+        source = chat_template if chat_template is not None else self.chat_template
+        if not source:
+            raise ValueError("this model has no chat template; pass chat_template= or use generate() with a plain prompt")
+        template = self._compiled_template(source)
         special = {
             "bos_token": self.token_text(self.bos_token_id) if self.bos_token_id is not None else "",
             "eos_token": self.token_text(self.eos_token_ids[0]) if self.eos_token_ids else "",
         }
-        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **special)
+        try:
+            text = template.render(messages=msgs, add_generation_prompt=add_generation_prompt, **special)
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template error: {exc}") from None
+        if continue_final_message:
+            final = msgs[-1]["content"].strip()
+            cut = text.rfind(final) if final else -1
+            if cut == -1:
+                raise ValueError("continue_final_message: the rendered template does not contain the last message")
+            text = text[: cut + len(final)]
+        return text
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+    def _compiled_template(self, source: str) -> jinja2.Template:
+        if source == self.chat_template and self._template is not None:
+            return self._template
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent, ensure_ascii=False)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template does not parse: {exc}") from None
+        if source == self.chat_template:
+            self._template = template
+        return template
+
+    def apply_chat_template(
+        self,
+        conversation: Sequence[Message],
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool = True,
+        **unused: Any,
+    ) -> Union[str, list[int]]:
+        """HF's method with HF's defaults: token ids unless ``tokenize=False`` (then the text)."""
+        text = self.render_chat(conversation, add_generation_prompt, chat_template, continue_final_message)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def encode_chat(self, messages: Sequence[Message], **render: Any) -> list[int]:
         # the template already carries every special token (BOS included, if any)
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, **render), add_special_tokens=False)
 
 
 def _raise(message: str) -> None:
     raise ValueError(f"chat template error: {message}")
+
+
+def _normalise_message(m: Any) -> Message:
+    """A message with string content: OpenAI's list of text parts is joined; other part
+    types (images, audio) are refused."""
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        raise ValueError(f"each message needs 'role' and 'content', got {m!r}")
+    content = m["content"]
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"message content parts must be {{'type': 'text', 'text': ...}}, got {part!r}")
+            parts.append(part["text"])
+        content = "".join(parts)
+    elif not isinstance(content, str):
+        raise ValueError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
+    if not isinstance(m["role"], str):
+        raise ValueError(f"message role must be a string, got {m['role']!r}")
+    return {**m, "content": clean_text(content)}
 
 
 def _token_id(tok: tokenizers.Tokenizer, token: Any) -> Optional[int]:

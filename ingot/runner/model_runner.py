@@ -148,7 +148,25 @@ class ModelRunner:
             )
             for r in inputs.sample_rows
         ]
-        return inputs.sample_rows, self.sampler(logits, rows)
+        try:
+            return inputs.sample_rows, self.sampler(logits, rows)
+        except Exception:  # find the rows that fail, so that they fail alone
+            log.exception("sampling a batch of %d rows failed; sampling its rows one by one", len(rows))
+            return inputs.sample_rows, self._sample_rows_alone(logits, rows)
+
+    def _sample_rows_alone(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        out = SamplerOutput([], [], [])
+        for i, row in enumerate(rows):
+            try:
+                one = self.sampler(logits[i : i + 1], [row])
+                out.token_ids.append(one.token_ids[0])
+                out.logprobs.append(one.logprobs[0])
+                out.errors.append(None)
+            except Exception as exc:
+                out.token_ids.append(-1)
+                out.logprobs.append(None)
+                out.errors.append(f"sampling failed: {type(exc).__name__}: {exc}")
+        return out
 
     @torch.inference_mode()
     def _forward_only(self, inputs: StepInputs) -> None:

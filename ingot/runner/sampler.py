@@ -13,13 +13,14 @@ Order of operations per row (all batched, fp32):
    else is in the batch.
 
 Logprobs come from ``log_softmax`` of the raw logits (before penalties and
-temperature). The results reach the host in a single transfer.
+temperature), with each token's rank in the vocabulary. The results reach the
+host in a single transfer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -40,11 +41,18 @@ class SamplingRow:
     eos_token_ids: Tuple[int, ...] = ()
 
 
+# (token id, logprob, rank) of the sampled token first, then of the top-n tokens (ranks 1..n);
+# the sampled token may appear twice (as sampled and among the top-n) with the same values.
+TokenLogprobs = List[Tuple[int, float, int]]
+
+
 @dataclass
 class SamplerOutput:
     token_ids: List[int]
-    # Per row: None unless params.logprobs is set, else {chosen: lp, top-n ...}.
-    logprobs: List[Optional[Dict[int, float]]]
+    # Per row: None unless params.logprobs is set.
+    logprobs: List[Optional[TokenLogprobs]]
+    # Per row: why sampling that row failed (its token is then -1); None when every row sampled.
+    errors: Optional[List[Optional[str]]] = None
 
 
 def make_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -242,9 +250,10 @@ class Sampler:
         idx = _h2d(want, device)
         lp = torch.log_softmax(logits[idx].to(torch.float32), dim=-1)
         chosen = tokens[idx]
-        chosen_lp = lp.gather(1, chosen[:, None])[:, 0]
+        chosen_lp = lp.gather(1, chosen[:, None])
+        chosen_rank = (lp > chosen_lp).sum(dim=-1) + 1  # 1 = the most likely token
         top_n = min(max(params[i].logprobs for i in want), logits.shape[1])
-        parts = [tokens.to(torch.float64), chosen_lp.to(torch.float64)]
+        parts = [tokens.to(torch.float64), chosen_lp[:, 0].to(torch.float64), chosen_rank.to(torch.float64)]
         if top_n:
             top_v, top_i = lp.topk(top_n, dim=-1)
             parts += [top_v.to(torch.float64).flatten(), top_i.to(torch.float64).flatten()]
@@ -252,12 +261,13 @@ class Sampler:
         token_ids = [int(t) for t in flat[:batch]]
         m = len(want)
         chosen_vals = flat[batch:batch + m]
-        top_vals = flat[batch + m:batch + m + m * top_n]
-        top_ids = flat[batch + m + m * top_n:]
-        out: List[Optional[Dict[int, float]]] = [None] * batch
+        ranks = flat[batch + m:batch + 2 * m]
+        top_vals = flat[batch + 2 * m:batch + 2 * m + m * top_n]
+        top_ids = flat[batch + 2 * m + m * top_n:]
+        out: List[Optional[TokenLogprobs]] = [None] * batch
         for j, i in enumerate(want):
-            d = {token_ids[i]: chosen_vals[j]}
+            entries = [(token_ids[i], chosen_vals[j], int(ranks[j]))]
             for r in range(min(params[i].logprobs, top_n)):
-                d.setdefault(int(top_ids[j * top_n + r]), top_vals[j * top_n + r])
-            out[i] = d
+                entries.append((int(top_ids[j * top_n + r]), top_vals[j * top_n + r], r + 1))
+            out[i] = entries
         return SamplerOutput(token_ids, out)

@@ -420,23 +420,27 @@ def test_logprobs_from_raw_logits(dtype):
         ref = ref_all[i].tolist()
         chosen = out.token_ids[i]
         top = sorted(range(120), key=lambda t: (-ref[t], t))[:n]
-        lp = out.logprobs[i]
-        assert chosen in lp
-        assert set(lp) == {chosen} | set(top)
-        assert len(lp) in (n, n + 1)
-        for t, v in lp.items():
+        entries = out.logprobs[i]
+        assert entries[0][0] == chosen  # the sampled token first
+        # then the top-n, best first (bf16 ties may come in any order)
+        assert [v for _, v, _ in entries[1:]] == pytest.approx([ref[t] for t in top], abs=1e-5)
+        assert len({t for t, _, _ in entries[1:]}) == n
+        assert [r for _, _, r in entries[1:]] == list(range(1, n + 1))
+        for t, v, rank in entries:
             assert v == pytest.approx(ref[t], abs=1e-5)
-            assert type(t) is int and type(v) is float
+            assert type(t) is int and type(v) is float and type(rank) is int
+        assert entries[0][2] == 1 + sum(ref[u] > ref[chosen] for u in range(120))
     # logprobs are the raw ones even though the penalty moved the choice in row 3
     assert out.token_ids[3] % 2 == 1
-    assert out.logprobs[1] == {out.token_ids[1]: pytest.approx(max(ref_all[1].tolist()), abs=1e-5)}
+    assert out.logprobs[1] == [(out.token_ids[1], pytest.approx(max(ref_all[1].tolist()), abs=1e-5), 1)]
 
 
 def test_logprobs_more_than_vocab():
     out = Sampler(CPU)(torch.tensor([RAW]), [row(logprobs=20, temperature=0.0)])
     ref = torch.log_softmax(torch.tensor(RAW), -1).tolist()
     assert out.token_ids == [3]
-    assert out.logprobs[0] == {t: pytest.approx(ref[t], abs=1e-6) for t in (3, 0, 5, 2, 1, 4)}
+    assert out.logprobs[0] == [(3, pytest.approx(ref[3], abs=1e-6), 1)] + [
+        (t, pytest.approx(ref[t], abs=1e-6), r) for r, t in enumerate((3, 0, 5, 2, 1, 4), start=1)]
 
 
 def test_logprobs_do_not_change_tokens():

@@ -1,0 +1,126 @@
+"""Requests as the engine receives them: validated and tokenized before they reach the loop.
+
+``InputProcessor`` turns what a caller brings (text, token ids, a prompt dict,
+a chat conversation, sampling params) into an ``EngineRequest``, or raises
+``RequestError`` naming what is wrong. It only reads the tokenizer and the
+model's limits, so any thread may call it: callers tokenize in their own
+thread while the engine loop keeps stepping.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from ingot.loading.tokenizer import Message, Tokenizer
+from ingot.sampling_params import SamplingError, SamplingParams
+
+# What a prompt may be: text, token ids, or vLLM's prompt dicts.
+Prompt = Union[str, Sequence[int], Mapping[str, Any]]
+
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
+
+
+class RequestError(ValueError):
+    """One request is invalid (empty, too long, bad token ids...). Other requests are unaffected."""
+
+
+@dataclass
+class EngineRequest:
+    """A request ready for the engine: its prompt as token ids, its params, its identity."""
+
+    request_id: str
+    prompt: Optional[str]  # the text, when the prompt was text
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # True: the caller reads outputs as they come (per-step text); False: only the final one
+    stream: bool = True
+    cache_salt: Optional[str] = None  # keeps this request's cached prefix apart from other tenants'
+    arrival_time: float = field(default_factory=time.monotonic)
+    arrival_wall: float = field(default_factory=time.time)
+
+
+class InputProcessor:
+    """Validation and tokenization of requests against one model's tokenizer and limits."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+
+    def process(
+        self,
+        prompt: Prompt,
+        params: Optional[SamplingParams],
+        request_id: str,
+        *,
+        stream: bool = True,
+        chat: bool = False,
+    ) -> EngineRequest:
+        """An EngineRequest, or RequestError naming the problem. ``chat``: ``prompt`` is
+        text rendered by the chat template (it carries its own special tokens)."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        salt = None
+        if isinstance(prompt, Mapping):
+            unknown = sorted(set(prompt) - _PROMPT_KEYS)
+            if unknown:
+                raise RequestError(f"unsupported prompt field(s) {unknown}; ingot takes 'prompt' or 'prompt_token_ids'")
+            if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+                raise RequestError("a prompt dict needs exactly one of 'prompt' and 'prompt_token_ids'")
+            salt = prompt.get("cache_salt")
+            if salt is not None and not isinstance(salt, str):
+                raise RequestError(f"cache_salt must be a string, got {type(salt).__name__}")
+            prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
+        text, ids = self._prompt_ids(prompt, chat)
+        return EngineRequest(request_id, text, ids, params, stream=stream, cache_salt=salt)
+
+    def _prompt_ids(self, prompt: Any, chat: bool) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            try:
+                ids = self.tokenizer.encode(prompt, add_special_tokens=not chat)
+            except Exception as exc:  # the tokenizer's own error, for this prompt alone
+                raise RequestError(f"the tokenizer cannot encode this prompt: {exc}") from None
+            text: Optional[str] = prompt
+        elif isinstance(prompt, (list, tuple)) and all(_is_token(t) for t in prompt):
+            ids = [int(t) for t in prompt]
+            text = None
+        else:
+            raise RequestError(
+                f"a prompt must be a string, a list of token ids or a prompt dict, got {type(prompt).__name__}"
+            )
+        if not ids:
+            raise RequestError("prompt has no tokens")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(
+                f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}: "
+                "it leaves no room to generate; shorten the prompt"
+            )
+        return text, ids
+
+    def render_chat(self, conversation: Sequence[Message], **options: Any) -> str:
+        """The chat template's text for ``conversation``; RequestError if it cannot be rendered."""
+        try:
+            return self.tokenizer.render_chat(conversation, **options)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_params(params: Any) -> SamplingParams:
+    """``params`` if it is SamplingParams (None: the defaults), else SamplingError."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise SamplingError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+    return params
