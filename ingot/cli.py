@@ -16,7 +16,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="weights/activations dtype; auto = bf16 on CUDA, fp32 on CPU")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output); default: the model's")
-    g.add_argument("--eager", action="store_true", help="no decode CUDA graphs (debugging)")
+    g.add_argument("--eager", "--enforce-eager", dest="eager", action="store_true", help="no decode CUDA graphs (debugging)")
     g.add_argument("--decode-compile", nargs="?", const="on", default=None, choices=["on", "off", "auto"],
                    help="torch.compile the decode step before graph capture (CUDA only): on, off, or auto = "
                         "per batch bucket, only where measured faster without drift (see docs/decode-compile.md)")
@@ -60,7 +60,7 @@ def _make_llm(args: argparse.Namespace):
     from ingot.llm import LLM
 
     extra: dict[str, Any] = {}
-    if args.max_model_len:
+    if args.max_model_len is not None:
         extra["max_model_len"] = args.max_model_len
     if args.eager:
         extra["eager_mode"] = True
@@ -84,12 +84,20 @@ def _params(args: argparse.Namespace):
 
 
 def _stream(llm, prompt: Any, params) -> str:
+    """Print the reply as it comes; returns its text. A failed request raises RequestError."""
+    from ingot.engine.request import RequestError
+
     text = ""
-    for out in llm.stream(prompt, params):
-        sys.stdout.write(out.delta)
+    try:
+        for out in llm.stream(prompt, params):
+            sys.stdout.write(out.delta)
+            sys.stdout.flush()
+            text = out.outputs[0].text
+            if out.error:
+                raise RequestError(out.error)
+    finally:
+        sys.stdout.write("\n")
         sys.stdout.flush()
-        text = out.outputs[0].text
-    sys.stdout.write("\n")
     return text
 
 
@@ -102,6 +110,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from ingot.engine.request import RequestError
+
     params = _params(args)
     llm = _make_llm(args)
     history: list[dict[str, str]] = []
@@ -110,13 +120,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
     while True:
         try:
             line = input("you> ").strip()
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the prompt: leave
+            print()
             break
         if not line:
             break
         history.append({"role": "user", "content": line})
         sys.stdout.write("assistant> ")
-        reply = _stream(llm, history, params)
+        try:
+            reply = _stream(llm, history, params)
+        except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+            print("[reply interrupted]", file=sys.stderr)
+            history.pop()
+            continue
+        except RequestError as exc:  # this turn failed; the conversation goes on without it
+            print(f"ingot: error: {exc}", file=sys.stderr)
+            history.pop()
+            continue
         history.append({"role": "assistant", "content": reply})
     return 0
 
@@ -126,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     quiet = getattr(args, "quiet", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from ingot.config import ConfigError
-    from ingot.engine.engine import RequestError
+    from ingot.engine.request import RequestError
     from ingot.loading.errors import CheckpointError
     from ingot.sampling_params import SamplingError
 

@@ -23,7 +23,11 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 class ConfigError(ValueError):
-    """A configuration value (argument or INGOT_* variable) is invalid."""
+    """A configuration value (argument or INGOT_* variable) is invalid; ``field`` names it."""
+
+    def __init__(self, message: str, field: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -86,15 +90,23 @@ class EngineConfig:
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise ConfigError(f"unknown engine argument(s): {', '.join(unknown)}")
-        values = parse_env(os.environ if env is None else env)
-        values.update({k: v for k, v in overrides.items()})
-        return cls(**values)
+        env = os.environ if env is None else env
+        values = parse_env(env)
+        from_env = set(values) - set(overrides)
+        values.update(overrides)
+        try:
+            return cls(**values)
+        except ConfigError as exc:  # a bad value from the environment: name its variable
+            if exc.field in from_env:
+                var = ENV_PREFIX + exc.field.upper()
+                raise ConfigError(f"{var}={env[var]!r}: {exc}", exc.field) from None
+            raise
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+            raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}", "device")
         _positive("block_size", self.block_size)
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -102,26 +114,26 @@ class EngineConfig:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
-            raise ConfigError("num_kv_blocks must be >= 2 (block 0 is reserved for padding)")
+            raise ConfigError("num_kv_blocks must be >= 2 (block 0 is reserved for padding)", "num_kv_blocks")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}", "gpu_memory_utilization"
             )
         if self.cudagraph_capture_sizes is not None:
             self.cudagraph_capture_sizes = tuple(int(s) for s in self.cudagraph_capture_sizes)
             if not self.cudagraph_capture_sizes or min(self.cudagraph_capture_sizes) < 1:
-                raise ConfigError("cudagraph_capture_sizes must be positive batch sizes")
+                raise ConfigError("cudagraph_capture_sizes must be positive batch sizes", "cudagraph_capture_sizes")
         if self.decode_compile not in (True, False, "auto"):
-            raise ConfigError(f"decode_compile must be True, False or 'auto', got {self.decode_compile!r}")
+            raise ConfigError(f"decode_compile must be True, False or 'auto', got {self.decode_compile!r}", "decode_compile")
         if not self.auto_compile_max_drift >= 0:
-            raise ConfigError(f"auto_compile_max_drift must be >= 0, got {self.auto_compile_max_drift}")
+            raise ConfigError(f"auto_compile_max_drift must be >= 0, got {self.auto_compile_max_drift}", "auto_compile_max_drift")
         self.compile_native_ops = tuple(self.compile_native_ops)
         bad = [op for op in self.compile_native_ops if op not in FUSIBLE_OPS]
         if bad:
-            raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}")
+            raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}", "compile_native_ops")
         self.compile_skip_modules = tuple(self.compile_skip_modules)
         if not 0 <= self.skinny_gemm_max_rows <= 16:
-            raise ConfigError(f"skinny_gemm_max_rows must be in [0, 16], got {self.skinny_gemm_max_rows}")
+            raise ConfigError(f"skinny_gemm_max_rows must be in [0, 16], got {self.skinny_gemm_max_rows}", "skinny_gemm_max_rows")
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -129,7 +141,7 @@ class EngineConfig:
 
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}", name)
 
 
 _TRUE = {"1", "true", "yes", "on"}

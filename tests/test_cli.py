@@ -53,3 +53,44 @@ def test_help_explains_options(capsys):
     text = capsys.readouterr().out
     for flag in ("--model", "--dtype", "--device", "--max-tokens", "--temperature", "--top-p", "--seed", "--decode-compile"):
         assert flag in text
+
+
+def test_invalid_utf8_prompt_is_replaced_not_a_traceback(tiny, capsys):
+    # what Python makes of the bytes ff fe on the command line
+    prompt = b"\xff\xfe hello".decode("utf-8", "surrogateescape")
+    assert main(["generate", prompt, "--model", tiny, "--device", "cpu", "--max-tokens", "4", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    expected = LLM(tiny, device="cpu", show_progress=False).generate(
+        "\ufffd\ufffd hello", SamplingParams(temperature=0.0, max_tokens=4))[0].outputs[0].text
+    assert captured.out == expected + "\n" and "Traceback" not in captured.err
+
+
+def test_ctrl_c_stops_the_reply_and_keeps_the_chat(tiny, capsys, monkeypatch):
+    """The first reply is interrupted; the chat goes on, and the next turn's prompt holds
+    the conversation without the interrupted turn."""
+    from ingot.llm import LLM as LLMClass
+
+    real = LLMClass.stream
+    seen = []
+
+    def stream(self, prompt, params=None):
+        seen.append([m["content"] for m in prompt])
+        inner = real(self, prompt, params)
+        if len(seen) == 1:
+            next(inner)
+            inner.close()
+            raise KeyboardInterrupt
+        return inner
+
+    monkeypatch.setattr(LLMClass, "stream", stream)
+    monkeypatch.setattr("sys.stdin", io.StringIO("first\nsecond \udcff\n\n"))
+    assert main(["chat", "--model", tiny, "--device", "cpu", "--max-tokens", "3", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "interrupted" in captured.err
+    assert seen == [["first"], ["second \udcff"]]
+    assert captured.out.count("assistant> ") == 2
+
+
+def test_max_model_len_zero_is_an_error(tiny, capsys):
+    assert main(["generate", "hi", "--model", tiny, "--device", "cpu", "--max-model-len", "0", "--quiet"]) == 2
+    assert "max_model_len" in capsys.readouterr().err

@@ -55,3 +55,17 @@ def test_bad_bool_message_names_the_variable_once():
     with pytest.raises(ConfigError) as info:
         EngineConfig.create(env={"INGOT_COMPILE_AUTOTUNE_GEMM": "maybe"})
     assert str(info.value) == "INGOT_COMPILE_AUTOTUNE_GEMM='maybe' is not a boolean (use 1/0, true/false, on/off)"
+
+
+@pytest.mark.parametrize("var,value", [("INGOT_MAX_NUM_SEQS", "0"), ("INGOT_BLOCK_SIZE", "-4"),
+                                       ("INGOT_GPU_MEMORY_UTILIZATION", "1.5"), ("INGOT_NUM_KV_BLOCKS", "1")])
+def test_bad_environment_values_name_their_variable(var, value):
+    with pytest.raises(ConfigError) as info:
+        EngineConfig.create(env={var: value})
+    assert str(info.value).startswith(f"{var}={value!r}: ")
+
+
+def test_a_bad_argument_names_the_argument_not_the_environment():
+    with pytest.raises(ConfigError) as info:
+        EngineConfig.create(env={"INGOT_MAX_NUM_SEQS": "8"}, max_num_seqs=0)
+    assert str(info.value).startswith("max_num_seqs must be")

@@ -184,6 +184,8 @@ class Engine:
         except Exception as exc:  # the forward itself failed: these requests fail, the engine goes on
             log.exception("a step of %d sequences failed", len(batch.seqs))
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
+        if out.prompt_logprobs:
+            _record_prompt_logprobs(batch, out.prompt_logprobs)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
         touched = [batch.seqs[row] for row in rows]
@@ -319,6 +321,16 @@ class Engine:
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         self.scheduler.finish(seq)
         return True
+
+
+def _record_prompt_logprobs(batch: ScheduledBatch, by_row: dict) -> None:
+    """Append each row's new prompt-token entries (a chunk recomputed after a preemption
+    repeats positions already recorded: those are skipped)."""
+    for row, entries in by_row.items():
+        seq = batch.seqs[row]
+        done = len(seq.prompt_logprobs)  # prompt tokens covered so far (the first is None)
+        first = seq.num_computed_tokens + 1  # the prompt token the chunk's first entry is for
+        seq.prompt_logprobs.extend(entries[max(0, done - first):])
 
 
 def _find_stop(text: str, stops: list[str], already: int) -> Optional[tuple[int, str]]:

@@ -212,11 +212,16 @@ class Tokenizer:
         add_generation_prompt: bool = False,
         continue_final_message: bool = False,
         tokenize: bool = True,
+        return_dict: bool = True,
         **unused: Any,
-    ) -> Union[str, list[int]]:
-        """HF's method with HF's defaults: token ids unless ``tokenize=False`` (then the text)."""
+    ) -> Union[str, list[int], Encoding]:
+        """HF's method with transformers 5's defaults: the text with ``tokenize=False``; else
+        ``{"input_ids", "attention_mask"}``, or the ids alone with ``return_dict=False``."""
         text = self.render_chat(conversation, add_generation_prompt, chat_template, continue_final_message)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+        if not tokenize:
+            return text
+        ids = self.encode(text, add_special_tokens=False)
+        return Encoding(input_ids=ids, attention_mask=[1] * len(ids)) if return_dict else ids
 
     def encode_chat(self, messages: Sequence[Message], **render: Any) -> list[int]:
         # the template already carries every special token (BOS included, if any)

@@ -20,6 +20,7 @@ from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
 from ingot.loading.model_config import ModelConfig
+from ingot.runner.prompt_logprobs import prompt_logprobs
 from ingot.runner.step_inputs import StepInputs, build_step_inputs
 
 log = logging.getLogger(__name__)
@@ -128,16 +129,27 @@ class ModelRunner:
             and self.graphs.fits(inputs.num_seqs)
         ):
             return self.graphs.run(inputs)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn, self.policy)
-        return self.model.compute_logits(hidden.index_select(0, inputs.logits_indices), self.policy)
+        return self._logits(self._hidden(inputs).index_select(0, inputs.logits_indices))
 
     def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
-        """Run one step; returns (rows that sampled, their tokens/logprobs)."""
+        """Run one step; returns (rows that sampled, their tokens/logprobs, and the prompt
+        logprobs of the rows that asked for them)."""
         inputs = build_step_inputs(batch, self.block_size, self.device)
-        if not inputs.sample_rows:
-            self._forward_only(inputs)
-            return [], SamplerOutput([], [])
-        logits = self.forward_logits(inputs)
+        prompt_rows = [r for r, s in enumerate(batch.seqs) if s.params.prompt_logprobs is not None] if batch.is_prefill else []
+        if prompt_rows or not inputs.sample_rows:  # the raw forward's hidden states are needed
+            hidden = self._hidden(inputs)
+            prompt_lp = prompt_logprobs(self.model, self.policy, hidden, batch, prompt_rows) if prompt_rows else None
+            if not inputs.sample_rows:
+                return [], SamplerOutput([], [], prompt_logprobs=prompt_lp)
+            logits = self._logits(hidden.index_select(0, inputs.logits_indices))
+        else:
+            prompt_lp = None
+            logits = self.forward_logits(inputs)
+        out = self._sample(batch, inputs, logits, eos_token_ids)
+        out.prompt_logprobs = prompt_lp
+        return inputs.sample_rows, out
+
+    def _sample(self, batch: ScheduledBatch, inputs: StepInputs, logits: torch.Tensor, eos_token_ids: tuple[int, ...]) -> SamplerOutput:
         rows = [
             SamplingRow(
                 params=batch.seqs[r].params,
@@ -149,10 +161,10 @@ class ModelRunner:
             for r in inputs.sample_rows
         ]
         try:
-            return inputs.sample_rows, self.sampler(logits, rows)
+            return self.sampler(logits, rows)
         except Exception:  # find the rows that fail, so that they fail alone
             log.exception("sampling a batch of %d rows failed; sampling its rows one by one", len(rows))
-            return inputs.sample_rows, self._sample_rows_alone(logits, rows)
+            return self._sample_rows_alone(logits, rows)
 
     def _sample_rows_alone(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         out = SamplerOutput([], [], [])
@@ -169,6 +181,10 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def _forward_only(self, inputs: StepInputs) -> None:
-        """A prefill chunk that samples nothing: fill the KV cache, skip the lm_head."""
-        self.model(inputs.input_ids, inputs.positions, inputs.attn, self.policy)
+    def _hidden(self, inputs: StepInputs) -> torch.Tensor:
+        """The raw forward's final hidden states [T, hidden] (fills the KV cache)."""
+        return self.model(inputs.input_ids, inputs.positions, inputs.attn, self.policy)
+
+    @torch.inference_mode()
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden, self.policy)

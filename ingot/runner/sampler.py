@@ -20,7 +20,7 @@ host in a single transfer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -53,6 +53,8 @@ class SamplerOutput:
     logprobs: List[Optional[TokenLogprobs]]
     # Per row: why sampling that row failed (its token is then -1); None when every row sampled.
     errors: Optional[List[Optional[str]]] = None
+    # Per batch row that asked (prefill only): one entry list per prompt token the step predicted.
+    prompt_logprobs: Optional[Dict[int, List[TokenLogprobs]]] = None
 
 
 def make_generator(seed: int, device: torch.device) -> torch.Generator:

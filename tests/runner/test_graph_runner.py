@@ -88,3 +88,21 @@ def test_compiled_forward_built_lazily_once_and_never_for_prefill(tiny, monkeypa
 def test_lazy_build_not_called_without_graphs(tiny, monkeypatch):
     monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", lambda *a: pytest.fail("built"))
     make(tiny, decode_compile=True)  # CPU, no fake capture: the raw model only
+
+
+def test_fake_capture_of_every_default_bucket_runs_no_warm_up_forward(tiny, monkeypatch):
+    """INGOT_FAKE_GRAPH_CAPTURE=1 on CPU with the default 35 buckets (up to 256 rows) must not
+    run each bucket's forward: there is no graph to capture, so start-up stays quick."""
+    calls = []
+    real = graph_runner.make_decode_forward
+
+    def counting(model, policy):
+        forward = real(model, policy)
+        return lambda *args: calls.append(args[0].shape[0]) or forward(*args)
+
+    monkeypatch.setattr(graph_runner, "make_decode_forward", counting)
+    llm = LLM(str(tiny), dtype="float32", device="cpu", show_progress=False, fake_graph_capture=True)
+    assert len(llm.engine.runner.graphs.entries) == len(default_buckets(256)) and calls == []
+    out = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert calls == [4, 4, 4] and all(len(o.outputs[0].token_ids) == 4 for o in out)  # the bucket of 3 rows
+    llm.shutdown()
