@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any, Optional, Sequence
 
-from ingot.config import DTYPES
+from ingot.config import DTYPES, ConfigError
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -44,6 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt")
     _engine_args(chat)
     _sampling_args(chat)
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
+                           description="Serve the model over HTTP with OpenAI's API (completions, chat completions, "
+                                       "models, tokenize, detokenize, health, version, metrics).")
+    _engine_args(serve)
+    srv = serve.add_argument_group("server")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed when ready)")
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: $INGOT_API_KEY)")
+    srv.add_argument("--served-model-name", default=None, help="the model name clients send (default: the model path's last part)")
+    srv.add_argument("--max-queued-requests", type=int, default=None,
+                     help="requests that may wait beyond the running batch; more get HTTP 503 (default: no limit)")
+    srv.add_argument("--max-num-seqs", type=int, default=None, help="sequences in the running batch (default 256)")
     # `ingot bench ...` and `ingot check ...`: each command module adds its own parser
     # and sets `func`; see ingot/bench/.
     bench = sub.add_parser("bench", help="benchmarks: decode step times, serving throughput")
@@ -56,10 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _make_llm(args: argparse.Namespace):
-    from ingot.llm import LLM
-
+def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """EngineConfig fields set on the command line (the rest come from INGOT_* or defaults)."""
     extra: dict[str, Any] = {}
+    if args.model is not None:
+        extra["model"] = args.model
+    if args.dtype != "auto":
+        extra["dtype"] = args.dtype
+    if args.device != "auto":
+        extra["device"] = args.device
     if args.max_model_len is not None:
         extra["max_model_len"] = args.max_model_len
     if args.eager:
@@ -68,7 +85,27 @@ def _make_llm(args: argparse.Namespace):
         extra["decode_compile"] = {"on": True, "off": False, "auto": "auto"}[args.decode_compile]
     if args.quiet:
         extra["show_progress"] = False
-    return LLM(args.model, dtype=args.dtype, device=args.device, **extra)
+    if getattr(args, "max_num_seqs", None) is not None:
+        extra["max_num_seqs"] = args.max_num_seqs
+    return extra
+
+
+def _make_llm(args: argparse.Namespace):
+    from ingot.llm import LLM
+
+    return LLM(**_engine_overrides(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ingot.config import EngineConfig
+    from ingot.serve.server import ServeOptions, serve
+
+    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+        raise ConfigError("--max-queued-requests must be >= 0")
+    options = ServeOptions(args.host, args.port, args.api_key, args.served_model_name, args.max_queued_requests,
+                           log_level="warning" if args.quiet else "info")
+    return serve(EngineConfig.create(**_engine_overrides(args)), options)
+
 
 
 def _params(args: argparse.Namespace):
@@ -145,7 +182,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     quiet = getattr(args, "quiet", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from ingot.config import ConfigError
     from ingot.engine.request import RequestError
     from ingot.loading.errors import CheckpointError
     from ingot.sampling_params import SamplingError
@@ -155,6 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_generate(args)
         if args.command == "chat":
             return cmd_chat(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         return int(args.func(args) or 0)
     except (ConfigError, CheckpointError, RequestError, SamplingError) as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)

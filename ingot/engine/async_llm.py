@@ -19,7 +19,9 @@ from typing import Any, AsyncIterator, Optional
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineLoop
-from ingot.engine.request import Prompt
+from ingot.engine.request import EngineRequest, Prompt
+from ingot.engine.stats import EngineStats
+from ingot.loading.tokenizer import Tokenizer
 from ingot.outputs import RequestOutput
 from ingot.sampling_params import SamplingParams
 
@@ -62,6 +64,31 @@ class _AsyncSink:
         self.flusher.push(self.queue, output)
 
 
+class RequestGroup:
+    """Requests submitted together (the prompts of one HTTP request): their outputs share
+    one queue. Iterate ``outputs()``; leaving it early, or ``abort()``, aborts the rest."""
+
+    def __init__(self, loop: EngineLoop, sink: _AsyncSink, request_ids: list[str]) -> None:
+        self._loop = loop
+        self._sink = sink
+        self.unfinished = set(request_ids)
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while self.unfinished:
+                out = await self._sink.queue.get()
+                if out.finished:
+                    self.unfinished.discard(out.request_id)
+                yield out
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        for rid in self.unfinished:
+            self._loop.abort(rid)
+        self.unfinished = set()
+
+
 class AsyncLLM:
     """An engine shared by coroutines; build it with ``AsyncLLM.from_config`` or around an Engine."""
 
@@ -76,8 +103,20 @@ class AsyncLLM:
         return cls(Engine.from_config(config))
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine loop has shut down or died."""
+        return self.loop.alive
 
     def _bridge(self) -> _EventLoopBridge:
         loop = asyncio.get_running_loop()
@@ -85,6 +124,18 @@ class AsyncLLM:
         if bridge is None or bridge.loop is not loop:
             bridge = self._bridges[id(loop)] = _EventLoopBridge(loop)
         return bridge
+
+    def process(self, prompt: Prompt, params: Optional[SamplingParams], request_id: str, *,
+                chat: bool = False, stream: bool = True) -> EngineRequest:
+        """Validate and tokenize (RequestError if invalid); nothing is queued yet."""
+        return self.engine.inputs.process(prompt, params, request_id, stream=stream, chat=chat)
+
+    def submit(self, requests: list[EngineRequest]) -> RequestGroup:
+        """Queue processed requests; their outputs come through the returned group."""
+        sink = _AsyncSink(self._bridge())
+        for request in requests:
+            self.loop.submit(request, sink)
+        return RequestGroup(self.loop, sink, [r.request_id for r in requests])
 
     async def generate(
         self,
@@ -101,24 +152,20 @@ class AsyncLLM:
         ``chat``: ``prompt`` is text rendered by the chat template.
         """
         rid = request_id if request_id is not None else f"async-{next(self._ids)}"
-        request = self.engine.inputs.process(prompt, sampling_params, rid, stream=stream, chat=chat)
-        sink = _AsyncSink(self._bridge())
-        self.loop.submit(request, sink)
-        finished = False
-        try:
-            while not finished:
-                out = await sink.queue.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.loop.abort(rid)
+        group = self.submit([self.process(prompt, sampling_params, rid, chat=chat, stream=stream)])
+        async for out in group.outputs():
+            yield out
 
     async def abort(self, request_id: str) -> None:
         self.loop.abort(request_id)
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (server shutdown)."""
+        self.loop.abort_all()
 
     def shutdown(self) -> None:
         self.loop.shutdown()
 
     def render_chat(self, conversation: Any, **options: Any) -> str:
+        """The chat template's text (RequestError if the conversation cannot be rendered)."""
         return self.engine.inputs.render_chat(conversation, **options)

@@ -23,6 +23,7 @@ from ingot.engine.outputs import RequestState, build_output
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestError
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence
+from ingot.engine.stats import EngineStats
 from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
@@ -78,6 +79,8 @@ class Engine:
         self.requests: dict[str, RequestState] = {}
         # requests whose samples 2..n wait until sample 1 has computed the shared prompt
         self._held: list[RequestState] = []
+        self.prompt_tokens = 0  # admitted, since start
+        self.generation_tokens = 0  # sampled, since start
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -132,6 +135,7 @@ class Engine:
             seqs.append(seq)
         state = RequestState(request, seqs)
         self.requests[request.request_id] = state
+        self.prompt_tokens += len(request.prompt_token_ids)
         self.scheduler.add(seqs[0])
         if len(seqs) > 1:
             self._held.append(state)
@@ -149,6 +153,20 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def stats(self) -> EngineStats:
+        """Load and counters now (cheap; any thread may read it, values may be a step old)."""
+        sched = self.scheduler
+        blocks = sched.blocks
+        usable = blocks.num_blocks - 1
+        return EngineStats(
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            kv_cache_usage=(usable - blocks.num_free) / usable if usable else 0.0,
+            num_preemptions=sched.num_preemptions,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+        )
 
     def _finish_request(self, state: RequestState, reason: str, error: Optional[str] = None) -> RequestOutput:
         """End every unfinished sample of ``state`` with ``reason`` and retire the request."""
@@ -189,6 +207,7 @@ class Engine:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
         touched = [batch.seqs[row] for row in rows]
+        self.generation_tokens += len(touched)
         errors = out.errors or [None] * len(touched)
         ok = [k for k, e in enumerate(errors) if e is None]
         self._detokenize([touched[k] for k in ok], [out.token_ids[k] for k in ok], errors, ok)

@@ -80,6 +80,13 @@ class EngineLoop:
                 self._inbox.append(("abort", request_id, None))
                 self._cv.notify()
 
+    def abort_all(self) -> None:
+        """Abort every request in flight; safe from any thread."""
+        with self._cv:
+            if self._dead is None:
+                self._inbox.append(("abort_all", None, None))
+                self._cv.notify()
+
     def shutdown(self, timeout: float = 30.0) -> None:
         """Abort everything in flight (each gets a final output) and stop the thread."""
         with self._cv:
@@ -92,6 +99,11 @@ class EngineLoop:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        """Accepting requests: neither shut down nor dead."""
+        return self._dead is None and not self._stopping
 
     # ------------------------------------------------------------------ the loop thread
     def _ensure_thread(self) -> None:
@@ -148,6 +160,9 @@ class EngineLoop:
             except Exception as exc:
                 log.exception("adding request %s failed", item.request_id)
                 delivered.append((sink, error_output(item, f"{type(exc).__name__}: {exc}")))
+        elif kind == "abort_all":
+            for rid in list(self._sinks):
+                self._apply(("abort", rid, None), delivered)
         else:
             sink = self._sinks.get(item)
             if sink is None:

@@ -1,0 +1,17 @@
+"""EngineStats: a snapshot of the engine's load and counters, for metrics and benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int = 0  # sequences in the running batch
+    num_waiting: int = 0  # sequences waiting to be scheduled
+    kv_cache_usage: float = 0.0  # fraction of the usable KV blocks held by sequences
+    num_preemptions: int = 0  # since start
+    prompt_tokens: int = 0  # prompt tokens of the requests admitted, since start
+    generation_tokens: int = 0  # tokens sampled, since start
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_cache_hits: int = 0  # of those, tokens found cached

@@ -1,0 +1,1 @@
+"""`ingot serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) on the async engine."""

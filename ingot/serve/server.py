@@ -1,0 +1,105 @@
+"""Run the server: build the engine, bind, log one line when ready, shut down cleanly.
+
+On SIGINT or SIGTERM the server stops accepting connections, aborts every
+request in flight (streams end with their last chunk and ``[DONE]``), waits
+briefly for the responses to go out, stops the engine and returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import uvicorn
+
+from ingot.config import EngineConfig
+from ingot.engine.async_llm import AsyncLLM
+from ingot.serve.app import ServerSettings, build_app
+
+log = logging.getLogger("ingot.serve")
+
+API_KEY_ENV = "INGOT_API_KEY"
+_GRACE_S = 5  # how long responses of aborted requests may take to go out at shutdown
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (the ready line says which)
+    api_key: Optional[str] = None  # None: INGOT_API_KEY, if set
+    served_model_name: Optional[str] = None
+    max_queued_requests: Optional[int] = None
+    log_level: str = "warning"  # uvicorn's own access/error logging
+
+
+def model_name(config: EngineConfig) -> str:
+    """What clients call the model: the path's last part, or the default model's name."""
+    if config.model is None:
+        return "SmolLM2-135M-Instruct"
+    return os.path.basename(config.model.rstrip("/")) or config.model
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus: abort the engine's requests as soon as a shutdown signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, llm: AsyncLLM) -> None:
+        super().__init__(config)
+        self.llm = llm
+
+    def handle_exit(self, sig: int, frame) -> None:  # type: ignore[override]
+        self.llm.abort_all()
+        super().handle_exit(sig, frame)
+        # a clean shutdown exits 0; uvicorn would re-raise the signal once it has stopped
+        self._captured_signals.clear()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: EngineConfig, options: ServeOptions) -> int:
+    """Build the engine, serve until a shutdown signal; returns the exit code."""
+    api_key = options.api_key if options.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    name = options.served_model_name or model_name(config)
+    sock = bind(options.host, options.port)  # fail fast on a taken port, before loading the model
+    llm = AsyncLLM.from_config(config)
+    settings = ServerSettings(name, api_key, options.max_queued_requests)
+    app = build_app(llm, settings)
+    uv_config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=_GRACE_S,
+                               timeout_keep_alive=30, access_log=False)
+    server = _Server(uv_config, llm)
+    host, port = sock.getsockname()[:2]
+    blocks = llm.engine.scheduler.blocks
+    ready = (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {blocks.capacity_tokens} tokens "
+             f"in {blocks.num_blocks - 1} blocks, max_model_len {llm.max_model_len})")
+    try:
+        asyncio.run(_serve(server, sock, ready))
+    finally:
+        llm.shutdown()
+        sock.close()
+    return 0
+
+
+async def _serve(server: _Server, sock: socket.socket, ready: str) -> None:
+    async def announce() -> None:
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.01)
+        if server.started:
+            print(ready, file=sys.stderr, flush=True)
+
+    task = asyncio.ensure_future(announce())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        task.cancel()
