@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-queued-requests", type=int, default=None,
                      help="requests that may wait beyond the running batch; more get HTTP 503 (default: no limit)")
     srv.add_argument("--max-num-seqs", type=int, default=None, help="sequences in the running batch (default 256)")
+    srv.add_argument("--shape", default=None, help="serve a random-weight model of this benchmark shape instead of --model "
+                                                  "(see `ingot bench decode --help`), for `ingot bench serve --url`")
+    srv.add_argument("--tokenizer", default=None, help="with --shape: this model's tokenizer ('default': the default model's)")
     # `ingot bench ...` and `ingot check ...`: each command module adds its own parser
     # and sets `func`; see ingot/bench/.
     bench = sub.add_parser("bench", help="benchmarks: decode step times, serving throughput")
@@ -103,8 +106,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise ConfigError("--max-queued-requests must be >= 0")
     options = ServeOptions(args.host, args.port, args.api_key, args.served_model_name, args.max_queued_requests,
-                           log_level="warning" if args.quiet else "info")
-    return serve(EngineConfig.create(**_engine_overrides(args)), options)
+                           shape=args.shape, log_level="warning" if args.quiet else "info")
+    if args.shape is not None:
+        from ingot.bench.decode import SHAPES
+
+        if args.shape not in SHAPES:
+            raise ConfigError(f"--shape: unknown shape {args.shape!r}; choose from {', '.join(sorted(SHAPES))}")
+    overrides = _engine_overrides(args)
+    if args.tokenizer:
+        overrides["tokenizer"] = args.tokenizer
+    return serve(EngineConfig.create(**overrides), options)
 
 
 

@@ -64,8 +64,12 @@ def time_cuda(fn, iters: int, warmup: int = 3) -> float:
     return statistics.median(time_ms(fn, iters, torch.device("cuda"), warmup))
 
 
-def build_shape(shape: str, dtype: torch.dtype, device: torch.device, max_position: int) -> tuple[torch.nn.Module, ModelConfig]:
-    cfg = ModelConfig.from_hf(SHAPES[shape])
+def build_shape(
+    shape: str, dtype: torch.dtype, device: torch.device, max_position: int, vocab_size: Optional[int] = None
+) -> tuple[torch.nn.Module, ModelConfig]:
+    """A random-weight model of ``shape`` (``vocab_size`` replaces the shape's, to match a tokenizer)."""
+    hf = SHAPES[shape] if vocab_size is None else {**SHAPES[shape], "vocab_size": vocab_size}
+    cfg = ModelConfig.from_hf(hf)
     model = build_model(cfg, dtype, device, max_position)
     return init_random(model), cfg
 

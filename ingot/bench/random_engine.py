@@ -2,9 +2,11 @@
 
 Serving throughput depends on the model's shapes, not its weights, so a user
 without the checkpoint (or a machine without network) can still measure a
-Qwen2.5-7B-sized deployment. The tokenizer is a word-level one that spells
-token ``i`` as ``<i>``: bench workloads send token ids, and detokenizing
-their output still has to work.
+Qwen2.5-7B-sized deployment. Without ``config.tokenizer`` the tokenizer is a
+word-level one that spells token ``i`` as ``<i>`` (bench workloads send token
+ids, and detokenizing their output still has to work); with it (a model path,
+or ``default`` for the default model), that model's tokenizer and vocabulary
+size, so detokenizing costs what it costs with real weights.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import tokenizers
 from ingot.bench.decode import SHAPES, build_shape
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
+from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.tokenizer import Tokenizer
 from ingot.models.loader import resolve_device, resolve_dtype
 
@@ -38,5 +41,10 @@ def random_engine(shape: str, config: EngineConfig) -> Engine:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
-    model, cfg = build_shape(shape, dtype, device, max_len)
-    return Engine(config, model, cfg, id_tokenizer(cfg.vocab_size), device, dtype, max_len)
+    if config.tokenizer:
+        tokenizer = open_checkpoint(None if config.tokenizer == "default" else config.tokenizer).tokenizer
+        model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size)
+    else:
+        model, cfg = build_shape(shape, dtype, device, max_len)
+        tokenizer = id_tokenizer(cfg.vocab_size)
+    return Engine(config, model, cfg, tokenizer, device, dtype, max_len)

@@ -2,7 +2,9 @@
 
 For each decode-compile mode: build the engine, run one small warm-up request,
 then the workload (see ingot/bench/serve.py); print a table and optionally
-write every number, the workload and the environment as JSON.
+write every number, the workload and the environment as JSON. With ``--url``,
+the same workload goes over HTTP to a running OpenAI-compatible server
+(``ingot serve`` or any other; see ingot/bench/http_serve.py) instead.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def add_parser(subparsers, engine_args) -> None:
     src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct")
     src.add_argument("--shape", choices=sorted(_shapes()), default=None,
                      help="a random-weight model of this shape instead (no checkpoint needed; max_model_len 4096 unless given)")
+    g.add_argument("--tokenizer", default=None, metavar="MODEL",
+                   help="with --shape: this model's tokenizer and vocabulary ('default': the default model's) instead of token-id words")
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA, fp32 on CPU")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--max-model-len", type=int, default=None, help="context length; default: the model's")
@@ -80,6 +84,14 @@ def add_parser(subparsers, engine_args) -> None:
         "--compile-modes", "--decode-compile", dest="compile_modes", type=_modes_arg, nargs="?", const=["on"], default=["off"],
         metavar="MODES", help="decode-compile modes to run, comma-separated from off,on,auto (default off; alone: on). Compile only applies on CUDA",
     )
+    h = p.add_argument_group("over HTTP (--url)")
+    h.add_argument("--url", default=None, help="send the workload to this OpenAI-compatible server (e.g. http://127.0.0.1:8000) "
+                                              "instead of running an engine here")
+    h.add_argument("--served-model-name", default=None, help="the model name to send (default: the first of /v1/models)")
+    h.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    h.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests open at once (default: no limit)")
+    h.add_argument("--vocab-size", type=int, default=None,
+                   help="draw prompt token ids below this (default: the vocabulary of --model / --tokenizer, else the default model's)")
     o = p.add_argument_group("output")
     o.add_argument("--json", type=Path, default=None, metavar="PATH", help="write all numbers, the workload and the environment here")
     o.add_argument("--quiet", action="store_true", help="no progress or logs; only the table")
@@ -108,6 +120,8 @@ def build_engine(args: argparse.Namespace, decode_compile: Any):
 def llm_kwargs(args: argparse.Namespace, decode_compile: Any) -> dict[str, Any]:
     """The one place that turns parsed options into ``LLM(...)`` keyword arguments."""
     kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile}
+    if getattr(args, "tokenizer", None):
+        kw["tokenizer"] = args.tokenizer
     if args.max_model_len:
         kw["max_model_len"] = args.max_model_len
     if args.max_num_seqs:
@@ -186,6 +200,38 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console) -> tuple[di
     return result, env
 
 
+def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The workload over HTTP to ``args.url``: (result, environment)."""
+    import asyncio
+
+    import ingot
+    from ingot.bench.http_serve import run_http
+    from ingot.bench.serve import make_requests
+
+    vocab = args.vocab_size or _vocab_of(args.tokenizer or args.model)
+    requests = make_requests(workload, vocab)
+    if not args.quiet:
+        console.print(f"[bold]{args.url}[/]: sending {len(requests)} requests")
+    out = asyncio.run(run_http(args.url, requests, args.served_model_name, args.api_key, args.max_concurrency))
+    if out.failed:
+        console.print(f"[yellow]{out.failed} request(s) failed[/]; first: {out.errors[0]}")
+    result = {"mode": "http", **dataclasses.asdict(out.metrics), "tpot_ms": out.tpot_ms, "failed": out.failed,
+              "errors": out.errors}
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "ingot": ingot.__version__,
+           "python": platform.python_version(), "platform": platform.platform(), "url": args.url,
+           "model": args.served_model_name or "(first of /v1/models)", "architecture": "-", "dtype": "-",
+           "max_model_len": "-", "max_num_seqs": "-", "device": "http", "device_name": args.url, "torch": "-",
+           "vocab_size": vocab, "max_concurrency": args.max_concurrency}
+    return result, env
+
+
+def _vocab_of(model) -> int:
+    """Vocabulary size of ``model``'s tokenizer ('default' or None: the default model)."""
+    from ingot.loading.checkpoint import open_checkpoint
+
+    return open_checkpoint(None if model in (None, "default") else model).tokenizer.vocab_size
+
+
 def _run_with_progress(eng, requests, quiet: bool, console, run_workload):
     if quiet:
         return run_workload(eng, requests)
@@ -227,15 +273,21 @@ def render_table(results: list[dict[str, Any]]):
         ("total tokens/s", lambda r: _fmt(r["total_throughput"], 1)),
         ("input / output tokens", lambda r: f"{r['input_tokens']:,} / {r['output_tokens']:,}"),
     ]
-    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
+    sections = [("ttft_ms", "TTFT"), ("itl_ms", "ITL")]
+    if any("tpot_ms" in r for r in results):
+        sections.insert(1, ("tpot_ms", "TPOT"))
+    ends = {4}
+    for key, name in sections:
         for stat in ("mean", "p50", "p90", "p99"):
-            rows.append((f"{name} {stat} (ms)", lambda r, k=key, s=stat: _fmt(r[k][s], 1)))
+            rows.append((f"{name} {stat} (ms)", lambda r, k=key, s=stat: _fmt((r.get(k) or {}).get(s), 1)))
+        ends.add(len(rows) - 1)
     rows += [
-        ("preemptions", lambda r: str(r["num_preemptions"])),
-        ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}"),
+        ("preemptions", lambda r: str(r.get("num_preemptions", "-"))),
+        ("failed requests", lambda r: str(r.get("failed", 0))),
+        ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}" if "load_s" in r else "-"),
     ]
     for i, (name, cell) in enumerate(rows):
-        table.add_row(name, *[cell(r) for r in results], end_section=i in (4, 8, 12))
+        table.add_row(name, *[cell(r) for r in results], end_section=i in ends)
     return table
 
 
@@ -249,7 +301,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     env: dict[str, Any] = {}
     try:
         workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed)
-        for mode in args.compile_modes:
+        if args.url:
+            result, env = run_http_mode(args, workload, err)
+            results.append(result)
+        for mode in [] if args.url else args.compile_modes:
             result, env = run_mode(args, workload, mode, err)
             results.append(result)
     except WorkloadError as exc:

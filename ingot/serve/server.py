@@ -34,11 +34,14 @@ class ServeOptions:
     api_key: Optional[str] = None  # None: INGOT_API_KEY, if set
     served_model_name: Optional[str] = None
     max_queued_requests: Optional[int] = None
+    shape: Optional[str] = None  # serve a random-weight model of this benchmark shape (ingot bench serve --url)
     log_level: str = "warning"  # uvicorn's own access/error logging
 
 
-def model_name(config: EngineConfig) -> str:
+def model_name(config: EngineConfig, shape: Optional[str] = None) -> str:
     """What clients call the model: the path's last part, or the default model's name."""
+    if shape is not None:
+        return f"random-{shape}"
     if config.model is None:
         return "SmolLM2-135M-Instruct"
     return os.path.basename(config.model.rstrip("/")) or config.model
@@ -71,9 +74,14 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(config: EngineConfig, options: ServeOptions) -> int:
     """Build the engine, serve until a shutdown signal; returns the exit code."""
     api_key = options.api_key if options.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    name = options.served_model_name or model_name(config)
+    name = options.served_model_name or model_name(config, options.shape)
     sock = bind(options.host, options.port)  # fail fast on a taken port, before loading the model
-    llm = AsyncLLM.from_config(config)
+    if options.shape is not None:
+        from ingot.bench.random_engine import random_engine
+
+        llm = AsyncLLM(random_engine(options.shape, config))
+    else:
+        llm = AsyncLLM.from_config(config)
     settings = ServerSettings(name, api_key, options.max_queued_requests)
     app = build_app(llm, settings)
     uv_config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=_GRACE_S,

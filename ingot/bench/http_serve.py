@@ -1,0 +1,128 @@
+"""`ingot bench serve --url`: the serving benchmark's workload sent to an OpenAI-compatible server.
+
+Each request is a streamed ``POST /v1/completions`` with the workload's prompt
+token ids, ``max_tokens`` = its output length, ``ignore_eos`` and greedy
+sampling, sent at its arrival time (all at once, or Poisson arrivals) or with
+at most ``max_concurrency`` requests open. Per request the client records the
+send time and the arrival time of every streamed chunk that carries text;
+output tokens are the server's ``usage.completion_tokens`` (the last chunk,
+``stream_options.include_usage``), or the count of text chunks when the server
+sends no usage. From these, as ``vllm bench serve`` reports them: throughput,
+TTFT (send to first text), TPOT ((latency - TTFT) / (output tokens - 1)) and
+ITL (every gap between two chunks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from ingot.bench.serve import Request, RequestRecord, ServeMetrics, compute_metrics, summarize
+
+
+@dataclass
+class HttpResult:
+    record: RequestRecord
+    error: Optional[str] = None
+
+
+@dataclass
+class HttpServeMetrics:
+    """ServeMetrics plus what only the HTTP client measures."""
+
+    metrics: ServeMetrics
+    tpot_ms: dict[str, Optional[float]] = field(default_factory=dict)
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)  # the first few
+
+
+def tpot(record: RequestRecord) -> Optional[float]:
+    """Mean time per output token after the first, of one request (None with fewer than 2)."""
+    if record.output_len < 2 or not record.token_times:
+        return None
+    latency = record.token_times[-1] - record.arrival
+    return (latency - (record.token_times[0] - record.arrival)) / (record.output_len - 1)
+
+
+async def discover_model(client, base: str, headers: dict) -> str:
+    """The first model the server lists (``GET /v1/models``)."""
+    r = await client.get(base + "/v1/models", headers=headers)
+    r.raise_for_status()
+    data = r.json().get("data") or []
+    if not data:
+        raise RuntimeError(f"{base}/v1/models lists no model")
+    return data[0]["id"]
+
+
+async def _one(client, base: str, headers: dict, model: str, req: Request, clock: Callable[[], float]) -> HttpResult:
+    body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": req.output_len, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    times: list[float] = []
+    usage_tokens: Optional[int] = None
+    sent = clock()
+    try:
+        async with client.stream("POST", base + "/v1/completions", json=body, headers=headers) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, []), f"HTTP {r.status_code}: {text[:200]}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("error"):
+                    return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, times), str(chunk["error"])[:200])
+                if any(c.get("text") for c in chunk.get("choices") or ()):
+                    times.append(clock())
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+    except Exception as exc:  # a broken connection is that request's failure
+        return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, times), f"{type(exc).__name__}: {exc}")
+    out_len = usage_tokens if usage_tokens is not None else len(times)
+    return HttpResult(RequestRecord(len(req.prompt_token_ids), out_len, sent, times))
+
+
+async def run_http(
+    base_url: str,
+    requests: Sequence[Request],
+    model: Optional[str] = None,
+    api_key: Optional[str] = None,
+    max_concurrency: Optional[int] = None,
+    on_finish: Optional[Callable[[], None]] = None,
+) -> HttpServeMetrics:
+    """Send ``requests`` to the server at ``base_url`` (no ``/v1``), measure, aggregate."""
+    import httpx
+
+    base = base_url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=max_concurrency or len(requests) + 8, max_keepalive_connections=None)
+    clock = time.monotonic
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60), limits=limits) as client:
+        name = model or await discover_model(client, base, headers)
+        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        start = clock()
+
+        async def send(req: Request) -> HttpResult:
+            delay = start + req.arrival_s - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if gate is None:
+                result = await _one(client, base, headers, name, req, clock)
+            else:
+                async with gate:
+                    result = await _one(client, base, headers, name, req, clock)
+            if on_finish is not None:
+                on_finish()
+            return result
+
+        results = await asyncio.gather(*(send(r) for r in requests))
+        end = clock()
+    ok = [r.record for r in results if r.error is None]
+    failed = [r.error for r in results if r.error is not None]
+    if not ok:
+        raise RuntimeError(f"every request failed; first error: {failed[0] if failed else '?'}")
+    metrics = compute_metrics(ok, start, end)
+    tpots = [t for t in (tpot(r) for r in ok) if t is not None]
+    return HttpServeMetrics(metrics, summarize(tpots, 1e3), len(failed), failed[:5])
