@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--shape", default=None, help="serve a random-weight model of this benchmark shape instead of --model "
                                                   "(see `ingot bench decode --help`), for `ingot bench serve --url`")
     srv.add_argument("--tokenizer", default=None, help="with --shape: this model's tokenizer ('default': the default model's)")
+    srv.add_argument("--engine-in-thread", action="store_true",
+                     help="run the engine in a thread of the server process instead of its own process")
     # `ingot bench ...` and `ingot check ...`: each command module adds its own parser
     # and sets `func`; see ingot/bench/.
     bench = sub.add_parser("bench", help="benchmarks: decode step times, serving throughput")
@@ -106,7 +108,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise ConfigError("--max-queued-requests must be >= 0")
     options = ServeOptions(args.host, args.port, args.api_key, args.served_model_name, args.max_queued_requests,
-                           shape=args.shape, log_level="warning" if args.quiet else "info")
+                           shape=args.shape, engine_process=not args.engine_in_thread,
+                           log_level="warning" if args.quiet else "info")
     if args.shape is not None:
         from ingot.bench.decode import SHAPES
 

@@ -41,10 +41,14 @@ def random_engine(shape: str, config: EngineConfig) -> Engine:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
-    if config.tokenizer:
-        tokenizer = open_checkpoint(None if config.tokenizer == "default" else config.tokenizer).tokenizer
-        model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size)
-    else:
-        model, cfg = build_shape(shape, dtype, device, max_len)
-        tokenizer = id_tokenizer(cfg.vocab_size)
+    tokenizer = shape_tokenizer(shape, config)
+    model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size)
     return Engine(config, model, cfg, tokenizer, device, dtype, max_len)
+
+
+def shape_tokenizer(shape: str, config: EngineConfig) -> Tokenizer:
+    """The tokenizer of a random engine: ``config.tokenizer``'s (``default``: the default
+    model's), else token-id words over the shape's vocabulary."""
+    if config.tokenizer:
+        return open_checkpoint(None if config.tokenizer == "default" else config.tokenizer).tokenizer
+    return id_tokenizer(SHAPES[shape]["vocab_size"])

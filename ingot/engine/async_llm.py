@@ -1,12 +1,15 @@
-"""AsyncLLM: the engine loop for asyncio callers (the HTTP server).
+"""AsyncLLM: the engine for asyncio callers (the HTTP server).
 
 ``async for out in llm.generate(prompt, params, request_id)`` submits a request
-and yields its outputs as the engine loop produces them; ``await
-llm.abort(request_id)`` ends it from anywhere. The event loop never waits on a
-GPU step: the engine runs in its own thread, and its outputs for all of one
-event loop's requests arrive in one ``call_soon_threadsafe`` per engine step.
-A generator that is closed before its request finished (the client went away,
-the task was cancelled, the generator was garbage-collected) aborts the request.
+and yields its outputs as the engine produces them; ``await llm.abort(request_id)``
+ends it from anywhere. The event loop never waits on a GPU step. The engine
+runs either in a thread of this process (``AsyncLLM(engine)``: an ``EngineLoop``,
+whose outputs for all of one event loop's requests arrive in one
+``call_soon_threadsafe`` per step) or in a child process
+(``AsyncLLM.in_process(...)``, ``engine_process.py``: no GIL shared with the
+caller's work). A generator or request group left before its requests finished
+(the client went away, the task was cancelled, the generator was collected)
+aborts them.
 """
 
 from __future__ import annotations
@@ -14,16 +17,33 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineLoop
-from ingot.engine.request import EngineRequest, Prompt
-from ingot.engine.stats import EngineStats
+from ingot.engine.engine_process import EngineFactory, EngineProcessClient
+from ingot.engine.request import EngineRequest, InputProcessor, Prompt
+from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.loading.tokenizer import Tokenizer
 from ingot.outputs import RequestOutput
 from ingot.sampling_params import SamplingParams
+
+Deliver = Callable[[RequestOutput], None]
+
+
+class Backend(Protocol):
+    """Where the engine runs: submit with a delivery callback (called on the event loop)."""
+
+    info: EngineInfo
+
+    def submit(self, requests: list[EngineRequest], deliver: Deliver) -> None: ...
+    def abort(self, request_id: str) -> None: ...
+    def abort_all(self) -> None: ...
+    def stats(self) -> EngineStats: ...
+    @property
+    def alive(self) -> bool: ...
+    def shutdown(self) -> None: ...
 
 
 class _EventLoopBridge:
@@ -32,11 +52,11 @@ class _EventLoopBridge:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue, RequestOutput]] = []
+        self._items: list[tuple[Deliver, RequestOutput]] = []
 
-    def push(self, q: asyncio.Queue, output: RequestOutput) -> None:  # engine thread
+    def push(self, deliver: Deliver, output: RequestOutput) -> None:  # engine thread
         with self._lock:
-            self._items.append((q, output))
+            self._items.append((deliver, output))
 
     def flush(self) -> None:  # engine thread, once per step
         with self._lock:
@@ -51,32 +71,67 @@ class _EventLoopBridge:
     def _drain(self) -> None:  # event loop thread
         with self._lock:
             items, self._items = self._items, []
-        for q, output in items:
-            q.put_nowait(output)
+        for deliver, output in items:
+            deliver(output)
 
 
-class _AsyncSink:
-    def __init__(self, bridge: _EventLoopBridge) -> None:
+class _BridgeSink:
+    def __init__(self, bridge: _EventLoopBridge, deliver: Deliver) -> None:
         self.flusher = bridge
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.deliver = deliver
 
     def put(self, output: RequestOutput) -> None:
-        self.flusher.push(self.queue, output)
+        self.flusher.push(self.deliver, output)
+
+
+class ThreadBackend:
+    """The engine in a thread of this process (``EngineLoop``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.loop = EngineLoop(engine)
+        self.info = engine.info()
+        self._bridges: dict[int, _EventLoopBridge] = {}
+
+    def submit(self, requests: list[EngineRequest], deliver: Deliver) -> None:
+        loop = asyncio.get_running_loop()
+        bridge = self._bridges.get(id(loop))
+        if bridge is None or bridge.loop is not loop:
+            bridge = self._bridges[id(loop)] = _EventLoopBridge(loop)
+        sink = _BridgeSink(bridge, deliver)
+        for request in requests:
+            self.loop.submit(request, sink)
+
+    def abort(self, request_id: str) -> None:
+        self.loop.abort(request_id)
+
+    def abort_all(self) -> None:
+        self.loop.abort_all()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    @property
+    def alive(self) -> bool:
+        return self.loop.alive
+
+    def shutdown(self) -> None:
+        self.loop.shutdown()
 
 
 class RequestGroup:
     """Requests submitted together (the prompts of one HTTP request): their outputs share
     one queue. Iterate ``outputs()``; leaving it early, or ``abort()``, aborts the rest."""
 
-    def __init__(self, loop: EngineLoop, sink: _AsyncSink, request_ids: list[str]) -> None:
-        self._loop = loop
-        self._sink = sink
+    def __init__(self, backend: Backend, request_ids: list[str]) -> None:
+        self._backend = backend
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.unfinished = set(request_ids)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
         try:
             while self.unfinished:
-                out = await self._sink.queue.get()
+                out = await self.queue.get()
                 if out.finished:
                     self.unfinished.discard(out.request_id)
                 yield out
@@ -85,57 +140,58 @@ class RequestGroup:
 
     def abort(self) -> None:
         for rid in self.unfinished:
-            self._loop.abort(rid)
+            self._backend.abort(rid)
         self.unfinished = set()
 
 
 class AsyncLLM:
-    """An engine shared by coroutines; build it with ``AsyncLLM.from_config`` or around an Engine."""
+    """An engine shared by coroutines. ``AsyncLLM(engine)`` runs it in a thread;
+    ``AsyncLLM.in_process(factory, config, tokenizer)`` in a child process."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.loop = EngineLoop(engine)
-        self._bridges: dict[int, _EventLoopBridge] = {}
+        self._init(ThreadBackend(engine), engine.tokenizer)
+
+    def _init(self, backend: Backend, tokenizer: Tokenizer) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.info = backend.info
+        self.inputs = InputProcessor(tokenizer, self.info.vocab_size, self.info.max_model_len)
         self._ids = itertools.count()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncLLM":
         return cls(Engine.from_config(config))
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.engine.tokenizer
+    @classmethod
+    def in_process(cls, factory: EngineFactory, config: EngineConfig, tokenizer: Tokenizer) -> "AsyncLLM":
+        """The engine ``factory(config)`` builds, run in a child process; ``tokenizer`` must be
+        the one that engine uses (requests are tokenized here)."""
+        llm = cls.__new__(cls)
+        llm._init(EngineProcessClient(factory, config), tokenizer)
+        return llm
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self.info.max_model_len
 
     def stats(self) -> EngineStats:
-        return self.engine.stats()
+        return self.backend.stats()
 
     @property
     def alive(self) -> bool:
-        """False once the engine loop has shut down or died."""
-        return self.loop.alive
-
-    def _bridge(self) -> _EventLoopBridge:
-        loop = asyncio.get_running_loop()
-        bridge = self._bridges.get(id(loop))
-        if bridge is None or bridge.loop is not loop:
-            bridge = self._bridges[id(loop)] = _EventLoopBridge(loop)
-        return bridge
+        """False once the engine has shut down or died."""
+        return self.backend.alive
 
     def process(self, prompt: Prompt, params: Optional[SamplingParams], request_id: str, *,
                 chat: bool = False, stream: bool = True) -> EngineRequest:
         """Validate and tokenize (RequestError if invalid); nothing is queued yet."""
-        return self.engine.inputs.process(prompt, params, request_id, stream=stream, chat=chat)
+        return self.inputs.process(prompt, params, request_id, stream=stream, chat=chat)
 
     def submit(self, requests: list[EngineRequest]) -> RequestGroup:
         """Queue processed requests; their outputs come through the returned group."""
-        sink = _AsyncSink(self._bridge())
-        for request in requests:
-            self.loop.submit(request, sink)
-        return RequestGroup(self.loop, sink, [r.request_id for r in requests])
+        group = RequestGroup(self.backend, [r.request_id for r in requests])
+        self.backend.submit(requests, group.queue.put_nowait)
+        return group
 
     async def generate(
         self,
@@ -157,15 +213,15 @@ class AsyncLLM:
             yield out
 
     async def abort(self, request_id: str) -> None:
-        self.loop.abort(request_id)
+        self.backend.abort(request_id)
 
     def abort_all(self) -> None:
         """Abort every request in flight (server shutdown)."""
-        self.loop.abort_all()
+        self.backend.abort_all()
 
     def shutdown(self) -> None:
-        self.loop.shutdown()
+        self.backend.shutdown()
 
     def render_chat(self, conversation: Any, **options: Any) -> str:
         """The chat template's text (RequestError if the conversation cannot be rendered)."""
-        return self.engine.inputs.render_chat(conversation, **options)
+        return self.inputs.render_chat(conversation, **options)

@@ -23,7 +23,7 @@ from ingot.engine.outputs import RequestState, build_output
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestError
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence
-from ingot.engine.stats import EngineStats
+from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
@@ -79,6 +79,8 @@ class Engine:
         self.requests: dict[str, RequestState] = {}
         # requests whose samples 2..n wait until sample 1 has computed the shared prompt
         self._held: list[RequestState] = []
+        # False: outputs carry only what changed since the previous one (engine_process.py)
+        self.cumulative_outputs = True
         self.prompt_tokens = 0  # admitted, since start
         self.generation_tokens = 0  # sampled, since start
 
@@ -154,6 +156,11 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def info(self) -> EngineInfo:
+        blocks = self.scheduler.blocks
+        return EngineInfo(self.max_model_len, self.model_config.vocab_size, self.config.max_num_seqs,
+                          blocks.num_blocks - 1, blocks.capacity_tokens)
+
     def stats(self) -> EngineStats:
         """Load and counters now (cheap; any thread may read it, values may be a step old)."""
         sched = self.scheduler
@@ -183,7 +190,7 @@ class Engine:
 
     def _retire(self, state: RequestState) -> RequestOutput:
         self.requests.pop(state.request.request_id, None)
-        return build_output(state, self.tokenizer)
+        return build_output(state, self.tokenizer, self.cumulative_outputs)
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
@@ -269,7 +276,7 @@ class Engine:
             if state.finished:
                 outputs.append(self._retire(state))
             elif state.request.stream:
-                outputs.append(build_output(state, self.tokenizer))
+                outputs.append(build_output(state, self.tokenizer, self.cumulative_outputs))
         return outputs
 
     def _release_held(self) -> None:

@@ -18,43 +18,52 @@ class RequestState:
 
     request: EngineRequest
     seqs: list[Sequence]
+    emitted: bool = False  # an output of it has been built
 
     @property
     def finished(self) -> bool:
         return all(s.finished for s in self.seqs)
 
 
-def build_output(state: RequestState, tokenizer: Tokenizer) -> RequestOutput:
+def build_output(state: RequestState, tokenizer: Tokenizer, cumulative: bool = True) -> RequestOutput:
     """A snapshot of the request now: every sample's text and tokens so far, and what each
-    gained since the previous output of this request (``delta``, ``delta_token_ids``)."""
+    gained since the previous output of this request (``delta``, ``delta_token_ids``).
+
+    ``cumulative=False``: ``text``, ``token_ids`` and ``logprobs`` hold only that gain too,
+    the prompt (ids and logprobs) comes only with the first output and the metrics only
+    with the last: the compact form a client accumulates (``engine/wire.py``), which costs
+    the same at every step instead of growing with the output."""
     req = state.request
-    completions = [_completion(seq, tokenizer) for seq in state.seqs]
+    completions = [_completion(seq, tokenizer, cumulative) for seq in state.seqs]
     errors = [s.error for s in state.seqs if s.error]
     first = state.seqs[0]
+    head = cumulative or not state.emitted
+    state.emitted = True
     return RequestOutput(
         request_id=req.request_id,
-        prompt=req.prompt,
-        prompt_token_ids=req.prompt_token_ids,
+        prompt=req.prompt if head else None,
+        prompt_token_ids=req.prompt_token_ids if head else [],
         outputs=completions,
         finished=state.finished,
         error=errors[0] if errors else None,
-        prompt_logprobs=_prompt_logprobs(first, tokenizer),
-        metrics=_metrics(state),
+        prompt_logprobs=_prompt_logprobs(first, tokenizer) if head else None,
+        metrics=_metrics(state) if cumulative or state.finished else None,
         num_cached_tokens=first.num_cached_tokens,
     )
 
 
-def _completion(seq: Sequence, tokenizer: Tokenizer) -> CompletionOutput:
+def _completion(seq: Sequence, tokenizer: Tokenizer, cumulative: bool) -> CompletionOutput:
     delta = seq.text[seq.emitted_text :]
     delta_ids = seq.output_token_ids[seq.emitted_tokens :]
-    seq.emitted_text, seq.emitted_tokens = len(seq.text), len(seq.output_token_ids)
     logprobs = None
     if seq.logprobs is not None:
-        logprobs = [_logprob_dict(entries, tokenizer) for entries in seq.logprobs]
+        entries = seq.logprobs if cumulative else seq.logprobs[seq.emitted_tokens :]
+        logprobs = [_logprob_dict(e, tokenizer) for e in entries]
+    seq.emitted_text, seq.emitted_tokens = len(seq.text), len(seq.output_token_ids)
     return CompletionOutput(
         index=seq.index,
-        text=seq.text,
-        token_ids=list(seq.output_token_ids),
+        text=seq.text if cumulative else delta,
+        token_ids=list(seq.output_token_ids) if cumulative else delta_ids,
         cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
         logprobs=logprobs,
         finish_reason=seq.finish_reason,

@@ -15,3 +15,14 @@ class EngineStats:
     generation_tokens: int = 0  # tokens sampled, since start
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_cache_hits: int = 0  # of those, tokens found cached
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a client of an engine (in this process or another) needs to know of it."""
+
+    max_model_len: int
+    vocab_size: int
+    max_num_seqs: int
+    num_kv_blocks: int  # usable blocks (the padding block not counted)
+    kv_capacity_tokens: int

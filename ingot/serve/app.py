@@ -50,7 +50,7 @@ class _State:
         self.metrics = ServerMetrics(llm.stats, settings.model_name)
         self.in_flight = 0  # engine requests submitted and not finished
         self.created = int(time.time())
-        self.capacity = llm.engine.config.max_num_seqs + (settings.max_queued_requests or 0)
+        self.capacity = llm.info.max_num_seqs + (settings.max_queued_requests or 0)
 
 
 def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
@@ -106,7 +106,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         _check_model(body.model, settings)
-        bad = [t for t in body.tokens if not 0 <= t < llm.engine.model_config.vocab_size]
+        bad = [t for t in body.tokens if not 0 <= t < llm.info.vocab_size]
         if bad:
             raise APIError(400, f"token ids out of range: {bad[:5]}", "tokens")
         return {"prompt": llm.tokenizer.decode(body.tokens)}

@@ -8,6 +8,7 @@ briefly for the responses to go out, stops the engine and returns 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -35,6 +36,8 @@ class ServeOptions:
     served_model_name: Optional[str] = None
     max_queued_requests: Optional[int] = None
     shape: Optional[str] = None  # serve a random-weight model of this benchmark shape (ingot bench serve --url)
+    # the engine in a child process (no GIL shared with the HTTP work) rather than a thread
+    engine_process: bool = True
     log_level: str = "warning"  # uvicorn's own access/error logging
 
 
@@ -76,27 +79,42 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
     api_key = options.api_key if options.api_key is not None else os.environ.get(API_KEY_ENV) or None
     name = options.served_model_name or model_name(config, options.shape)
     sock = bind(options.host, options.port)  # fail fast on a taken port, before loading the model
-    if options.shape is not None:
-        from ingot.bench.random_engine import random_engine
-
-        llm = AsyncLLM(random_engine(options.shape, config))
-    else:
-        llm = AsyncLLM.from_config(config)
+    llm = build_llm(config, options)
     settings = ServerSettings(name, api_key, options.max_queued_requests)
     app = build_app(llm, settings)
     uv_config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=_GRACE_S,
                                timeout_keep_alive=30, access_log=False)
     server = _Server(uv_config, llm)
     host, port = sock.getsockname()[:2]
-    blocks = llm.engine.scheduler.blocks
-    ready = (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {blocks.capacity_tokens} tokens "
-             f"in {blocks.num_blocks - 1} blocks, max_model_len {llm.max_model_len})")
+    info = llm.info
+    ready = (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {info.kv_capacity_tokens} tokens "
+             f"in {info.num_kv_blocks} blocks, max_model_len {info.max_model_len})")
     try:
         asyncio.run(_serve(server, sock, ready))
     finally:
         llm.shutdown()
         sock.close()
     return 0
+
+
+def build_llm(config: EngineConfig, options: ServeOptions) -> AsyncLLM:
+    """The engine the server runs: the checkpoint of ``config``, or a random model of
+    ``options.shape``; in a child process or in a thread of this one."""
+    from ingot.engine.engine import Engine
+
+    if options.shape is not None:
+        from ingot.bench.random_engine import random_engine, shape_tokenizer
+
+        factory = functools.partial(random_engine, options.shape)
+        tokenizer = shape_tokenizer(options.shape, config)
+    else:
+        from ingot.loading.checkpoint import open_checkpoint
+
+        factory = Engine.from_config
+        tokenizer = open_checkpoint(config.model, config.tokenizer).tokenizer
+    if options.engine_process:
+        return AsyncLLM.in_process(factory, config, tokenizer)
+    return AsyncLLM(factory(config))
 
 
 async def _serve(server: _Server, sock: socket.socket, ready: str) -> None:

@@ -20,9 +20,11 @@ def test_tpot_is_the_mean_gap_after_the_first_token():
     assert tpot(RequestRecord(3, 1, 10.0, [10.5])) is None
 
 
-def test_bench_serve_over_http(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["process", "thread"])
+def test_bench_serve_over_http(tmp_path, capsys, where):
     path = write_tiny_checkpoint(tmp_path / "llama", "llama")
-    with running_server("--model", str(path), "--dtype", "float32", "--api-key", "k", "--quiet") as srv:
+    extra = ["--engine-in-thread"] if where == "thread" else []
+    with running_server("--model", str(path), "--dtype", "float32", "--api-key", "k", "--quiet", *extra) as srv:
         out = tmp_path / "http.json"
         rc = main(["bench", "serve", "--url", srv.url, "--api-key", "k", "--num-requests", "24", "--input-len", "4-40",
                    "--output-len", "3-9", "--max-concurrency", "8", "--vocab-size", "300", "--json", str(out), "--quiet"])

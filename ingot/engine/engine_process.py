@@ -1,0 +1,228 @@
+"""The engine in a child process: the server's HTTP work and the engine's steps never share a GIL.
+
+The child builds the engine, runs an ``EngineLoop`` in it, reads commands
+(add, abort, abort all, shut down) from one pipe and writes, once per engine
+step, every output of that step, encoded compactly (``wire.py``), to another.
+The client (``EngineProcessClient``, in the server's process) tokenizes and
+validates requests itself, sends them, and reads the outputs on its asyncio
+event loop (``add_reader``: no thread), turning them back into cumulative
+RequestOutputs. The child exits when the client closes its pipe (so it never
+outlives the server, even one that was killed); the client fails every request
+in flight if the child dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import pickle
+import threading
+import traceback
+from typing import Any, Callable, Optional
+
+from ingot.config import EngineConfig
+from ingot.engine.engine import Engine
+from ingot.engine.engine_loop import EngineDeadError, EngineLoop
+from ingot.engine.request import EngineRequest
+from ingot.engine.stats import EngineInfo, EngineStats
+from ingot.engine.wire import Accumulator, encode, error_wire
+from ingot.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[EngineConfig], Engine]
+
+
+class EngineStartError(RuntimeError):
+    """The engine process could not build its engine (the message holds its traceback)."""
+
+
+# ---------------------------------------------------------------- the child
+
+
+class _PipeSink:
+    """Collects a step's encoded outputs; ``flush`` (once per loop turn) writes them as one message."""
+
+    def __init__(self, conn: Any, engine: Engine) -> None:
+        self.conn = conn
+        self.engine = engine
+        self.flusher = self
+        self._lock = threading.Lock()
+        self._batch: list[tuple] = []
+
+    def put(self, output: RequestOutput) -> None:
+        self.put_wire(encode(output))
+
+    def put_wire(self, wire: tuple) -> None:
+        with self._lock:
+            self._batch.append(wire)
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._batch = self._batch, []
+            if batch:
+                stats = self.engine.stats()
+                self.conn.send_bytes(pickle.dumps(("outputs", tuple(stats.__dict__.values()), batch), protocol=5))
+
+
+def child_main(factory: EngineFactory, config: EngineConfig, commands: Any, outputs: Any) -> None:
+    """The engine process: build, announce, serve commands until told to stop or orphaned."""
+    logging.basicConfig(level=logging.WARNING if not config.show_progress else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        engine = factory(config)
+        engine.cumulative_outputs = False
+    except BaseException:
+        outputs.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
+        return
+    outputs.send_bytes(pickle.dumps(("ready", engine.info())))
+    loop = EngineLoop(engine)
+    sink = _PipeSink(outputs, engine)
+    try:
+        while True:
+            try:
+                msg = commands.recv()
+            except (EOFError, OSError):  # the client is gone
+                break
+            kind = msg[0]
+            if kind == "add":
+                for request in msg[1]:
+                    try:
+                        loop.submit(request, sink)
+                    except EngineDeadError as exc:
+                        sink.put_wire(error_wire(request.request_id, request.params.n, str(exc)))
+                        sink.flush()
+            elif kind == "abort":
+                loop.abort(msg[1])
+            elif kind == "abort_all":
+                loop.abort_all()
+            elif kind == "shutdown":
+                break
+    finally:
+        loop.shutdown()
+        sink.flush()
+        try:
+            outputs.send_bytes(pickle.dumps(("bye",)))
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- the client
+
+
+class EngineProcessClient:
+    """Starts the engine process and talks to it from one asyncio event loop."""
+
+    def __init__(self, factory: EngineFactory, config: EngineConfig) -> None:
+        ctx = multiprocessing.get_context("spawn")  # CUDA must not be forked
+        cmd_recv, self._cmd = ctx.Pipe(duplex=False)
+        self._out, out_send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=child_main, args=(factory, config, cmd_recv, out_send), name="ingot-engine",
+                                daemon=True)
+        self.proc.start()
+        cmd_recv.close()
+        out_send.close()
+        try:
+            msg = pickle.loads(self._out.recv_bytes())
+        except EOFError:
+            self.proc.join(5)
+            raise EngineStartError(f"the engine process exited while starting (exit code {self.proc.exitcode})") from None
+        if msg[0] == "failed":
+            self.proc.join(5)
+            raise EngineStartError(f"the engine process failed to start:\n{msg[1]}")
+        self.info: EngineInfo = msg[1]
+        self._stats = EngineStats()
+        self._acc = Accumulator()
+        self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._dead: Optional[str] = None
+
+    # -------------------------------------------------------------- commands
+    def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            loop.add_reader(self._out.fileno(), self._on_readable)
+        elif self._loop is not loop:
+            raise RuntimeError("an EngineProcessClient serves one event loop")
+
+    def submit(self, requests: list[EngineRequest], deliver: Callable[[RequestOutput], None]) -> None:
+        """Send ``requests``; each output is handed to ``deliver`` on the event loop."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine process is not running: {self._dead}")
+        self._attach()
+        for r in requests:
+            self._sinks[r.request_id] = deliver
+        self._cmd.send(("add", requests))
+
+    def abort(self, request_id: str) -> None:
+        if self._dead is None and request_id in self._sinks:
+            self._cmd.send(("abort", request_id))
+
+    def abort_all(self) -> None:
+        if self._dead is None:
+            self._cmd.send(("abort_all",))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and self.proc.is_alive()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Ask the engine to stop (in-flight requests are aborted) and wait for the process."""
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.remove_reader(self._out.fileno())
+            except (ValueError, OSError):
+                pass
+        if self._dead is None:
+            try:
+                self._cmd.send(("shutdown",))
+            except OSError:
+                pass
+        self._dead = self._dead or "shut down"
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        self._cmd.close()
+        self._out.close()
+
+    # -------------------------------------------------------------- outputs
+    def _on_readable(self) -> None:
+        try:
+            while self._out.poll():
+                msg = pickle.loads(self._out.recv_bytes())
+                if msg[0] == "outputs":
+                    self._stats = EngineStats(*msg[1])
+                    for wire in msg[2]:
+                        self._dispatch(wire)
+                elif msg[0] == "bye":
+                    self._die("the engine process stopped")
+                    return
+        except (EOFError, OSError):
+            self._die(f"the engine process exited (exit code {self.proc.exitcode})")
+
+    def _dispatch(self, wire: tuple) -> None:
+        rid, finished = wire[0], wire[1]
+        deliver = self._sinks.pop(rid, None) if finished else self._sinks.get(rid)
+        if deliver is None:
+            self._acc.forget(rid)
+            return
+        deliver(self._acc.update(wire))
+
+    def _die(self, reason: str) -> None:
+        if self._dead is None:
+            log.error("%s; failing %d request(s) in flight", reason, len(self._sinks))
+        self._dead = self._dead or reason
+        if self._loop is not None:
+            try:
+                self._loop.remove_reader(self._out.fileno())
+            except (ValueError, OSError):
+                pass
+        sinks, self._sinks = self._sinks, {}
+        for rid, deliver in sinks.items():
+            deliver(self._acc.update(error_wire(rid, 1, reason)))
