@@ -1,7 +1,11 @@
 """CPU generation throughput of the default model (SmolLM2-135M, fp32, greedy).
 
-    python benchmarks/cpu_throughput.py --batches 1,16 --max-tokens 64
-Prints a table and writes benchmarks/results/cpu_throughput-<date>.json.
+    python -m benchmarks.cpu_throughput [--batches 1,16] [--max-tokens 64] [--out PATH]
+
+``LLM.generate`` of one prompt per row, every request running to
+``max-tokens`` (EOS ignored), after a short warm-up; output tokens per second
+of wall-clock time. Prints a line per batch size and writes JSON (default
+benchmarks/results/cpu_throughput-<date>.json).
 """
 
 from __future__ import annotations
@@ -10,25 +14,22 @@ import argparse
 import datetime as dt
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ingot import LLM, SamplingParams  # noqa: E402
-from ingot.bench.report import write_json  # noqa: E402
+from ingot import LLM, SamplingParams
+from ingot.bench.report import write_json
 
 PROMPT = "The history of the printing press begins"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--out", default=None)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,16", help="comma-separated batch sizes (default 1,16)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (default 64)")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/cpu_throughput-<date>.json)")
     args = ap.parse_args()
     llm = LLM(device="cpu", dtype="float32", show_progress=False)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)

@@ -1,6 +1,6 @@
 """Host time of detokenizing a decode step, per step and deferred to the end, CPU only.
 
-    python benchmarks/detokenize.py [--batch 256] [--tokens 128] [--out PATH]
+    python -m benchmarks.detokenize [--batch 256] [--tokens 128] [--out PATH]
 
 ``batch`` sequences of the default model's tokenizer (SmolLM2) each get
 ``tokens`` output tokens (slices of this repository's README), one per step:
@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from ingot.bench.report import env_info, write_json
+from ingot.loading.checkpoint import default_model_path, open_checkpoint
+from ingot.loading.tokenizer import IncrementalDetokenizer, add_tokens
 
-from ingot.bench.report import env_info, write_json  # noqa: E402
-from ingot.loading.checkpoint import default_model_path, open_checkpoint  # noqa: E402
-from ingot.loading.tokenizer import IncrementalDetokenizer, add_tokens  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(batch: int, tokens: int) -> dict:

@@ -1,6 +1,6 @@
 """Host time of building a decode step's inputs (``runner/step_inputs.py``), CPU only.
 
-    python benchmarks/host_inputs.py [--batches 1,256] [--out PATH]
+    python -m benchmarks.host_inputs [--batches 1,256] [--out PATH]
 
 Sequences with 600-1,500 cached tokens (block size 16), one new token each;
 median of 200 builds after warm-up. Prints a table, writes JSON.
@@ -12,19 +12,16 @@ import argparse
 import datetime as dt
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ingot.bench.report import env_info, write_json  # noqa: E402
-from ingot.runner.batch import ScheduledBatch  # noqa: E402
-from ingot.engine.sequence import Sequence  # noqa: E402
-from ingot.runner.step_inputs import build_step_inputs  # noqa: E402
-from ingot.sampling_params import SamplingParams  # noqa: E402
+from ingot.bench.report import env_info, write_json
+from ingot.runner.batch import ScheduledBatch
+from ingot.engine.sequence import Sequence
+from ingot.runner.step_inputs import build_step_inputs
+from ingot.sampling_params import SamplingParams
 
 
 def decode_batch(batch: int, rng: random.Random) -> ScheduledBatch:

@@ -1,6 +1,6 @@
 """Host time of one engine decode step (everything but the model), CPU only.
 
-    python benchmarks/host_step.py [--batches 1,64,256] [--steps 100] [--out PATH]
+    python -m benchmarks.host_step [--batches 1,64,256] [--steps 100] [--out PATH]
 
 The engine serves ``batch`` greedy requests (64-token prompts, no EOS) over a
 one-layer model whose logits are replaced by a fixed tensor, so what is left
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -24,16 +23,14 @@ from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ingot.bench.random_engine import id_tokenizer  # noqa: E402
-from ingot.bench.report import env_info, write_json  # noqa: E402
-from ingot.config import EngineConfig  # noqa: E402
-from ingot.engine.engine import Engine  # noqa: E402
-from ingot.loading.model_config import ModelConfig  # noqa: E402
-from ingot.models.loader import build_model, init_random  # noqa: E402
-from ingot.runner import model_runner  # noqa: E402
-from ingot.sampling_params import SamplingParams  # noqa: E402
+from ingot.bench.random_engine import id_tokenizer
+from ingot.bench.report import env_info, write_json
+from ingot.config import EngineConfig
+from ingot.engine.engine import Engine
+from ingot.loading.model_config import ModelConfig
+from ingot.models.loader import build_model, init_random
+from ingot.runner import model_runner
+from ingot.sampling_params import SamplingParams
 
 VOCAB = 64  # small: the argmax stands in for a GPU kernel, it must not dominate on CPU
 TINY = dict(architectures=["Qwen2ForCausalLM"], hidden_size=64, intermediate_size=128, num_hidden_layers=1,

@@ -1,45 +1,44 @@
 """Benchmark the Triton kernels against the GPU's ceilings and the PyTorch references.
 
-    python benchmarks/kernels.py [--out PATH] [--no-ref] [--sweep]
+    python -m benchmarks.kernels [--out PATH] [--no-ref] [--sweep [decode|skinny|skinny7b|elementwise|prefill|all]]
 
 Ceilings (measured here, median of triton.testing.do_bench after warm-up, L2
 flushed between runs): device-to-device copy bandwidth (bytes read + written)
-and bf16 matmul TFLOP/s at 8192^3. Then each kernel, with its achieved GB/s or
-TFLOP/s, the % of the matching ceiling, the target, and the reference
-implementation's time. Writes JSON (default benchmarks/results/kernels-<date>.json)
+and bf16 matmul TFLOP/s at 8192^3. Then each kernel with its default launch
+configuration (each module's ``launch_config``): its achieved GB/s or TFLOP/s,
+the % of the matching ceiling, the target, and the reference implementation's
+time. Then the skinny GEMM per projection against cuBLAS, and what each fused
+prologue costs. Writes JSON (default benchmarks/results/kernels-<date>.json)
 with the GPU name, torch/triton versions and the date.
 
-``--sweep`` also times decode attention over a grid of tile configurations
-(for retuning the fixed heuristic) and reports prefill's autotuned choice;
-``--sweep elementwise`` the launch configurations of RMSNorm and rotary.
+``--sweep`` also times each kernel over a grid of launch configurations, passed
+to the kernel as its ``config`` argument, to retune a ``launch_config`` table:
+decode attention (tiles, warps, stages, waves), the skinny GEMM (1.5B or 7B
+projections), RMSNorm and rotary (``elementwise``), prefill attention.
 
 The GPU is kept busy for a second before the ceilings (clocks ramp up). Kernel
 rows are timed from CUDA graphs on a cold L2 (``bench_flushed_graph``: no host
 in the loop) ``REPEATS`` times, the passes minutes apart, and the row is their
-median; each row also keeps one do_bench figure, the method of the runs before
-2026-12 (on the shared H200 do_bench read the same decode case at 25% and 62%
-of copy bandwidth in two runs, and short kernels up to 2x slow in some
-passes: do_bench launches every call from Python, so the host's launch path
-can be what it times).
+median; each row also keeps one do_bench figure (do_bench launches every call
+from Python, so for a kernel shorter than the host's launch path it times the
+host: on the shared H200 it read the 12/2 decode case at 31% of copy bandwidth
+where graphs read 68%, ``kernels-2026-12-01.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import datetime as dt
+import itertools
 import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from ingot.bench.report import write_json
+from ingot.ops import reference as ref
 
-from ingot.bench.report import write_json  # noqa: E402
-from ingot.ops import reference as ref  # noqa: E402
-
+RESULTS = Path(__file__).resolve().parent / "results"
 BF16 = torch.bfloat16
 DEV = "cuda"
 
@@ -81,7 +80,7 @@ def bench_flushed_graph(fn, reps: int = 10, repeats: int = 7) -> float:
     import statistics
 
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=DEV)
-    fn()  # compile, autotune and allocate (split counters) before the capture
+    fn()  # compile and allocate (split counters) before the capture
     torch.cuda.synchronize()
 
     def capture(body) -> torch.cuda.CUDAGraph:
@@ -170,8 +169,8 @@ def prefill_case(tokens, hq, hkv, d, page=16):
 
 def elementwise_cases(t: int, h: int) -> dict:
     """RMSNorm, fused add + RMSNorm and rotary at ``t`` tokens x hidden ``h`` (rotary: 28/4
-    heads, d128, q/k strided slices of a fused qkv): per case the kernel's module, the
-    call, the reference call, the bytes moved and the row labels."""
+    heads, d128, q/k strided slices of a fused qkv): per case the call (taking an optional
+    launch configuration), the reference call, the bytes moved and the row labels."""
     from ingot.ops.triton import rms_norm, rotary
 
     x = torch.randn(t, h, dtype=BF16, device=DEV)
@@ -184,13 +183,14 @@ def elementwise_cases(t: int, h: int) -> dict:
     cache = torch.randn(32768, d, device=DEV)
     pos = torch.randint(0, 32768, (t,), device=DEV)
     return {
-        "rms_norm": dict(kernel="rms_norm", shape=f"{t}x{h}", module=rms_norm, nbytes=2 * t * h * 2,
-                         fn=lambda: rms_norm.rms_norm(x, w, 1e-6), ref=lambda: ref.rms_norm(x, w, 1e-6)),
-        "add_rms_norm": dict(kernel="add_rms_norm", shape=f"{t}x{h}", module=rms_norm, nbytes=4 * t * h * 2,
-                             fn=lambda: rms_norm.add_rms_norm(x, r, w, 1e-6), ref=lambda: ref.add_rms_norm(x, r, w, 1e-6)),
-        "rotary": dict(kernel="rotary_embedding", shape=f"T{t} {hq}/{hkv} d{d} (strided)", module=rotary,
+        "rms_norm": dict(kernel="rms_norm", shape=f"{t}x{h}", nbytes=2 * t * h * 2,
+                         fn=lambda cfg=None: rms_norm.rms_norm(x, w, 1e-6, cfg), ref=lambda: ref.rms_norm(x, w, 1e-6)),
+        "add_rms_norm": dict(kernel="add_rms_norm", shape=f"{t}x{h}", nbytes=4 * t * h * 2,
+                             fn=lambda cfg=None: rms_norm.add_rms_norm(x, r, w, 1e-6, cfg),
+                             ref=lambda: ref.add_rms_norm(x, r, w, 1e-6)),
+        "rotary": dict(kernel="rotary_embedding", shape=f"T{t} {hq}/{hkv} d{d} (strided)",
                        nbytes=2 * t * (hq + hkv) * d * 2 + t * d * 4 + t * 8,
-                       fn=lambda: rotary.rotary_embedding(pos, q, kk, cache),
+                       fn=lambda cfg=None: rotary.rotary_embedding(pos, q, kk, cache, cfg),
                        ref=lambda: ref.rotary_embedding(pos, q, kk, cache)),
     }
 
@@ -244,8 +244,8 @@ def run(args) -> dict:
     # decode attention
     for hq, hkv in ((12, 2), (28, 4)):
         call, nbytes = decode_case(64, 2048, hq, hkv, 128)
-        splits = decode_attention.choose_num_splits(64, hkv, call[3].shape[1], 16,
-                                                    decode_attention._tile_config(128, 64 * hkv, call[0].device)[0], call[0].device)
+        cfg = decode_attention.launch_config(128, 64 * hkv, call[0].device)
+        splits = decode_attention.choose_num_splits(64, hkv, call[3].shape[1], 16, cfg.block_n, call[0].device, cfg.waves)
         record("decode_attention", f"B64 ctx2048 {hq}/{hkv} d128 S{splits}",
                lambda c=call: decode_attention.decode_attention(*c),
                lambda c=call: ref.decode_attention(*c), nbytes=nbytes, target=60)
@@ -293,11 +293,7 @@ def run(args) -> dict:
     record("prefill_attention", "T4096 causal 28/4 d128",
            lambda: prefill_attention.prefill_attention(*call),
            lambda: ref.prefill_attention(*call), flops=flops, target=35)
-    record("prefill (no autotune)", "T4096 causal 28/4 d128",
-           lambda: prefill_attention.prefill_attention(*call, autotune=False), None, flops=flops)
-    best = getattr(prefill_attention._prefill_kernel_tuned, "best_config", None)
-    if best is not None:
-        print(f"# prefill autotuned config: {best}")
+    print(f"# prefill config: {prefill_attention.launch_config(128, call[0].device)}")
 
     # torch SDPA (flash) on the same shape, for context (not a reference impl)
     q, k, v = call[0], call[1], call[2]
@@ -320,7 +316,8 @@ def run(args) -> dict:
     skinny = _skinny_rows()
     prologues = _prologue_rows()
     elementwise = _sweep_elementwise(bw) if args.sweep in ("elementwise", "all") else None
-    sweep = _sweep_decode(decode_attention) if args.sweep in ("decode", "all") else None
+    sweep = _sweep_decode() if args.sweep in ("decode", "all") else None
+    prefill_sweep = _sweep_prefill(tf) if args.sweep in ("prefill", "all") else None
     skinny_sweep = _sweep_skinny() if args.sweep in ("skinny", "all") else None
     if args.sweep in ("skinny7b", "all"):
         skinny_sweep = (skinny_sweep or []) + _sweep_skinny("7b")
@@ -330,8 +327,7 @@ def run(args) -> dict:
         date=dt.datetime.now().isoformat(timespec="seconds"),
         ceilings=dict(copy_gbps=bw, matmul_bf16_tflops=tf),
         results=rows, decode_sweep=sweep, skinny_gemm=skinny, skinny_sweep=skinny_sweep,
-        skinny_prologues=prologues, elementwise_sweep=elementwise,
-        prefill_autotuned=str(best) if best is not None else None,
+        skinny_prologues=prologues, elementwise_sweep=elementwise, prefill_sweep=prefill_sweep,
     )
 
 
@@ -464,25 +460,27 @@ def _prologue_rows() -> list:
 
 
 def _sweep_elementwise(copy_gbps: float, t: int = 4096, h: int = 3584) -> list:
-    """Launch configurations of RMSNorm (rows per program, warps) and
-    rotary (pairs per program, warps) on the 4096-token benchmark shapes; % of copy."""
+    """Launch configurations of RMSNorm (rows per program, warps; the weight loaded last,
+    as at this row count) and rotary (pairs per program, warps) on the 4096-token
+    benchmark shapes; % of copy bandwidth."""
+    from ingot.ops.triton import rms_norm, rotary
+
     print("\n# elementwise sweep: % of copy bandwidth (flushed-graph timing)")
-    cases = {name: (case["module"], case["fn"], case["nbytes"]) for name, case in elementwise_cases(t, h).items()}
+    cases = elementwise_cases(t, h)
+    norm_grid = [rms_norm.RmsNormConfig(r, nw, weight_first=False) for r, nw in itertools.product((1, 2, 4), (4, 8, 16))]
     grids = {
-        "rms_norm": [dict(ELEMS=e, num_warps=nw) for e, nw in itertools.product((4096, 8192, 16384), (4, 8, 16))],
-        "rotary": [dict(TILE=e, num_warps=nw) for e, nw in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8))],
+        "rms_norm": norm_grid,
+        "add_rms_norm": norm_grid,
+        "rotary": [rotary.RotaryConfig(e, nw) for e, nw in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8))],
     }
-    grids["add_rms_norm"] = grids["rms_norm"]
     out = []
-    for name, (mod, fn, nbytes) in cases.items():
-        for cfg in [{}] + grids[name]:
-            mod.CONFIG_OVERRIDE.clear()
-            mod.CONFIG_OVERRIDE.update(cfg)
-            ms = time_row(fn)[0]
-            pct = 100 * nbytes / (ms * 1e-3) / 1e9 / copy_gbps
-            out.append(dict(kernel=name, config=cfg or "default", ms=ms, pct_of_copy=pct))
-            print(f"  {name:<13} {str(cfg or 'default'):<52} {ms * 1e3:7.2f} us {pct:6.1f}%")
-        mod.CONFIG_OVERRIDE.clear()
+    for name, case in cases.items():
+        for cfg in [None] + grids[name]:
+            ms = time_row(lambda cfg=cfg: case["fn"](cfg))[0]
+            pct = 100 * case["nbytes"] / (ms * 1e-3) / 1e9 / copy_gbps
+            label = "default" if cfg is None else cfg
+            out.append(dict(kernel=name, config=str(label), ms=ms, pct_of_copy=pct))
+            print(f"  {name:<13} {str(label):<60} {ms * 1e3:7.2f} us {pct:6.1f}%")
         best = max((o for o in out if o["kernel"] == name), key=lambda o: o["pct_of_copy"])
         print(f"# best {name}: {best['config']} {best['pct_of_copy']:.1f}%")
     return out
@@ -505,20 +503,17 @@ def _sweep_skinny(shape: str = "1.5b") -> list:
     else:
         configs = itertools.product([(1, False)], (16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4))
     for (m, dot), block_n, block_k, warps, waves in configs:
-        cfg = dict(m=m, dot=dot, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=4, waves=waves)
-        skinny_gemm.CONFIG_OVERRIDE.clear()
-        skinny_gemm.CONFIG_OVERRIDE.update(cfg)
-        res = dict(cfg, shape=shape)
+        cfg = skinny_gemm.SkinnyConfig(dot, block_n, block_k, warps, num_stages=4, waves=waves)
+        res = dict(m=m, dot=dot, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=4, waves=waves, shape=shape)
         try:
             for name, w in weights.items():
                 x = torch.randn(m, w.shape[1], dtype=BF16, device=DEV)
-                res[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None))
+                res[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None, cfg))
         except Exception as exc:  # out of shared memory, ...
             res["error"] = type(exc).__name__
         out.append(res)
         print(f"  M{m:<2} {'dot' if dot else 'fma'} {block_n:4d} {block_k:4d} {warps:2d} {waves:2d}  " + "  ".join(
             f"{n}: {res[n]:7.2f}" for n in cases if n in res) + f" {res.get('error', '')}")
-    skinny_gemm.CONFIG_OVERRIDE.clear()
     for m in (1, 16):
         ok = [r for r in out if "error" not in r and r["m"] == m]
         if ok:
@@ -528,31 +523,28 @@ def _sweep_skinny(shape: str = "1.5b") -> list:
     return out
 
 
-def _sweep_decode(mod) -> list:
+def _sweep_decode() -> list:
     """Tile configurations of the fused decode kernel (what the model runs): batch 64 at
     context 2048 (bandwidth) and batch 1 at context 512 (latency, timed in a graph)."""
+    from ingot.ops.triton import decode_attention as mod
+
     print("\n# decode sweep (decode_attention_rope): BLOCK_N warps stages waves -> per case")
     out = []
     cases = {f"B64 {hq}/{hkv}": rope_decode_case(64, 2048, hq, hkv, 128) for hq, hkv in ((12, 2), (28, 4))}
     small = rope_decode_case(1, 512, 12, 2, 128)[0]
-    for block_n in (32, 64, 128):
-        for warps in (4, 8):
-            for stages in (2, 3, 4):
-                for waves in (1, 2, 4):
-                    mod.CONFIG_OVERRIDE.clear()
-                    mod.CONFIG_OVERRIDE.update(BLOCK_N=block_n, num_warps=warps, num_stages=stages, waves=waves)
-                    res = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, waves=waves)
-                    try:
-                        for name, (call, nbytes) in cases.items():
-                            ms = bench(lambda c=call: mod.decode_attention_rope(*c), rep_ms=50)
-                            res[name] = dict(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9)
-                        res["B1 ctx512 us"] = bench_graph_us(lambda: mod.decode_attention_rope(*small))
-                    except Exception as exc:  # out of shared memory, ...
-                        res["error"] = type(exc).__name__
-                    out.append(res)
-                    cells = "  ".join(f"{n}: {r['gbps']:5.0f} GB/s" for n, r in res.items() if isinstance(r, dict))
-                    print(f"  {block_n:4d} {warps:2d} {stages:2d} {waves:2d}  {cells}  B1: {res.get('B1 ctx512 us', float('nan')):6.2f} us {res.get('error', '')}")
-    mod.CONFIG_OVERRIDE.clear()
+    for block_n, warps, stages, waves in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2, 4)):
+        cfg = mod.DecodeConfig(block_n, warps, stages, waves)
+        res = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, waves=waves)
+        try:
+            for name, (call, nbytes) in cases.items():
+                ms = bench(lambda c=call: mod.decode_attention_rope(*c, config=cfg), rep_ms=50)
+                res[name] = dict(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9)
+            res["B1 ctx512 us"] = bench_graph_us(lambda: mod.decode_attention_rope(*small, config=cfg))
+        except Exception as exc:  # out of shared memory, ...
+            res["error"] = type(exc).__name__
+        out.append(res)
+        cells = "  ".join(f"{n}: {r['gbps']:5.0f} GB/s" for n, r in res.items() if isinstance(r, dict))
+        print(f"  {block_n:4d} {warps:2d} {stages:2d} {waves:2d}  {cells}  B1: {res.get('B1 ctx512 us', float('nan')):6.2f} us {res.get('error', '')}")
     ok = [r for r in out if "error" not in r]
     if ok:
         best = min(ok, key=lambda r: sum(r[n]["ms"] for n in cases))
@@ -561,18 +553,45 @@ def _sweep_decode(mod) -> list:
     return out
 
 
+def _sweep_prefill(matmul_tflops: float) -> list:
+    """Key tile widths, warps and stages of prefill attention (128-row query tiles): the
+    candidates Triton's autotuner chose from, on a 4096-token causal prefill with 28/4
+    heads at head dim 128 and 64."""
+    from ingot.ops.triton import prefill_attention as mod
+
+    print("\n# prefill sweep: head dim, BLOCK_N warps stages -> ms, % of bf16 matmul")
+    out = []
+    for d in (128, 64):
+        call, flops = prefill_case(4096, 28, 4, d)
+        default = mod.launch_config(d, call[0].device)
+        for block_n, warps, stages in ((64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3)):
+            cfg = mod.PrefillConfig(128, block_n, warps, stages)
+            try:
+                ms = time_row(lambda: mod.prefill_attention(*call, cfg))[0]
+            except Exception as exc:  # out of shared memory, ...
+                out.append(dict(head_dim=d, config=str(cfg), error=type(exc).__name__))
+                continue
+            pct = 100 * flops / (ms * 1e-3) / 1e12 / matmul_tflops
+            out.append(dict(head_dim=d, config=str(cfg), default=cfg == default, ms=ms, pct_of_matmul=pct))
+            print(f"  d{d:<4} {block_n:4d} {warps:2d} {stages:2d}  {ms:8.4f} ms {pct:6.1f}%{'  (default)' if cfg == default else ''}")
+        ok = [r for r in out if "error" not in r and r["head_dim"] == d]
+        if ok:
+            print(f"# best prefill config at head dim {d}: {min(ok, key=lambda r: r['ms'])}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/kernels-<date>.json)")
     parser.add_argument("--no-ref", action="store_true", help="skip timing the PyTorch reference implementations")
-    parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "skinny7b", "elementwise", "all"),
-                        help="also sweep tile configurations of the decode kernel, the skinny GEMM (1.5B "
-                             "or 7B projections), RMSNorm and rotary, or all")
+    parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "skinny7b", "elementwise", "prefill", "all"),
+                        help="also sweep launch configurations of the decode kernel, the skinny GEMM (1.5B "
+                             "or 7B projections), RMSNorm and rotary, prefill attention, or all")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/kernels.py needs a CUDA GPU")
+        sys.exit("python -m benchmarks.kernels needs a CUDA GPU")
     result = run(args)
-    out = write_json(args.out or ROOT / "benchmarks" / "results" / f"kernels-{dt.date.today().isoformat()}.json", result)
+    out = write_json(args.out or RESULTS / f"kernels-{dt.date.today().isoformat()}.json", result)
     print(f"\nwrote {out}")
 
 

@@ -1,8 +1,9 @@
 """Decode-step timing for eager, graph and compiled graph on one model, per batch size.
 
-Used by ``benchmarks/decode_graphs.py`` (random-weight model shapes). Each
-batch is a synthetic decode step: every sequence has ``context_len`` cached
-tokens in its own blocks, so attention reads real-sized context.
+Used by ``ingot bench decode`` (real checkpoints or random-weight model
+shapes). Each batch is a synthetic decode step: every sequence has
+``context_len`` cached tokens in its own blocks, so attention reads real-sized
+context.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ingot.layers.attention import AttentionMetadata
 from ingot.models.loader import build_model, init_random
 from ingot.loading.model_config import ModelConfig
 from ingot.bench.gemm_floor import gemm_only_ms
+from ingot.bench.step_profile import StepProfile, profile_step
 from ingot.runner.auto_compile import time_ms
 from ingot.runner.graph_runner import DecodeGraphRunner
 from ingot.runner.model_runner import ModelRunner
@@ -46,6 +48,7 @@ class BucketTiming:
     warmup_s: dict[str, float] = field(default_factory=dict)  # mode -> warm-up (compile) seconds
     capture_s: dict[str, float] = field(default_factory=dict)
     auto_choice: Optional[str] = None  # with mode "auto": "compiled" or "graph", and why
+    profile: Optional[StepProfile] = None  # kernels of one graph replay, when profiled
 
 
 def synthetic_decode_inputs(batch: int, context_len: int, block_size: int, device: torch.device, vocab_size: int = 1000) -> StepInputs:
@@ -101,10 +104,12 @@ def bench_decode(
     iters: int = 30,
     dtype: torch.dtype = torch.bfloat16,
     config: Optional[EngineConfig] = None,
+    profile_steps: int = 0,
 ) -> list[BucketTiming]:
     """ms per decode step per batch size for each mode: eager, graph, compiled, auto
     (per-bucket choice, see runner/auto_compile.py) and gemm_only (the model's linear
-    layers alone, the floor a step cannot beat)."""
+    layers alone, the floor a step cannot beat). ``profile_steps`` > 0: also the
+    kernels of the graph mode's replays, per step (``step_profile.py``)."""
     device = next(model.parameters()).device
     base, runner, per_seq = decode_bench_runner(model, cfg, config or EngineConfig(), batches, context_len, dtype)
     inputs = {b: synthetic_decode_inputs(b, context_len, base.block_size, device, cfg.vocab_size) for b in batches}
@@ -131,6 +136,8 @@ def bench_decode(
                 results[b].auto_choice = f"{'compiled' if d.use_compiled else 'graph'}: {d.reason}"
             with torch.inference_mode():
                 results[b].ms[mode] = time_cuda(lambda: graphs.run(inputs[b]), iters)
+            if mode == "graph" and profile_steps:
+                results[b].profile = profile_step(lambda: graphs.run(inputs[b]), profile_steps)
         del graphs
         torch.cuda.empty_cache()
     return [results[b] for b in batches]

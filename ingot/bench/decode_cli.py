@@ -7,9 +7,16 @@ cache of the batch once, at the device-to-device copy bandwidth measured in
 the same run. Timing needs CUDA; the floor math, the summary, the table and
 the JSON/plot writers are plain functions that also run on CPU.
 
+``--gemm-floor`` also times the model's linear layers alone at each batch
+size (one graph of every projection and the lm_head), so "graph - GEMMs" is
+the time spent in attention, norms, rotary, activations and glue.
+``--profile`` lists each bucket's kernels per graph-replayed step
+(``step_profile.py``).
+
     ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --json out.json --plot out.png
     ingot bench decode --model Qwen/Qwen2.5-1.5B-Instruct --decode-compile off
     ingot bench decode --shape qwen2.5-7b --compare-hf   # + transformers' static-cache compiled decode
+    ingot bench decode --batch-sizes 1,64 --decode-compile off --gemm-floor --profile
 """
 
 from __future__ import annotations
@@ -114,12 +121,14 @@ def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
                 "capture_s": row.capture_s.get(mode),
             }
         compiled_ms = row.ms.get("compiled")
+        gemm_ms = row.ms.get("gemm_only")
         out.append({
             "batch": row.batch,
             "kv_bytes": bench.model_bytes.kv_bytes(row.batch, bench.context_len),
             "step_bytes": bench.model_bytes.step_bytes(row.batch, bench.context_len),
             "floor_ms": floor,
             "compiled_speedup_vs_graph": graph_ms / compiled_ms if graph_ms is not None and compiled_ms is not None else None,
+            "graph_minus_gemm_ms": graph_ms - gemm_ms if graph_ms is not None and gemm_ms is not None else None,
             "modes": modes,
         })
     return out
@@ -167,6 +176,20 @@ def make_table(bench: DecodeBench):
     caption = (f"floor = ({bench.model_bytes.weight_bytes / 1e9:.2f} GB weights + KV of the batch) / "
                f"{bw:,.0f} GB/s copy bandwidth; warm-up includes the compile")
     return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
+
+
+def profile_lines(bench: DecodeBench, top: int = 12) -> list[str]:
+    """Per profiled batch size: graph step time, kernel time and launches, the gaps, the top kernels."""
+    lines = []
+    for row in bench.rows:
+        prof = row.profile
+        if prof is None:
+            continue
+        step_us = 1e3 * row.ms["graph"]
+        lines.append(f"batch {row.batch}: graph step {step_us:.1f} us, kernels {prof.kernel_us:.1f} us "
+                     f"({prof.launches:.0f} launches), between kernels {step_us - prof.kernel_us:.1f} us")
+        lines += [f"  {us:8.1f} us {n:5.0f}x  {name}" for name, n, us in prof.kernels[:top]]
+    return lines
 
 
 def plot(bench: DecodeBench, path: str) -> None:
@@ -234,7 +257,7 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
     from ingot.bench.decode import bench_decode
     from ingot.config import EngineConfig
 
-    modes = modes_for(args.decode_compile)
+    modes = modes_for(args.decode_compile) + (["gemm_only"] if args.gemm_floor else [])
     if "compiled" in modes:
         from ingot.runner.compile_options import supported
 
@@ -247,7 +270,8 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
     bandwidth = measure_copy_bandwidth(device)
     model, cfg, dtype, source = _load(args, device)
     config = EngineConfig.create(show_progress=not args.quiet)
-    rows = bench_decode(model, cfg, args.batch_sizes, args.context_len, modes, iters=args.iters, dtype=dtype, config=config)
+    rows = bench_decode(model, cfg, args.batch_sizes, args.context_len, modes, iters=args.iters, dtype=dtype, config=config,
+                        profile_steps=args.profile or 0)
     bench = DecodeBench(
         source=source,
         dtype=str(dtype).removeprefix("torch."),
@@ -297,6 +321,11 @@ def cmd_decode(args: argparse.Namespace) -> int:
         for row in bench.rows:
             if row.auto_choice:
                 print(f"auto, batch {row.batch}: {row.auto_choice}")
+        for s in summarize(bench):
+            if s["graph_minus_gemm_ms"] is not None:
+                print(f"batch {s['batch']}: graph - GEMMs {s['graph_minus_gemm_ms']:.3f} ms")
+        for line in profile_lines(bench):
+            print(line)
         if args.json:
             print(f"wrote {report.write_json(args.json, to_json(bench))}")
         if args.plot:
@@ -331,6 +360,10 @@ def add_parser(subparsers, engine_args) -> None:
                    help="also time Hugging Face transformers' decode on the same model and batch sizes "
                         "(StaticCache + torch.compile reduce-overhead, fullgraph) as mode hf_static_compiled; "
                         "needs transformers")
+    p.add_argument("--gemm-floor", action="store_true",
+                   help="also time the model's linear layers alone (mode gemm_only) and report graph - GEMMs")
+    p.add_argument("--profile", type=report.positive_int, nargs="?", const=10, default=None, metavar="STEPS",
+                   help="list each batch size's kernels per graph-replayed step (torch.profiler over STEPS replays, default 10)")
     p.add_argument("--iters", type=report.positive_int, default=30, help="timed steps per mode and batch size; the median is reported (default 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
     p.add_argument("--plot", default=None, metavar="PATH.png", help="plot ms/step vs batch size (needs matplotlib)")

@@ -7,9 +7,10 @@ format it lazily). The message prints the op's IR arguments, and each IR node
 prints its own inputs: for an op first met deep in a decode step whose layers
 are chains of our opaque ops (the final norm after 30 layers of skinny GEMVs
 with fused norms, SmolLM2 at batch 1), that string doubles per layer. On the
-H200 (PyTorch 2.11) the lowering of such a step never finished
-(``benchmarks/compile_hang_probe.py`` found the caller; a ``LoweringException``
-formatter that elides the arguments made the same step compile in 6 s).
+H200 (PyTorch 2.11) the lowering of such a step never finished (the
+outermost frames of a stack sampled during the hang were that log call; a
+``LoweringException`` formatter that elides the arguments made the same step
+compile in 6 s).
 
 The fallback, once made, is process-wide (Inductor keeps one lowering per op),
 so compiling one small function that calls each op on graph inputs, whose

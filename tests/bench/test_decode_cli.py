@@ -40,6 +40,14 @@ def test_parse_options():
     assert build_parser().parse_args(["bench", "decode", "--decode-compile", "auto"]).decode_compile == "auto"
 
 
+def test_parse_gemm_floor_and_profile():
+    args = build_parser().parse_args(["bench", "decode"])
+    assert args.gemm_floor is False and args.profile is None
+    args = build_parser().parse_args(["bench", "decode", "--gemm-floor", "--profile"])
+    assert args.gemm_floor is True and args.profile == 10
+    assert build_parser().parse_args(["bench", "decode", "--profile", "3"]).profile == 3
+
+
 @pytest.mark.parametrize("argv", [
     ["--batch-sizes", "0,8"],
     ["--batch-sizes", "a"],
@@ -138,6 +146,28 @@ def test_summarize():
     assert b8["modes"]["compiled"]["warmup_s"] == 25.9 and b8["modes"]["compiled"]["capture_s"] == 0.014
 
 
+def test_summarize_graph_minus_gemms():
+    bench = fabricated(("eager", "graph"))
+    bench.rows[0].ms["gemm_only"] = 1.25
+    bench.modes.append("gemm_only")
+    s = decode_cli.summarize(bench)
+    assert s[0]["graph_minus_gemm_ms"] == pytest.approx(1.8 - 1.25)
+    assert s[1]["graph_minus_gemm_ms"] is None  # no GEMM-only time at batch 8
+
+
+def test_profile_lines():
+    from ingot.bench.step_profile import StepProfile, kernel_family
+
+    assert kernel_family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64") == "GEMM"
+    assert kernel_family("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT") == "GEMM"
+    assert kernel_family("_decode_kernel") == "_decode_kernel"
+    bench = fabricated(("eager", "graph"))
+    bench.rows[0].profile = StepProfile([("GEMM", 113.0, 1200.0), ("_decode_kernel", 28.0, 216.0)])
+    lines = decode_cli.profile_lines(bench)
+    assert lines[0] == "batch 1: graph step 1800.0 us, kernels 1416.0 us (141 launches), between kernels 384.0 us"
+    assert lines[1:] == ["    1200.0 us   113x  GEMM", "     216.0 us    28x  _decode_kernel"]  # heaviest first, as given
+
+
 def test_summarize_without_compiled():
     s = decode_cli.summarize(fabricated(("eager", "graph")))
     assert s[0]["compiled_speedup_vs_graph"] is None
@@ -174,7 +204,8 @@ def test_json_round_trip(tmp_path):
     assert data["model_bytes"] == {"weight_bytes": 1_000_000_000, "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "kv_elem_size": 2}
     # every measured number comes back exactly
     for row, got in zip(bench.rows, data["timings"]):
-        assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s, "auto_choice": row.auto_choice}
+        assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s,
+                       "auto_choice": row.auto_choice, "profile": None}
     # and every derived number
     assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
     written = set(_numbers(data))
@@ -258,15 +289,19 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
     out = tmp_path / "decode.json"
     argv = ["bench", "decode", "--model", str(tiny), "--batch-sizes", "1,2", "--context-len", "16", "--iters", "2",
-            "--dtype", "float32", "--json", str(out), "--quiet"]
+            "--dtype", "float32", "--json", str(out), "--quiet", "--gemm-floor"]
     assert main(argv) == 0
-    assert "compiled" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "compiled" in printed and "batch 2: graph - GEMMs" in printed
     data = json.loads(out.read_text())
-    assert data["source"] == str(tiny) and data["dtype"] == "float32" and data["modes"] == ["eager", "graph", "compiled"]
+    assert data["source"] == str(tiny) and data["dtype"] == "float32"
+    assert data["modes"] == ["eager", "graph", "compiled", "gemm_only"]
+    for row in data["summary"]:
+        assert row["graph_minus_gemm_ms"] == pytest.approx(row["modes"]["graph"]["ms"] - row["modes"]["gemm_only"]["ms"])
     assert data["model_bytes"]["num_layers"] == 2 and data["model_bytes"]["kv_elem_size"] == 4
     # tiny llama: untied embed + lm_head 2*384*64, 2 layers of attention (64*64*2 + 64*32*2) and MLP (3*64*128), norms
     layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64
     assert data["model_bytes"]["weight_bytes"] == 4 * (2 * 384 * 64 + 2 * layer + 64)
     assert [r["batch"] for r in data["summary"]] == [1, 2]
     for row in data["summary"]:
-        assert set(row["modes"]) == {"eager", "graph", "compiled"} and all(m["ms"] > 0 for m in row["modes"].values())
+        assert set(row["modes"]) == {"eager", "graph", "compiled", "gemm_only"} and all(m["ms"] > 0 for m in row["modes"].values())

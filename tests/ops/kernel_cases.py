@@ -95,10 +95,11 @@ def check_store_kv(fn, t, hkv, d, page, nb, gen, device="cpu", dtype=torch.bfloa
     assert torch.equal(v_cache[1:].nan_to_num(7.0), v_exp[1:].nan_to_num(7.0))
 
 
-def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool, gen, device="cpu") -> None:
+def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool, gen, device="cpu", config=None) -> None:
     """``rms_norm_linear`` / ``silu_mul_linear`` of module ``mod`` (skinny_gemm) against the
     reference ops: a random projection within bf16 tolerance, and an identity projection,
-    whose output is the prologue's bf16 result itself, element for element."""
+    whose output is the prologue's bf16 result itself, element for element. ``config``: the
+    launch configuration of both (None: the kernel's default)."""
     from ingot.ops import reference as ref
 
     cols = k if prologue == "norm" else 2 * k
@@ -109,8 +110,8 @@ def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool
 
     def run(w, b):
         if prologue == "norm":
-            return mod.rms_norm_linear(x, residual, norm_w, 1e-6, w, b)
-        return mod.silu_mul_linear(x, w, b), None
+            return mod.rms_norm_linear(x, residual, norm_w, 1e-6, w, b, config)
+        return mod.silu_mul_linear(x, w, b, config), None
 
     def expected_input():
         if prologue == "norm":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ import torch
 ENABLED = os.environ.get("INGOT_TEST_TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 
-KERNEL_MODULES = ("rounding", "pdl", "activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary", "skinny_gemm")
+KERNEL_MODULES = ("rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary", "skinny_gemm")
 
 
 def _numpy_compat() -> None:
@@ -153,11 +154,13 @@ def test_decode_merge_kernel_fallback(K):
     """The separate merge kernel (used when the split counters are unavailable) agrees."""
     gen = torch.Generator().manual_seed(8)
     args = rope_decode_case([90, 33, 1], 8, 2, 64, 16, torch.bfloat16, gen)
-    K.decode_attention.CONFIG_OVERRIDE["merge_kernel"] = True
-    try:
-        check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=4), args)
-    finally:
-        K.decode_attention.CONFIG_OVERRIDE.clear()
+    cfg = replace(K.decode_attention.launch_config(64, 3 * 2, torch.device("cpu")), merge_kernel=True)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=4, config=cfg), args)
+
+
+def skinny_config(K, m, n, k, prologue=0, **fields):
+    """The default launch configuration with small K tiles (so short rows still split) and ``fields``."""
+    return replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cpu"), prologue), block_k=32, **fields)
 
 
 @pytest.mark.parametrize("m,n,k,bias,splits", [(1, 100, 96, True, None), (1, 100, 96, True, 2),
@@ -168,11 +171,7 @@ def test_skinny_linear(K, m, n, k, bias, splits):
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
-    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, **({} if splits is None else {"splits": splits}))
-    try:
-        out = K.skinny_gemm.skinny_linear(x, w, b)
-    finally:
-        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+    out = K.skinny_gemm.skinny_linear(x, w, b, skinny_config(K, m, n, k, splits=splits))
     expected = ref.skinny_linear(x.float(), w.float(), None if b is None else b.float())
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert rel_err(out, expected) < 1e-2
@@ -186,12 +185,10 @@ def test_skinny_linear(K, m, n, k, bias, splits):
 def test_prologue_linear(K, prologue, m, n, k, bias, splits):
     """RMSNorm / SiLU-and-mul fused in front of the skinny GEMM, one row (multiply-reduce) and a
     few (tl.dot); a narrower prologue tile for the first case."""
-    narrow = {"prologue_block_n": 16} if splits is None else {}
-    K.skinny_gemm.CONFIG_OVERRIDE.update(BLOCK_K=32, **narrow, **({} if splits is None else {"splits": splits}))
-    try:
-        check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k))
-    finally:
-        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+    code = {"norm": K.skinny_gemm.NORM, "silu": K.skinny_gemm.SILU}[prologue]
+    narrow = {"block_n": 16} if splits is None else {}
+    cfg = skinny_config(K, m, n, k, code, splits=splits, **narrow)
+    check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), config=cfg)
 
 
 def test_decode_zero_length_is_finite(K):
@@ -243,17 +240,17 @@ def test_rms_norm_strided_heads(K):
     assert rel_err(out, expected) < 1e-2
 
 
-@pytest.mark.parametrize("knobs", [{}, {"ELEMS": 256, "num_warps": 2, "weight_first": True}])
-def test_add_rms_norm(K, knobs):
+@pytest.mark.parametrize("fields", [{}, {"block_r": 1, "num_warps": 2, "weight_first": True},
+                                    {"block_r": 4, "num_warps": 4, "weight_first": False}])
+def test_add_rms_norm(K, fields):
+    """The default configuration (all 6 rows in one program), one row per program, and
+    a last program with rows past the end."""
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
     r = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
     w = torch.randn(160, generator=gen).to(torch.bfloat16)
-    K.rms_norm.CONFIG_OVERRIDE.update(knobs)
-    try:
-        out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5)
-    finally:
-        K.rms_norm.CONFIG_OVERRIDE.clear()
+    cfg = replace(K.rms_norm.launch_config(6, 160), **fields)
+    out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5, cfg)
     exp_out, exp_res = ref.add_rms_norm(x, r, w, 1e-5)
     # the interpreter truncates fp32 -> bf16 (GPUs round to nearest), so no
     # bit-exactness here: tests/ops/test_triton_kernels.py checks that on the GPU
@@ -287,12 +284,14 @@ def test_rotary(K, t, hq, hkv, d):
     k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
     cache = rope_table(max_pos, d, 10000.0)
     positions = torch.randint(0, max_pos, (t,), generator=gen)
-    q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache)
     q_exp, k_exp = ref.rotary_embedding(positions, q, k, cache)
-    assert rel_err(q_out, q_exp) < 1e-2 and rel_err(k_out, k_exp) < 1e-2
-    # bf16 rounding is done with integer ops, so even the interpreter (which truncates
-    # its own fp32 -> bf16 casts) must match eager bit for bit
-    assert torch.equal(q_out, q_exp) and torch.equal(k_out, k_exp)
+    # the default tiles, and small ones (several tiles per tensor, heads split across them)
+    for cfg in (None, K.rotary.RotaryConfig(tile_pairs=64, num_warps=2)):
+        q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache, cfg)
+        assert rel_err(q_out, q_exp) < 1e-2 and rel_err(k_out, k_exp) < 1e-2
+        # bf16 rounding is done with integer ops, so even the interpreter (which truncates
+        # its own fp32 -> bf16 casts) must match eager bit for bit
+        assert torch.equal(q_out, q_exp) and torch.equal(k_out, k_exp)
 
 
 def _prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype=torch.bfloat16):
@@ -332,6 +331,58 @@ def test_prefill_attention(K, q_lens, ctx_lens, hq, hkv, d, page):
     expected = ref.prefill_attention(*f, scale)
     assert out.dtype == args[0].dtype
     assert rel_err(out, expected) < 1e-2
+
+
+def test_prefill_attention_square_tiles(K):
+    """128 x 128 tiles (the H200's configuration at head dim 128): the diagonal tile is one key
+    tile, and query tiles that end mid-tile."""
+    gen = torch.Generator().manual_seed(12)
+    args = _prefill_case([150, 20], [170, 20], 2, 1, 32, 16, gen)
+    cfg = K.prefill_attention.PrefillConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+    out = K.prefill_attention.prefill_attention(*args, 32**-0.5, cfg)
+    expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
+    assert rel_err(out, expected) < 1e-2
+
+
+def test_launch_configs_are_the_measured_defaults(K):
+    """The tables each kernel launches with when no configuration is passed (docs/benchmarks.md)."""
+    cpu = torch.device("cpu")  # 132 SMs assumed off-GPU, as on the H200
+    da, sg, rn, pa = K.decode_attention, K.skinny_gemm, K.rms_norm, K.prefill_attention
+    assert da.launch_config(128, 64 * 2, cpu) == da.DecodeConfig(128, 4, 3, waves=1)  # batch 64
+    assert da.launch_config(128, 2, cpu) == da.DecodeConfig(64, 8, 2, waves=1)  # batch 1
+    assert da.launch_config(256, 2, cpu) == da.DecodeConfig(32, 8, 2, waves=1)
+    assert sg.launch_config(1, 2048, 1536, cpu) == sg.SkinnyConfig(False, 16, 256, 4, 4, waves=4)
+    assert sg.launch_config(1, 2048, 1536, cpu, sg.NORM).block_n == 32
+    assert sg.launch_config(1, 1536, 8960, cpu, sg.SILU).block_n == 32
+    assert sg.launch_config(8, 2048, 1536, cpu) == sg.SkinnyConfig(True, 64, 64, 4, 4, waves=2)
+    assert rn.launch_config(4096, 3584) == rn.RmsNormConfig(block_r=1, num_warps=8, weight_first=False)
+    assert rn.launch_config(1, 1536) == rn.RmsNormConfig(block_r=1, num_warps=4, weight_first=True)
+    assert rn.launch_config(300, 128) == rn.RmsNormConfig(block_r=32, num_warps=8, weight_first=False)
+    assert K.rotary.launch_config() == K.rotary.RotaryConfig(tile_pairs=2048, num_warps=4)
+    assert pa.launch_config(128, cpu) == pa.PrefillConfig(128, 64, 8, 3)  # sm90 takes 128-wide key tiles
+    assert pa.launch_config(64, cpu) == pa.PrefillConfig(128, 64, 4, 3)
+    assert pa.launch_config(256, cpu) == pa.PrefillConfig(64, 32, 4, 2)
+
+
+def test_kernels_take_their_ops_arguments(K):
+    """Each registered kernel accepts its op's arguments in the op's order (extra ones are optional)."""
+    import inspect
+
+    from ingot.ops import library  # noqa: F401  (defines torch.ops.ingot.*)
+
+    kernels = {
+        "rms_norm": K.rms_norm.rms_norm, "add_rms_norm": K.rms_norm.add_rms_norm,
+        "rotary_embedding": K.rotary.rotary_embedding, "silu_and_mul": K.activation.silu_and_mul,
+        "store_kv": K.kv_store.store_kv, "decode_attention": K.decode_attention.decode_attention,
+        "decode_attention_rope": K.decode_attention.decode_attention_rope,
+        "prefill_attention": K.prefill_attention.prefill_attention, "skinny_linear": K.skinny_gemm.skinny_linear,
+        "rms_norm_linear": K.skinny_gemm.rms_norm_linear, "silu_mul_linear": K.skinny_gemm.silu_mul_linear,
+    }
+    for name, fn in kernels.items():
+        op_params = [a.name for a in getattr(torch.ops.ingot, name).default._schema.arguments]
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params[: len(op_params)]] == op_params, name
+        assert all(p.default is not inspect.Parameter.empty for p in params[len(op_params):]), name
 
 
 def test_outputs_are_poisoned(K):

@@ -16,11 +16,13 @@ import importlib.util
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
 from ingot.ops import reference as ref
+from ingot.ops.triton._common import next_pow2
 from tests.ops.kernel_cases import check_prologue_linear, check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table
 from tests.ops.kernel_cases import paged as _paged
 
@@ -244,29 +246,35 @@ def test_decode_attention_rope(K, batch, hq, hkv, d):
 
 
 @gpu
-@pytest.mark.parametrize("splits,pdl", [(1, False), (2, False), (7, True), (64, False), (64, True)])
-def test_decode_attention_rope_splits(K, splits, pdl):
-    """Split counts from direct write to 64 (mostly empty slices at these lengths), and
-    with programmatic dependent launch on."""
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+@pytest.mark.parametrize("tiles", ["batch 64", "batch 1"])
+def test_decode_attention_rope_splits(K, splits, tiles):
+    """Split counts from direct write to 64 (mostly empty slices at these lengths), with
+    both tile configurations of the launch table."""
     gen = torch.Generator().manual_seed(splits)
     lens = [1000, 129, 128, 65, 64, 17, 2, 1]  # new token first / last of a 64- or 128-token tile
     args = rope_decode_case(lens, 28, 4, 128, 16, BF16, gen, device="cuda")
-    K.decode_attention.CONFIG_OVERRIDE["pdl"] = pdl
-    try:
-        check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
-    finally:
-        K.decode_attention.CONFIG_OVERRIDE.clear()
+    programs = {"batch 64": 64 * 4, "batch 1": 4}[tiles]
+    cfg = K.decode_attention.launch_config(128, programs, torch.device("cuda"))
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits, config=cfg), args)
 
 
 @gpu
 def test_decode_merge_kernel_fallback(K):
     gen = torch.Generator().manual_seed(4)
     args = rope_decode_case([900, 33, 1], 12, 2, 128, 16, BF16, gen, device="cuda")
-    K.decode_attention.CONFIG_OVERRIDE["merge_kernel"] = True
-    try:
-        check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=6), args)
-    finally:
-        K.decode_attention.CONFIG_OVERRIDE.clear()
+    cfg = replace(K.decode_attention.launch_config(128, 3 * 2, torch.device("cuda")), merge_kernel=True)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=6, config=cfg), args)
+
+
+@gpu
+@pytest.mark.parametrize("block_n,warps,stages", [(32, 4, 2), (64, 4, 3), (128, 8, 4)])
+def test_decode_attention_sweep_configs(K, block_n, warps, stages):
+    """Tile configurations the decode sweep (benchmarks/kernels.py --sweep decode) may pick."""
+    gen = torch.Generator().manual_seed(block_n + warps)
+    args = rope_decode_case([700, 129, 64, 1], 12, 2, 128, 16, BF16, gen, device="cuda")
+    cfg = K.decode_attention.DecodeConfig(block_n, warps, stages, waves=2)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, config=cfg), args)
 
 
 # ----------------------------------------------------------------------------- store_kv
@@ -321,22 +329,19 @@ def test_add_rms_norm(K, t, h):
 
 
 @gpu
-@pytest.mark.parametrize("knobs", [{"ELEMS": 8192, "num_warps": 16, "weight_first": True},
-                                   {"ELEMS": 2048, "num_warps": 4, "weight_first": False}])
+@pytest.mark.parametrize("elems,warps,weight_first", [(8192, 16, True), (2048, 4, False)])
 @pytest.mark.parametrize("t,h", [(7, 3584), (4096, 3584), (33, 128)])
-def test_rms_norm_knobs(K, knobs, t, h):
+def test_rms_norm_configs(K, elems, warps, weight_first, t, h):
     """Every configuration the elementwise sweep may pick stays exact: rows of
     ``add_rms_norm`` whole or several per program, the weight loaded first or last."""
-    gen = torch.Generator().manual_seed(t + h + len(knobs))
+    gen = torch.Generator().manual_seed(t + h + warps)
     x = torch.randn(t, h, generator=gen).to(BF16).cuda()
     r = torch.randn(t, h, generator=gen).to(BF16).cuda()
     w = (1 + 0.1 * torch.randn(h, generator=gen)).to(BF16).cuda()
-    K.rms_norm.CONFIG_OVERRIDE.update(knobs)
-    try:
-        out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5)
-        plain = K.rms_norm.rms_norm(x, w, 1e-5)
-    finally:
-        K.rms_norm.CONFIG_OVERRIDE.clear()
+    block_r = max(1, min(elems // next_pow2(h), next_pow2(t)))
+    cfg = K.rms_norm.RmsNormConfig(block_r=block_r, num_warps=warps, weight_first=weight_first)
+    out, res = K.rms_norm.add_rms_norm(x, r, w, 1e-5, cfg)
+    plain = K.rms_norm.rms_norm(x, w, 1e-5, cfg)
     exp_out, exp_res = ref.add_rms_norm(x, r, w, 1e-5)
     assert torch.equal(res, exp_res)
     assert rel_err(out, exp_out) < TOL and mismatch(out, exp_out) < 0.02
@@ -366,10 +371,12 @@ def test_rotary(K, t, hq, hkv, d):
     k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
     cache = rope_table(max_pos, d).cuda()
     positions = torch.randint(0, max_pos, (t,), generator=gen).cuda()
-    q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache)
     q_exp, k_exp = ref.rotary_embedding(positions, q, k, cache)
-    assert rel_err(q_out, q_exp) < TOL and rel_err(k_out, k_exp) < TOL
-    assert mismatch(q_out, q_exp) < 1e-3 and mismatch(k_out, k_exp) < 1e-3  # same casts, same order
+    # the default tiles and the corners of the elementwise sweep
+    for cfg in (None, K.rotary.RotaryConfig(1024, 2), K.rotary.RotaryConfig(8192, 8)):
+        q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache, cfg)
+        assert rel_err(q_out, q_exp) < TOL and rel_err(k_out, k_exp) < TOL
+        assert mismatch(q_out, q_exp) < 1e-3 and mismatch(k_out, k_exp) < 1e-3  # same casts, same order
 
 
 # ----------------------------------------------------------------------------- skinny GEMM
@@ -391,64 +398,26 @@ def test_skinny_linear(K, m, n, k, bias):
 @pytest.mark.parametrize("prologue", ["norm", "silu"])
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True)])
-@pytest.mark.parametrize("knobs", [{}, {"round": "cvt", "prologue_block_n": 64, "pdl": True},
-                                   {"BLOCK_N": 8, "prologue_block_n": 8, "num_warps": 1, "waves": 16}])
-def test_prologue_linear(K, prologue, m, n, k, bias, knobs):
+@pytest.mark.parametrize("fields", [{}, {"block_n": 64}, {"block_n": 8, "num_warps": 1, "waves": 16}])
+def test_prologue_linear(K, prologue, m, n, k, bias, fields):
     """The norm and SiLU prologues of the skinny GEMM against the reference ops (kernel_cases),
-    with the default rounding and tiles, the sweep's cvt rounding and wide tiles, and narrow
-    one-warp programs."""
-    K.skinny_gemm.CONFIG_OVERRIDE.update(knobs)
-    try:
-        check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda")
-    finally:
-        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+    with the default tiles, wide tiles, and narrow one-warp programs."""
+    code = {"norm": K.skinny_gemm.NORM, "silu": K.skinny_gemm.SILU}[prologue]
+    cfg = replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cuda"), code), **fields)
+    check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda", cfg)
 
 
 @gpu
-def test_pdl_chain_in_cuda_graph(K):
-    """With programmatic dependent launch on, a chain of GEMVs that each read the one
-    before (plain, norm prologue, SiLU prologue), captured in one CUDA graph, matches the
-    reference on every replay: each kernel waits for its predecessor's writes."""
-    gen = torch.Generator().manual_seed(11)
-    w1, w3 = [(0.05 * torch.randn(n, k, generator=gen)).to(BF16).cuda() for n, k in ((1536, 1536), (1536, 4096))]
-    w2 = (0.05 * torch.randn(8192, 1536, generator=gen)).to(BF16).cuda()
-    nw = (1 + 0.1 * torch.randn(1536, generator=gen)).to(BF16).cuda()
-    x = torch.empty(1, 1536, dtype=BF16, device="cuda")
-    res = torch.empty(1, 1536, dtype=BF16, device="cuda")
-
-    def chain():
-        h = K.skinny_gemm.skinny_linear(x, w1, None)
-        gu, r = K.skinny_gemm.rms_norm_linear(h, res, nw, 1e-6, w2, None)
-        return K.skinny_gemm.silu_mul_linear(gu, w3, None), r
-
-    def reference():
-        h = ref.skinny_linear(x.float(), w1.float(), None).to(BF16)
-        n, r = ref.add_rms_norm(h, res, nw, 1e-6)
-        gu = ref.skinny_linear(n.float(), w2.float(), None).to(BF16)
-        return ref.skinny_linear(ref.silu_and_mul(gu).float(), w3.float(), None), r
-
-    K.skinny_gemm.CONFIG_OVERRIDE["pdl"] = True
-    try:
-        x.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
-        res.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            chain()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out, r_out = chain()
-        for _ in range(3):
-            x.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
-            res.copy_(torch.randn(1, 1536, generator=gen).to(BF16))
-            graph.replay()
-            torch.cuda.synchronize()
-            expected, expected_r = reference()
-            assert rel_err(out, expected) < 2e-2
-            assert rel_err(r_out, expected_r) < 1e-2
-    finally:
-        K.skinny_gemm.CONFIG_OVERRIDE.clear()
+@pytest.mark.parametrize("use_dot,block_n,block_k,warps,waves", [(False, 64, 128, 8, 2), (True, 16, 256, 4, 1),
+                                                                 (False, 128, 64, 4, 4)])
+def test_skinny_linear_sweep_configs(K, use_dot, block_n, block_k, warps, waves):
+    """Configurations the skinny sweep (benchmarks/kernels.py --sweep skinny) runs at one row."""
+    gen = torch.Generator().manual_seed(block_n + block_k)
+    x = torch.randn(1, 1536, generator=gen).to(BF16).cuda()
+    w = (0.05 * torch.randn(2048, 1536, generator=gen)).to(BF16).cuda()
+    cfg = K.skinny_gemm.SkinnyConfig(use_dot, block_n, block_k, warps, 4, waves)
+    out = K.skinny_gemm.skinny_linear(x, w, None, cfg)
+    assert rel_err(out, ref.skinny_linear(x.float(), w.float(), None)) < TOL
 
 
 @gpu
@@ -494,37 +463,26 @@ def test_prefill_attention(K, q_lens, ctx_lens, hq, hkv, d):
     gen = torch.Generator().manual_seed(sum(q_lens) + sum(ctx_lens) + hq)
     args = prefill_case(q_lens, ctx_lens, hq, hkv, d, 16, gen)
     scale = d**-0.5
-    # the fixed configuration here (autotuning every head dim / group would cost minutes of compiles)
-    out = K.prefill_attention.prefill_attention(*args, scale, autotune=False)
+    out = K.prefill_attention.prefill_attention(*args, scale)  # the launch table's configuration
     expected = ref.prefill_attention(*fp32(args), scale)
     assert out.dtype == BF16
     assert rel_err(out, expected) < TOL
 
 
+PREFILL_SWEEP = [(64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3)]  # kernels.py --sweep prefill
+
+
 @gpu
 @pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (16, 2, 64)])
-def test_prefill_attention_autotuned(K, hq, hkv, d):
-    """The autotuned path (what the engine runs): every config it may pick is correct."""
+def test_prefill_attention_sweep_configs(K, hq, hkv, d):
+    """Every tile configuration the prefill sweep times (the table's entries among them) is correct."""
     gen = torch.Generator().manual_seed(9 + d)
     args = prefill_case([200, 31, 1], [260, 31, 90], hq, hkv, d, 16, gen)
     expected = ref.prefill_attention(*fp32(args), d**-0.5)
-    out = K.prefill_attention.prefill_attention(*args, d**-0.5, autotune=True)
-    assert rel_err(out, expected) < TOL
-    tuned = K.prefill_attention._prefill_kernel_tuned
-    for config in tuned.configs:  # each candidate, not only the winner
-        kw = dict(BLOCK_N=config.kwargs["BLOCK_N"], num_warps=config.num_warps, num_stages=config.num_stages)
-        if kw["BLOCK_N"] > (128 if d <= 128 else 64):
-            continue
-        K.prefill_attention.CONFIG_OVERRIDE.update(kw)
-        try:
-            out = K.prefill_attention.prefill_attention(*args, d**-0.5, autotune=False)
-        except Exception as exc:  # a config that does not fit this GPU is skipped by the tuner too
-            if "OutOfResources" in type(exc).__name__ or "out of resource" in str(exc):
-                continue
-            raise
-        finally:
-            K.prefill_attention.CONFIG_OVERRIDE.clear()
-        assert rel_err(out, expected) < TOL, kw
+    for block_n, warps, stages in PREFILL_SWEEP:
+        cfg = K.prefill_attention.PrefillConfig(128, block_n, warps, stages)
+        out = K.prefill_attention.prefill_attention(*args, d**-0.5, cfg)
+        assert rel_err(out, expected) < TOL, cfg
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -10,7 +10,9 @@ process-wide, so it applies from the first engine of the process.
 
 Kernel modules, one per family: decode_attention, prefill_attention, kv_store,
 rms_norm, rotary, activation, skinny_gemm (also rms_norm_linear, silu_mul_linear). Each exposes a
-function with its op's signature; rounding.py holds the bf16 rounding they share.
+function with its op's signature; the tuned ones also a ``launch_config(...)`` that picks the
+launch parameters from shapes and device (a frozen config the function accepts as an optional
+last argument, for sweeps and tests). rounding.py holds the bf16 rounding they share.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def register_cuda_kernels() -> bool:
 
 
 def _decode_op(fn):
-    # the op's exact signature (the kernel function takes extra tuning keywords)
+    # the op's exact signature (the kernel function takes extra keywords: num_splits, config)
     def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale):
         return fn(q, k_cache, v_cache, block_tables, seq_lens, scale)
 

@@ -30,6 +30,18 @@ def num_sms(device: torch.device) -> int:
     return _sm_count(index)
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """CUDA compute capability of ``device``; (0, 0) off-GPU (the interpreter)."""
+    if device.type != "cuda":
+        return (0, 0)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 

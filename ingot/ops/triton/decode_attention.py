@@ -33,6 +33,7 @@ sync, no data-dependent allocation. fp32 softmax and accumulation; output in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -40,17 +41,21 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
-from ingot.ops.triton.pdl import pdl_args, wait_for_previous
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
-# programs we aim to launch, in units of SMs (benchmarks/kernels.py --sweep chose 1:
-# fewer, longer slices beat more waves of short ones at batch 64, context 2048)
-_TARGET_WAVES = 1
-# Optional override for tuning sweeps (benchmarks/kernels.py, batch1.py): keys BLOCK_N,
-# num_warps, num_stages, waves, merge_kernel, pdl. Empty in normal use.
-CONFIG_OVERRIDE: dict = {}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters of the decode kernel (``launch_config`` picks them; sweeps and tests pass their own)."""
+
+    block_n: int  # context tokens per tile
+    num_warps: int
+    num_stages: int
+    waves: int = 1  # programs aimed at per SM when cutting the context into slices
+    merge_kernel: bool = False  # merge the slices in a second launch (what runs when split counters are missing)
 
 
 @triton.jit
@@ -118,9 +123,8 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    wait_for_previous(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -256,31 +260,32 @@ def _merge_kernel(
     )
 
 
-def _tile_config(head_dim: int, programs: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for a head dim and a count of (sequence, KV head)
-    programs; fixed, no autotune. From ``benchmarks/kernels.py --sweep`` on the H200:
-    with at least half as many programs as SMs (batch 64: bandwidth-bound) 128-token
-    tiles, 4 warps, 3 stages; below that (batch 1: latency-bound, every slice one tile)
-    64-token tiles, 8 warps, 2 stages (6.5 vs 7.2 us at batch 1, context 512). Half
-    the tile at D=256."""
+def launch_config(head_dim: int, programs: int, device: torch.device) -> DecodeConfig:
+    """Launch parameters for a head dim and a count of (sequence, KV head) programs; fixed,
+    no autotune. From ``benchmarks/kernels.py --sweep decode`` on the H200
+    (``kernels-sweep-2026-11-30.json``): with at least half as many programs as SMs
+    (batch 64: bandwidth-bound) 128-token tiles, 4 warps, 3 stages; below that (batch
+    1: latency-bound, every slice one tile) 64-token tiles, 8 warps, 2 stages (6.5 vs
+    7.2 us at batch 1, context 512). Half the tile at D=256. One wave of programs:
+    fewer, longer slices beat more waves of short ones at batch 64, context 2048."""
     if 2 * programs >= num_sms(device):
-        cfg = (128, 4, 3)
+        block_n, num_warps, num_stages = 128, 4, 3
     else:
-        cfg = (64, 8, 2)
+        block_n, num_warps, num_stages = 64, 8, 2
     if next_pow2(head_dim) > 128:
-        cfg = (cfg[0] // 2, 8, 2)
-    o = CONFIG_OVERRIDE
-    return o.get("BLOCK_N", cfg[0]), o.get("num_warps", cfg[1]), o.get("num_stages", cfg[2])
+        block_n, num_warps, num_stages = block_n // 2, 8, 2
+    return DecodeConfig(block_n, num_warps, num_stages)
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int, block_n: int, device: torch.device) -> int:
+def choose_num_splits(
+    batch: int, num_kv_heads: int, max_blocks: int, page: int, block_n: int, device: torch.device, waves: int = 1
+) -> int:
     """Context slices per (sequence, KV head), from static shapes only.
 
-    Enough programs for ``_TARGET_WAVES`` programs per SM, never more than the
-    tiles of the longest context the block table can hold, at most MAX_SPLITS.
+    Enough programs for ``waves`` programs per SM, never more than the tiles of
+    the longest context the block table can hold, at most MAX_SPLITS.
     """
     programs = batch * num_kv_heads
-    waves = CONFIG_OVERRIDE.get("waves", _TARGET_WAVES)
     want = cdiv(waves * num_sms(device), max(programs, 1))
     max_tiles = max(1, cdiv(max_blocks * page, block_n))
     return int(max(1, min(want, max_tiles, MAX_SPLITS)))
@@ -295,6 +300,7 @@ def _launch(
     scale: float,
     num_splits: Optional[int],
     rope: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    config: Optional[DecodeConfig],
 ) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -312,9 +318,9 @@ def _launch(
     block_gm = max(2, next_pow2(group))
     block_d = max(16, next_pow2(head_dim))
     block_half = max(16, next_pow2(head_dim // 2))
-    block_n, num_warps, num_stages = _tile_config(head_dim, batch * num_kv_heads, q.device)
+    cfg = config or launch_config(head_dim, batch * num_kv_heads, q.device)
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1], page, block_n, q.device)
+        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1], page, cfg.block_n, q.device, cfg.waves)
     direct = num_splits == 1
     block_s = max(2, min(next_pow2(num_splits), 4096 // (block_gm * block_d)))
     counters = None
@@ -323,7 +329,7 @@ def _launch(
     else:
         mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
-        if not CONFIG_OVERRIDE.get("merge_kernel", False):
+        if not cfg.merge_kernel:
             counters = split_counters(q.device, batch * num_kv_heads)
     merge_here = counters is not None
     if rope is None:
@@ -348,11 +354,10 @@ def _launch(
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads,
         GROUP=group, BLOCK_G=block_g, BLOCK_GM=block_gm,
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
-        PAGE=page, BLOCK_N=block_n, BLOCK_S=block_s,
+        PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None,
         BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(),
-        **pdl_args(CONFIG_OVERRIDE),
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct and not merge_here:
         _merge_kernel[(batch, num_kv_heads)](
@@ -372,9 +377,11 @@ def decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: Optional[int] = None,
+    config: Optional[DecodeConfig] = None,
 ) -> torch.Tensor:
-    """Triton implementation of ``torch.ops.ingot.decode_attention`` (see reference.py)."""
-    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None)
+    """Triton implementation of ``torch.ops.ingot.decode_attention`` (see reference.py);
+    ``num_splits`` and ``config`` override ``choose_num_splits`` and ``launch_config``."""
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None, config)
 
 
 def decode_attention_rope(
@@ -390,12 +397,13 @@ def decode_attention_rope(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: Optional[int] = None,
+    config: Optional[DecodeConfig] = None,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.decode_attention_rope``: rotary on q and k,
     k/v stored at ``slot_mapping``, attention over the cache (new token included)."""
     assert k.dtype == q.dtype == v.dtype, "q, k and v must share a dtype"
     return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
-                   (k, v, positions, cos_sin_cache, slot_mapping))
+                   (k, v, positions, cos_sin_cache, slot_mapping), config)
 
 
-__all__ = ["decode_attention", "decode_attention_rope", "choose_num_splits", "MAX_SPLITS", "CONFIG_OVERRIDE"]
+__all__ = ["decode_attention", "decode_attention_rope", "choose_num_splits", "launch_config", "DecodeConfig", "MAX_SPLITS"]

@@ -15,6 +15,9 @@ enough programs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -23,11 +26,15 @@ from ingot.ops.triton._common import next_pow2
 
 _ELEMS_PER_PROGRAM = 4096
 _WEIGHT_FIRST_MAX_ROWS = 256  # decode batches
-# Optional override for tuning sweeps (benchmarks/kernels.py --sweep elementwise): ELEMS
-# (elements per program, whole rows), num_warps, weight_first. The H200 sweep found nothing
-# better than the defaults at 4096 x 3584; streaming cache hints on x and the outputs
-# (tried as a knob) did not help either and were removed.
-CONFIG_OVERRIDE: dict = {}
+
+
+@dataclass(frozen=True)
+class RmsNormConfig:
+    """Launch parameters of the RMSNorm kernels (``launch_config`` picks them; sweeps and tests pass their own)."""
+
+    block_r: int  # whole rows per program (a power of two)
+    num_warps: int
+    weight_first: bool  # load the weight before the row instead of after the reduction
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -85,7 +92,22 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _launch(x, residual, weight, eps, out, res_out):
+def launch_config(num_rows: int, n: int) -> RmsNormConfig:
+    """About 4096 elements per program in whole rows (short rows: several per
+    program), warps by program size. The H200 sweep at 4096 x 3584
+    (``benchmarks/kernels.py --sweep elementwise``, ``kernels-2026-11-30-s5.json``:
+    1-4 rows per program x 4-16 warps) found nothing better than this; streaming
+    cache hints did not help either. The weight is loaded first for decode
+    batches: that cut a 1-row norm in a decode step from 1.86 to 1.63 us, but read
+    63% of copy bandwidth at 4096 rows against 70-71% loading it last."""
+    block_n = next_pow2(n)
+    block_r = max(1, min(_ELEMS_PER_PROGRAM // block_n, next_pow2(num_rows)))
+    elems = block_r * block_n
+    num_warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
+    return RmsNormConfig(block_r, num_warps, weight_first=num_rows <= _WEIGHT_FIRST_MAX_ROWS)
+
+
+def _launch(x, residual, weight, eps, out, res_out, config: Optional[RmsNormConfig]):
     n = x.shape[-1]
     x3 = _as_rows(x)
     o3 = _as_rows(out)
@@ -95,23 +117,17 @@ def _launch(x, residual, weight, eps, out, res_out):
     if num_rows == 0:
         return
     inner = x3.shape[1]
-    block_n = next_pow2(n)
-    o = CONFIG_OVERRIDE
-    block_r = max(1, min(o.get("ELEMS", _ELEMS_PER_PROGRAM) // block_n, next_pow2(num_rows)))
-    elems = block_r * block_n
-    num_warps = o.get("num_warps", 4 if elems <= 2048 else (8 if elems <= 8192 else 16))
+    cfg = config or launch_config(num_rows, n)
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
+    _rms_norm_kernel[(triton.cdiv(num_rows, cfg.block_r),)](
         x3, r3, weight, o3, q3,
         num_rows, inner, float(eps),
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         o3.stride(0), o3.stride(1), q3.stride(0), q3.stride(1),
-        N=n, BLOCK_N=block_n, BLOCK_R=block_r,
+        N=n, BLOCK_N=next_pow2(n), BLOCK_R=cfg.block_r,
         HAS_RESIDUAL=residual is not None,
-        # H200: weight first cut a 1-row norm from 1.86 to 1.63 us in a decode step, but the
-        # 4096-row benchmark read 63% of copy bandwidth that way against 70-71% without
-        WEIGHT_FIRST=o.get("weight_first", num_rows <= _WEIGHT_FIRST_MAX_ROWS),
-        num_warps=num_warps,
+        WEIGHT_FIRST=cfg.weight_first,
+        num_warps=cfg.num_warps,
     )
 
 
@@ -123,18 +139,18 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, config: Optional[RmsNormConfig] = None) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.rms_norm``."""
     out = _fresh(x)
-    _launch(x, None, weight, eps, out, None)
+    _launch(x, None, weight, eps, out, None, config)
     return out
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, config: Optional[RmsNormConfig] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of ``torch.ops.ingot.add_rms_norm``: (norm(x + r), x + r)."""
     out = _fresh(x)
     new_residual = _fresh(x)
-    _launch(x, residual, weight, eps, out, new_residual)
+    _launch(x, residual, weight, eps, out, new_residual, config)
     return out, new_residual

@@ -6,21 +6,24 @@ is cast to the activation dtype, and each of ``x * cos``, ``rotate_half(x) *
 sin`` and their sum is rounded to that dtype (so bf16 results match torch's).
 
 Layout: a 1-D grid of q tiles, then k tiles; a tile is [BLOCK_T tokens, BLOCK_H
-heads, D/2 pairs] of one tensor, sized per tensor (about ``_TILE_ELEMS`` pairs),
+heads, D/2 pairs] of one tensor, sized per tensor (about ``tile_pairs`` pairs),
 so k's few heads and small models still get full tiles. A token's table row is
 read once per tile and broadcast over its heads. q and k may be strided views
 (slices of a fused qkv projection); only the last dim must be contiguous.
 
 The kernel moves 4 bytes per pair each way and rounds 6 times per pair; with
-integer rounding (``rounding.rne_bf16``) it was compute-bound (58% of copy bandwidth on
-the H200 at T=4096, 28/4 heads), so on a GPU bf16 rounds through ``cvt`` in
-``rounding.round_pair`` (63-70% across runs; a plain copy of the same bytes reaches 74-76%). x and the
+integer rounding (``rounding.rne_bf16``) it was compute-bound (58% of copy
+bandwidth on the H200 at T=4096, 28/4 heads), so on a GPU bf16 rounds through
+``cvt`` in ``rounding.round_pair`` (81% in ``kernels-2026-12-01.json``). x and the
 outputs are touched once, so they are loaded and stored with streaming cache
 hints. ``rope_pair`` is the rotation itself, shared with the fused decode
 attention kernel.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -29,12 +32,20 @@ import triton.language as tl
 from ingot.ops.triton._common import cdiv, last_dim_contiguous, next_pow2
 from ingot.ops.triton.rounding import round_pair, round_to
 
-# pairs (tokens x heads x D/2) per program, and warps: the best of 1024-8192 pairs x 2-8
-# warps on the H200 (8 KiB of x per program; the others were 3-10% slower)
-_TILE_ELEMS = 2048
-_NUM_WARPS = 4
-# Optional override for tuning sweeps: TILE (pairs per program), num_warps.
-CONFIG_OVERRIDE: dict = {}
+
+@dataclass(frozen=True)
+class RotaryConfig:
+    """Launch parameters of the rotary kernel (``launch_config`` picks them; sweeps pass their own)."""
+
+    tile_pairs: int = 2048  # (token, head, pair) elements per program, all of a token's heads first
+    num_warps: int = 4
+
+
+def launch_config() -> RotaryConfig:
+    """2048 pairs (8 KiB of x) and 4 warps per program for every shape: the best of
+    1024-8192 pairs x 2-8 warps on the H200 at 4096 tokens, 28/4 heads (the others
+    3-10% slower, or within noise: ``kernels-2026-11-30-s5.json``)."""
+    return RotaryConfig()
 
 
 @triton.jit
@@ -117,7 +128,8 @@ def _tile(num_tokens: int, num_heads: int, block_half: int, elems: int) -> tuple
 
 
 def rotary_embedding(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+    config: Optional[RotaryConfig] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of ``torch.ops.ingot.rotary_embedding``."""
     q_out = torch.empty_like(q)
@@ -133,9 +145,9 @@ def rotary_embedding(
     cache = last_dim_contiguous(cos_sin_cache)
     half = head_dim // 2
     block_half = next_pow2(half)
-    elems = CONFIG_OVERRIDE.get("TILE", _TILE_ELEMS)
-    block_tq, block_hq, q_tiles = _tile(num_tokens, num_q_heads, block_half, elems)
-    block_tk, block_hk, k_tiles = _tile(num_tokens, num_k_heads, block_half, elems)
+    cfg = config or launch_config()
+    block_tq, block_hq, q_tiles = _tile(num_tokens, num_q_heads, block_half, cfg.tile_pairs)
+    block_tk, block_hk, k_tiles = _tile(num_tokens, num_k_heads, block_half, cfg.tile_pairs)
     _rotary_kernel[(q_tiles + k_tiles,)](
         positions, q, k, cache, q_out, k_out,
         num_tokens, num_q_heads, num_k_heads, q_tiles,
@@ -145,6 +157,6 @@ def rotary_embedding(
         HALF=half, BLOCK_HALF=block_half,
         BLOCK_TQ=block_tq, BLOCK_HQ=block_hq, BLOCK_TK=block_tk, BLOCK_HK=block_hk,
         BF16=q.dtype == torch.bfloat16,
-        num_warps=CONFIG_OVERRIDE.get("num_warps", _NUM_WARPS),
+        num_warps=cfg.num_warps,
     )
     return q_out, k_out

@@ -9,7 +9,9 @@ the interpreter's cast truncates. Two forms no compiler pass can fold away:
 
 * ``rne_bf16``: integer ops (about five per value); what the interpreter runs.
 * ``round_pair``: ``cvt.rn.bf16x2.f32`` in inline asm (sm_80+), two values per
-  instruction plus two bit ops; GPU only.
+  instruction plus two bit ops; GPU only. Rotary runs it (it was compute-bound
+  on the integer form); the skinny GEMM's prologues keep ``round_to``, where
+  ``cvt`` measured slower.
 """
 
 from __future__ import annotations
@@ -52,10 +54,3 @@ def round_pair(x, y, dtype: tl.constexpr, BF16: tl.constexpr):
     else:
         return round_to(x, dtype, BF16), round_to(y, dtype, BF16)
 
-
-@triton.jit
-def round_cvt(x, dtype: tl.constexpr, BF16: tl.constexpr):
-    """``round_to`` of one tensor through ``round_pair``'s instruction (``x`` twice):
-    three ops per value instead of five."""
-    out, _ = round_pair(x, x, dtype, BF16)
-    return out

@@ -20,8 +20,8 @@ costs more than its bytes):
   so it is applied after the sum, ``y = rstd * sum(W * (norm_w * s))``: each
   program sums squares over its own K range while it streams, and the tile's
   merging program (or a whole-K program) adds them up. A first pass over the
-  row in every program (tried first) cost 2.4 us per GEMV on the H200, more
-  than the launch it saved.
+  row in every program instead cost 2.4 us per GEMV on the H200, more than
+  the launch it saves.
 * ``silu_mul_linear``: ``silu(gate) * up`` of a merged gate/up output, then the GEMM.
 
 Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
@@ -29,12 +29,13 @@ unfused path's input bit for bit. The norm rounds ``x + residual`` and
 ``norm_w * s`` to the model dtype but scales by ``rstd`` in fp32 after the
 sum, where the reference rounds ``s * rstd`` first: a difference at the
 level of bf16 rounding, within the GEMM's own tolerance. Roundings to bf16
-use ``rounding.py`` (integer ops by default; ``CONFIG_OVERRIDE["round"] = "cvt"``
-uses its inline-asm ``cvt``, fewer ops, for the sweep in ``benchmarks/batch1.py``).
+use ``rounding.round_to`` (integer ops; the inline-asm ``cvt`` form measured
+1-2% slower per step here, ``benchmarks/results/batch1-knobs-2026-11-30.json``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -42,26 +43,23 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
-from ingot.ops.triton.pdl import pdl_args, wait_for_previous
-from ingot.ops.triton.rounding import round_cvt, round_to
+from ingot.ops.triton.rounding import round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
 NONE, NORM, SILU = 0, 1, 2  # prologues
-# Optional override for tuning sweeps: dot, BLOCK_N, BLOCK_K, num_warps, num_stages, waves, splits,
-# round ("int" | "cvt": how the prologues round), prologue_block_n (BLOCK_N of GEMVs with a prologue:
-# each N tile recomputes the prologue over all of its K, so wider tiles do less of that work),
-# pdl (programmatic dependent launch, see pdl.py). (A "defer" knob, summing the one-row products
-# elementwise over the K loop and reducing once after it, was slower in every configuration the
-# H200 ran, benchmarks/results/batch1-knobs-2026-11-30.json, and was removed.)
-CONFIG_OVERRIDE: dict = {}
 
 
-@triton.jit
-def _round(x, dtype: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr):
-    if CVT:
-        return round_cvt(x, dtype, BF16)
-    else:
-        return round_to(x, dtype, BF16)
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Launch parameters of the skinny GEMM (``launch_config`` picks them; sweeps and tests pass their own)."""
+
+    use_dot: bool  # tl.dot on rows padded to 16, else a one-row multiply-reduce
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    waves: int  # programs aimed at per SM when choosing the split count
+    splits: Optional[int] = None  # K splits; None: from ``waves``
 
 
 @triton.jit
@@ -71,10 +69,9 @@ def _skinny_gemm_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, BF16: tl.constexpr, CVT: tl.constexpr, PDL: tl.constexpr,
+    PROLOGUE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    wait_for_previous(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -95,18 +92,18 @@ def _skinny_gemm_kernel(
         mk = m_mask[:, None] & k_mask[None, :]
         x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
         if PROLOGUE == 1:  # x <- (x + residual) * norm weight; the row's rstd scales the sum at the end
-            s = _round(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
-                       x.dtype, BF16, CVT)
+            s = round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
+                         x.dtype, BF16)
             if pid_n == 0:
                 tl.store(r_out_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], s.to(x.dtype), mask=mk)
             sumsq += tl.sum(s * s, axis=1)
             nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            x = _round(nw[None, :] * s, x.dtype, BF16, CVT).to(x.dtype)
+            x = round_to(nw[None, :] * s, x.dtype, BF16).to(x.dtype)
         elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
             g = x.to(tl.float32)
             up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
-            act = _round(g / (1.0 + tl.exp(-g)), x.dtype, BF16, CVT)
-            x = _round(act * up, x.dtype, BF16, CVT).to(x.dtype)
+            act = round_to(g / (1.0 + tl.exp(-g)), x.dtype, BF16)
+            x = round_to(act * up, x.dtype, BF16).to(x.dtype)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_DOT:
             if DOT_F32:
@@ -146,31 +143,27 @@ def _skinny_gemm_kernel(
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-def _config(m: int, n: int, k: int, device: torch.device, prologue: int = NONE) -> tuple[bool, int, int, int, int, int]:
-    """(use_dot, BLOCK_N, BLOCK_K, splits, num_warps, num_stages): about ``waves`` programs per SM.
+def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = NONE) -> SkinnyConfig:
+    """Launch parameters for ``m`` rows of ``x`` and an [n, k] weight.
 
-    Defaults from the H200 sweep (``benchmarks/kernels.py --sweep skinny``, 1.5B
-    projections): one row 16/256/4 warps/4 waves multiply-reduce, 16 rows
-    64/64/4 warps/2 waves ``tl.dot``. One row with a prologue: 32-wide tiles, so
-    half as many programs recompute it (``benchmarks/batch1.py``: 7B step 4.335 ->
-    4.172 ms, 1.5B unchanged within noise).
+    From the H200 sweep (``benchmarks/kernels.py --sweep skinny``, 1.5B
+    projections, ``kernels-skinny-sweep-2026-11-30.json``): one row 16/256/4
+    warps/4 waves multiply-reduce, more rows 64/64/4 warps/2 waves ``tl.dot``.
+    One row with a prologue: 32-wide tiles, so half as many programs recompute it
+    (whole 1.5B / 7B steps 1.494 / 4.095 ms against 1.552 / 4.282 ms 16-wide,
+    ``batch1-knobs-2026-11-30.json``; 64 and 128 wide were slower at both shapes,
+    ``batch1-prologue-width-2026-11-30.json``).
     """
-    o = CONFIG_OVERRIDE
-    use_dot = m > 1 or o.get("dot", False)
-    block_n = o.get("BLOCK_N", 64 if use_dot else 16)
-    if prologue != NONE and not use_dot:
-        block_n = o.get("prologue_block_n", 32)
-    block_k = o.get("BLOCK_K", 64 if use_dot else 256)
-    tiles = cdiv(n, block_n)
-    want = cdiv(o.get("waves", 2 if use_dot else 4) * num_sms(device), tiles)
-    splits = o.get("splits", max(1, min(want, cdiv(k, 2 * block_k))))
-    return use_dot, block_n, block_k, splits, o.get("num_warps", 4), o.get("num_stages", 4)
+    if m > 1:
+        return SkinnyConfig(use_dot=True, block_n=64, block_k=64, num_warps=4, num_stages=4, waves=2)
+    block_n = 16 if prologue == NONE else 32
+    return SkinnyConfig(use_dot=False, block_n=block_n, block_k=256, num_warps=4, num_stages=4, waves=4)
 
 
 def _launch(
     x: torch.Tensor, k: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
     prologue: int = NONE, residual: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None,
-    eps: float = 0.0,
+    eps: float = 0.0, config: Optional[SkinnyConfig] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """y [M, N] (and the new residual for the norm prologue); ``x`` holds ``K`` (SILU: 2K) columns."""
     m = x.shape[0]
@@ -188,7 +181,10 @@ def _launch(
         if r_out is not None:
             r_out.copy_(x + residual)
         return y, r_out
-    use_dot, block_n, block_k, splits, num_warps, num_stages = _config(m, n, k, x.device, prologue)
+    cfg = config or launch_config(m, n, k, x.device, prologue)
+    assert cfg.use_dot or m == 1, "the multiply-reduce form takes one row"
+    use_dot, block_n, block_k = cfg.use_dot, cfg.block_n, cfg.block_k
+    splits = cfg.splits or max(1, min(cdiv(cfg.waves * num_sms(x.device), cdiv(n, block_n)), cdiv(k, 2 * block_k)))
     k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
     splits = cdiv(k, k_per_split)
     counters = None if splits == 1 else split_counters(x.device, cdiv(n, block_n))
@@ -206,30 +202,33 @@ def _launch(
         m, n, k, k_per_split,
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
-        PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16, CVT=CONFIG_OVERRIDE.get("round") == "cvt",
-        **pdl_args(CONFIG_OVERRIDE),
+        PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y, r_out
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None
+) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.skinny_linear`` (``x`` [M <= 16, K])."""
-    return _launch(x, x.shape[1], weight, bias)[0]
+    return _launch(x, x.shape[1], weight, bias, NONE, config=config)[0]
 
 
 def rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-    weight: torch.Tensor, bias: Optional[torch.Tensor],
+    weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of ``torch.ops.ingot.rms_norm_linear``."""
-    return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps)
+    return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config)
 
 
-def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def silu_mul_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None
+) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.silu_mul_linear`` (``x`` [M, 2K] gate | up)."""
-    return _launch(x, x.shape[1] // 2, weight, bias, SILU)[0]
+    return _launch(x, x.shape[1] // 2, weight, bias, SILU, config=config)[0]
 
 
-__all__ = ["skinny_linear", "rms_norm_linear", "silu_mul_linear", "MAX_ROWS", "CONFIG_OVERRIDE"]
+__all__ = ["skinny_linear", "rms_norm_linear", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
