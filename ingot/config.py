@@ -77,6 +77,10 @@ class EngineConfig:
     # shape: compiled 0.88x / 0.80x of graph decode at batch 8 / 32 (docs/decode-compile.md).
     compile_autotune_gemm: bool = False
     compile_skip_modules: tuple[str, ...] = ()
+    # Tensor parallelism: one process per GPU (the engine's own process is rank 0 and spawns
+    # the others); heads, MLP and vocabulary split across them (docs/architecture.md).
+    # On CPU the ranks talk over gloo (tests); on CUDA over NCCL.
+    tensor_parallel_size: int = 1
     # UX
     show_progress: bool = True
 
@@ -111,6 +115,7 @@ class EngineConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("cpu_kv_cache_tokens", self.cpu_kv_cache_tokens)
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:

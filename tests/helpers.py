@@ -57,12 +57,13 @@ def write_tokenizer(path: Path, vocab_size: int = 300) -> None:
     }))
 
 
-def write_tiny_checkpoint(path: Path, arch: str, seed: int = 0) -> Path:
-    """A random HF checkpoint (config.json, sharded safetensors, tokenizer) for ``arch``."""
+def write_tiny_checkpoint(path: Path, arch: str, seed: int = 0, overrides: dict | None = None) -> Path:
+    """A random HF checkpoint (config.json, sharded safetensors, tokenizer) for ``arch``;
+    ``overrides`` replace config fields (head counts, vocabulary size...)."""
     import transformers
 
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {**TINY, **ARCHS[arch]}
+    cfg = {**TINY, **ARCHS[arch], **(overrides or {})}
     if arch == "qwen2":
         cfg["attention_bias"] = True
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)

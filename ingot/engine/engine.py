@@ -32,6 +32,7 @@ from ingot.outputs import RequestOutput
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.kv_pool import blocks_for
 from ingot.runner.model_runner import ModelRunner
+from ingot.runner.model_source import CheckpointSource
 from ingot.runner.sampler import make_generator
 from ingot.sampling_params import SamplingParams
 
@@ -52,6 +53,7 @@ class Engine:
         device: torch.device,
         dtype: torch.dtype,
         max_model_len: int,
+        runner: Optional[ModelRunner] = None,
     ) -> None:
         self.config = config
         self.model_config = model_config
@@ -59,7 +61,8 @@ class Engine:
         self.device = device
         self.dtype = dtype
         self.eos_token_ids = tuple(dict.fromkeys([*model_config.eos_token_ids, *tokenizer.eos_token_ids]))
-        self.runner = ModelRunner(model, model_config, config, device, dtype)
+        # a tensor-parallel engine gets its runner built (TensorParallelRunner.start)
+        self.runner = runner if runner is not None else ModelRunner(model, model_config, config, device, dtype)
         num_blocks = self.runner.num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
         blocks = BlockManager(num_blocks, config.block_size)
@@ -96,8 +99,17 @@ class Engine:
                 f"{mcfg.architecture} uses a sliding attention window of {mcfg.sliding_window} tokens, "
                 f"which ingot does not implement yet; pass max_model_len={mcfg.sliding_window} (or less)"
             )
+        if config.tensor_parallel_size > 1:
+            from ingot.runner.tp_runner import start_tensor_parallel
+
+            runner = start_tensor_parallel(config, CheckpointSource(config.model), mcfg, device, dtype, max_len)
+            return cls(config, runner.model, mcfg, ckpt.tokenizer, runner.device, dtype, max_len, runner=runner)
         model = load_checkpoint(ckpt, dtype, device, max_len, progress=config.show_progress)
         return cls(config, model, mcfg, ckpt.tokenizer, device, dtype, max_len)
+
+    def close(self) -> None:
+        """Release the runner's processes (tensor-parallel workers); the engine is unusable after."""
+        self.runner.close()
 
     # ------------------------------------------------------------------ requests
     def new_request_id(self) -> str:

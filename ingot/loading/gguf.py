@@ -32,6 +32,7 @@ from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from ingot.loading.errors import CheckpointError
+from ingot.loading.weights import WeightSelector, select as select_part
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +94,14 @@ class GGUFCheckpoint:
     def num_tensors(self) -> int:
         return len(self._tensors)
 
-    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor in ``dtype``) one at a time, so peak memory stays at one tensor."""
+    def weights(self, dtype: torch.dtype, select: Optional[WeightSelector] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor in ``dtype``) one at a time, so peak memory stays at one tensor;
+        with ``select``, each tensor is dequantized whole, then cut to the part it names."""
         for hf_name, info, heads in self._tensors:
             tensor = _read_tensor(self._buf, info)
             if heads:
                 tensor = _unpermute_rows(tensor, heads)
-            yield hf_name, tensor.to(dtype)
+            yield hf_name, select_part(tensor, hf_name, select).to(dtype)
 
 
 def load_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from ingot.loading.errors import CheckpointError
+from ingot.loading.weights import WeightSelector
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
 
@@ -51,13 +52,18 @@ def count_tensors(files: list[Path]) -> int:
     return total
 
 
-def iter_safetensors(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor cast to dtype), one tensor at a time (memory-mapped)."""
+def iter_safetensors(
+    files: list[Path], dtype: torch.dtype, select: Optional[WeightSelector] = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor cast to dtype), one tensor at a time (memory-mapped); with
+    ``select``, only the part of each tensor it names is read from the file."""
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name).to(dtype)
+                    index = select(name) if select is not None else None
+                    tensor = f.get_tensor(name) if index is None else f.get_slice(name)[index]
+                    yield name, tensor.to(dtype)
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise CheckpointError(f"corrupt or truncated safetensors file {file}: {exc}") from None
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ingot.distributed.parallel import SINGLE, TensorParallel
 from ingot.loading.checkpoint import Checkpoint
 from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
@@ -26,19 +27,26 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(saved)
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_position: int) -> nn.Module:
-    """Allocate the model directly on ``device`` in ``dtype`` (weights uninitialised)."""
+def build_model(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_position: int, tp: TensorParallel = SINGLE
+) -> nn.Module:
+    """Allocate the model (``tp``'s shard of it) directly on ``device`` in ``dtype`` (weights uninitialised)."""
     cls = model_class(cfg)
     with torch.device(device), _default_dtype(dtype):
-        model = cls(cfg, max_position)
+        model = cls(cfg, max_position, tp=tp) if tp.enabled else cls(cfg, max_position)
     return model.eval().requires_grad_(False)
 
 
 def load_checkpoint(
-    ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_position: int, progress: bool = True
+    ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_position: int, progress: bool = True,
+    tp: TensorParallel = SINGLE,
 ) -> nn.Module:
-    model = build_model(ckpt.config, dtype, device, max_position)
-    weights = tqdm(ckpt.weights(dtype), total=ckpt.num_tensors, desc="Loading weights", unit=" tensors", disable=not progress, leave=False)
+    """The model filled from ``ckpt``; under tensor parallelism only this rank's part of each
+    tensor is read (``model.checkpoint_slice``)."""
+    model = build_model(ckpt.config, dtype, device, max_position, tp)
+    select = model.checkpoint_slice if tp.enabled else None
+    weights = tqdm(ckpt.weights(dtype, select), total=ckpt.num_tensors, desc="Loading weights", unit=" tensors",
+                   disable=not progress, leave=False)
     try:
         model.load_weights(weights)
     finally:

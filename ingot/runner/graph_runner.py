@@ -9,11 +9,16 @@ logits are dropped.
 
 ``fake_graph_capture`` runs the same padded bucket path without graphs, so the
 padding and buffer logic is exercised on CPU; it is a test hook, not a speed-up.
+
+Under tensor parallelism every rank captures the same buckets in the same
+order (the forward's collectives run in lockstep), and ``decode_compile="auto"``
+keeps a bucket's compiled graph only if every rank chose it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -24,6 +29,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ingot.config import EngineConfig
+from ingot.distributed.collectives import min_over_ranks
+from ingot.distributed.parallel import SINGLE, TensorParallel
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
 from ingot.runner import auto_compile, compile_stats, decode_compile
@@ -150,10 +157,12 @@ class CapturedBucket:
 
 class DecodeGraphRunner:
     def __init__(
-        self, model: nn.Module, config: EngineConfig, device: torch.device, max_blocks_per_seq: int, policy: OpPolicy
+        self, model: nn.Module, config: EngineConfig, device: torch.device, max_blocks_per_seq: int, policy: OpPolicy,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         self.model = model
         self.policy = policy
+        self.tp = tp
         self.config = config
         self.device = device
         self.fake = device.type != "cuda" or config.fake_graph_capture
@@ -217,6 +226,9 @@ class DecodeGraphRunner:
             raw = self._warm_and_capture(self.raw_forward, False, size, info)
             comp = self._warm_and_capture(forward, True, size, info)
             decision = self._decide(size, raw, comp)
+            every_rank = bool(min_over_ranks(int(decision.use_compiled), self.tp, self.device))
+            if decision.use_compiled and not every_rank:
+                decision = dataclasses.replace(decision, use_compiled=False, reason=f"another rank chose graph; {decision.reason}")
             self.decisions[size] = decision
             self.entries[size] = comp if decision.use_compiled else raw
         else:

@@ -3,24 +3,29 @@
 Prefill steps, eager mode and CPU run the raw model. Decode steps on CUDA go
 through the DecodeGraphRunner (captured graphs, optionally compiled) when the
 batch fits a bucket.
+
+A step is ``stage`` (inputs to the device), ``run_model`` (the device part:
+forward and logits) and sampling. ``run_model`` is what every tensor-parallel
+rank runs in lockstep (``tp_runner.py``); the rest runs on the driver only.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ingot.config import ConfigError, EngineConfig
+from ingot.distributed.parallel import SINGLE
 from ingot.runner.kv_pool import KVCachePool, blocks_for
 from ingot.runner.sampler import Sampler, SamplerOutput, SamplingRow
 from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
 from ingot.loading.model_config import ModelConfig
-from ingot.runner.prompt_logprobs import prompt_logprobs
+from ingot.runner.prompt_logprobs import prompt_spans, span_entries
 from ingot.runner.step_inputs import StepInputs, build_step_inputs
 
 log = logging.getLogger(__name__)
@@ -29,7 +34,8 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, model: nn.Module, model_config: ModelConfig, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model
-        self.model_config = model_config
+        self.tp = getattr(model, "tp", SINGLE)  # this rank's shard of a tensor-parallel model
+        self.model_config = model_config  # under tensor parallelism: this rank's heads
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -116,7 +122,7 @@ class ModelRunner:
 
         if not graphs_enabled(self.config, self.device):
             return
-        self.graphs = DecodeGraphRunner(self.model, self.config, self.device, max_blocks_per_seq, self.policy)
+        self.graphs = DecodeGraphRunner(self.model, self.config, self.device, max_blocks_per_seq, self.policy, self.tp)
         self.graphs.capture_all()
 
     # ------------------------------------------------------------------ step
@@ -134,20 +140,51 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
         """Run one step; returns (rows that sampled, their tokens/logprobs, and the prompt
         logprobs of the rows that asked for them)."""
-        inputs = build_step_inputs(batch, self.block_size, self.device)
-        prompt_rows = [r for r, s in enumerate(batch.seqs) if s.params.prompt_logprobs is not None] if batch.is_prefill else []
-        if prompt_rows or not inputs.sample_rows:  # the raw forward's hidden states are needed
-            hidden = self._hidden(inputs)
-            prompt_lp = prompt_logprobs(self.model, self.policy, hidden, batch, prompt_rows) if prompt_rows else None
-            if not inputs.sample_rows:
-                return [], SamplerOutput([], [], prompt_logprobs=prompt_lp)
-            logits = self._logits(hidden.index_select(0, inputs.logits_indices))
-        else:
-            prompt_lp = None
-            logits = self.forward_logits(inputs)
+        return self.finish_step(batch, self.stage(batch), eos_token_ids)
+
+    def stage(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's inputs on the device."""
+        return build_step_inputs(batch, self.block_size, self.device)
+
+    def finish_step(
+        self, batch: ScheduledBatch, inputs: StepInputs, eos_token_ids: tuple[int, ...]
+    ) -> tuple[list[int], SamplerOutput]:
+        """``run_model`` on staged inputs, then sampling and prompt logprobs."""
+        spans = prompt_spans(batch)
+        entries = {}
+
+        def on_span(k: int, logits: torch.Tensor) -> None:
+            entries[spans[k].row] = span_entries(logits, batch, spans[k])
+
+        logits = self.run_model(inputs, [(s.start, s.stop) for s in spans], on_span)
+        prompt_lp = {s.row: entries.get(s.row, []) for s in spans} or None
+        if logits is None:
+            return [], SamplerOutput([], [], prompt_logprobs=prompt_lp)
         out = self._sample(batch, inputs, logits, eos_token_ids)
         out.prompt_logprobs = prompt_lp
         return inputs.sample_rows, out
+
+    @torch.inference_mode()
+    def run_model(
+        self,
+        inputs: StepInputs,
+        spans: Sequence[tuple[int, int]] = (),
+        on_span: Optional[Callable[[int, torch.Tensor], None]] = None,
+    ) -> Optional[torch.Tensor]:
+        """The device part of a step: the logits of the rows that sample (None if none does);
+        with prompt-logprob ``spans`` (hidden-state rows [start, stop)), each non-empty span's
+        logits go to ``on_span(k, logits)`` as they are computed."""
+        if spans or not inputs.sample_rows:  # the raw forward's hidden states are needed
+            hidden = self._hidden(inputs)
+            for k, (start, stop) in enumerate(spans):
+                if stop > start:
+                    logits = self._logits(hidden[start:stop])
+                    if on_span is not None:
+                        on_span(k, logits)
+            if not inputs.sample_rows:
+                return None
+            return self._logits(hidden.index_select(0, inputs.logits_indices))
+        return self.forward_logits(inputs)
 
     def _sample(self, batch: ScheduledBatch, inputs: StepInputs, logits: torch.Tensor, eos_token_ids: tuple[int, ...]) -> SamplerOutput:
         rows = [
@@ -188,3 +225,26 @@ class ModelRunner:
     @torch.inference_mode()
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, self.policy)
+
+    # ------------------------------------------------------------------ decode variants (drift checks, benchmarks)
+    def decode_variant(self, config: EngineConfig, max_blocks_per_seq: int):
+        """Decode graphs captured with ``config`` (other buckets, compile on or off) beside the
+        engine's own (a ``DecodeGraphRunner``); ``logits_of`` replays them."""
+        from ingot.runner.graph_runner import DecodeGraphRunner
+
+        graphs = DecodeGraphRunner(self.model, config, self.device, max_blocks_per_seq, self.policy, self.tp)
+        graphs.capture_all()
+        return graphs
+
+    def drop_variant(self, graphs) -> None:
+        """Forget a variant (here: nothing holds it; a tensor-parallel runner frees it on every rank)."""
+
+    @torch.inference_mode()
+    def logits_of(self, graphs, inputs: StepInputs) -> torch.Tensor:
+        """Logits of a staged decode step, replayed by ``graphs`` (None: the raw forward)."""
+        if graphs is None:
+            return self._logits(self._hidden(inputs).index_select(0, inputs.logits_indices))
+        return graphs.run(inputs)
+
+    def close(self) -> None:
+        """Release what outlives the engine's memory (a tensor-parallel runner's workers)."""

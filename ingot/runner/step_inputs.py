@@ -24,33 +24,52 @@ class StepInputs:
         return self.attn.seq_lens.shape[0]
 
 
+@dataclass
+class HostStep:
+    """The fields of one step on the host, before they are copied to the device."""
+
+    is_prefill: bool
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    seq_lens: list[int]
+    cu_seqlens: list[int]  # prefill only (a decode step's is not copied)
+    logits_indices: list[int]
+    sample_rows: list[int]
+    rows: int  # block table rows and width; ``table`` is the flat int32 [rows, width]
+    width: int
+    table: array.array
+
+
+def host_step(batch: ScheduledBatch, block_size: int) -> HostStep:
+    fields = _prefill_fields(batch, block_size) if batch.is_prefill else _decode_fields(batch, block_size)
+    ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = fields
+    rows, width, table = padded_block_rows([seq.block_ids for seq in batch.seqs])
+    return HostStep(batch.is_prefill, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width, table)
+
+
 def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
     """Flatten the batch's new tokens: host lists first, then one copy per dtype; the
     step's tensors are views of those two device tensors."""
-    tables = [seq.block_ids for seq in batch.seqs]
-    if batch.is_prefill:
-        ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = _prefill_fields(batch, block_size)
-    else:
-        ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = _decode_fields(batch, block_size)
+    h = host_step(batch, block_size)
     # two host-to-device copies per step (the int64 fields, then the int32 ones) instead of
     # six: each copy from pageable memory is its own blocking cudaMemcpy on the host
-    rows, width, table = padded_block_rows(tables)
-    input_ids, pos_t, slot_t, logits_t = _packed([ids, positions, slots, logits_indices], torch.int64, device)
-    int_fields = [seq_lens, table] + ([cu] if batch.is_prefill else [])
+    input_ids, pos_t, slot_t, logits_t = _packed([h.ids, h.positions, h.slots, h.logits_indices], torch.int64, device)
+    int_fields = [h.seq_lens, h.table] + ([h.cu_seqlens] if h.is_prefill else [])
     seq_lens_t, table_t, *cu_t = _packed(int_fields, torch.int32, device)
     attn = AttentionMetadata(
-        is_prefill=batch.is_prefill,
+        is_prefill=h.is_prefill,
         slot_mapping=slot_t,
-        block_tables=table_t.view(rows, width),
+        block_tables=table_t.view(h.rows, h.width),
         seq_lens=seq_lens_t,
-        cu_seqlens_q=cu_t[0] if batch.is_prefill else None,
+        cu_seqlens_q=cu_t[0] if h.is_prefill else None,
     )
     return StepInputs(
         input_ids=input_ids,
         positions=pos_t,
         attn=attn,
         logits_indices=logits_t,
-        sample_rows=sample_rows,
+        sample_rows=h.sample_rows,
     )
 
 
