@@ -20,6 +20,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-compile", nargs="?", const="on", default=None, choices=["on", "off", "auto"],
                    help="torch.compile the decode step before graph capture (CUDA only): on, off, or auto = "
                         "per batch bucket, only where measured faster without drift (see docs/decode-compile.md)")
+    g.add_argument("--tensor-parallel-size", "--tp", dest="tensor_parallel_size", type=int, default=None, metavar="N",
+                   help="split the model over N GPUs (cuda:0 ..), one process each (default 1)")
     g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
 
 
@@ -88,6 +90,8 @@ def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         extra["eager_mode"] = True
     if args.decode_compile is not None:
         extra["decode_compile"] = {"on": True, "off": False, "auto": "auto"}[args.decode_compile]
+    if args.tensor_parallel_size is not None:
+        extra["tensor_parallel_size"] = args.tensor_parallel_size
     if args.quiet:
         extra["show_progress"] = False
     if getattr(args, "max_num_seqs", None) is not None:

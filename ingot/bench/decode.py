@@ -8,6 +8,7 @@ context.
 
 from __future__ import annotations
 
+import array
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
@@ -16,15 +17,16 @@ import torch
 
 from ingot.config import EngineConfig
 from ingot.runner.kv_pool import blocks_for
-from ingot.layers.attention import AttentionMetadata
 from ingot.models.loader import build_model, init_random
 from ingot.loading.model_config import ModelConfig
 from ingot.bench.gemm_floor import gemm_only_ms
 from ingot.bench.step_profile import StepProfile, profile_step
 from ingot.runner.auto_compile import time_ms
-from ingot.runner.graph_runner import DecodeGraphRunner
+from ingot.runner.batch import ScheduledBatch
 from ingot.runner.model_runner import ModelRunner
-from ingot.runner.step_inputs import StepInputs
+from ingot.runner.model_source import ModelSource
+from ingot.runner.tp_runner import TensorParallelRunner, start_tensor_parallel
+from ingot.sampling_params import SamplingParams
 
 # HF config.json fields of the benchmark shapes (random weights).
 DEFAULT_SHAPE = "qwen2.5-1.5b"
@@ -51,15 +53,35 @@ class BucketTiming:
     profile: Optional[StepProfile] = None  # kernels of one graph replay, when profiled
 
 
-def synthetic_decode_inputs(batch: int, context_len: int, block_size: int, device: torch.device, vocab_size: int = 1000) -> StepInputs:
+@dataclass
+class SyntheticSeq:
+    """A sequence of a synthetic decode step (the fields ``ScheduledBatch`` reads)."""
+
+    prompt_token_ids: list[int]
+    block_ids: array.array
+    num_computed_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    generator: Optional[torch.Generator] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+
+def synthetic_decode_batch(batch: int, context_len: int, block_size: int, vocab_size: int = 1000, seed: int = 0) -> ScheduledBatch:
     """Sequence i owns blocks 1 + i*n ... ; each decodes its token at position ``context_len``."""
     n = blocks_for(context_len + 1, block_size)
-    tables = torch.arange(1, 1 + batch * n, dtype=torch.int32, device=device).view(batch, n)
-    pos = torch.full((batch,), context_len, dtype=torch.int64, device=device)
-    slots = tables[:, context_len // block_size].long() * block_size + context_len % block_size
-    meta = AttentionMetadata(False, slots, tables, torch.full((batch,), context_len + 1, dtype=torch.int32, device=device))
-    ids = torch.randint(0, min(1000, vocab_size), (batch,), device=device)
-    return StepInputs(ids, pos, meta, torch.arange(batch, device=device), list(range(batch)))
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, min(1000, vocab_size), (batch,), generator=gen).tolist()
+    seqs = [
+        SyntheticSeq([0] * context_len + [ids[i]], array.array("i", range(1 + i * n, 1 + (i + 1) * n)), context_len)
+        for i in range(batch)
+    ]
+    return ScheduledBatch(seqs, is_prefill=False, num_new_tokens=[1] * batch)
 
 
 def time_cuda(fn, iters: int, warmup: int = 3) -> float:
@@ -77,6 +99,11 @@ def build_shape(
     return init_random(model), cfg
 
 
+def decode_bench_config(config: EngineConfig, batches: list[int]) -> EngineConfig:
+    """The engine configuration of synthetic decode steps: buckets = ``batches``."""
+    return config.replace(max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False)
+
+
 def decode_bench_runner(
     model: torch.nn.Module,
     cfg: ModelConfig,
@@ -88,56 +115,75 @@ def decode_bench_runner(
     """(config, runner, blocks per sequence) for synthetic decode steps: buckets = ``batches``,
     a KV pool where each of ``max(batches)`` sequences owns the blocks of ``context_len + 1`` tokens."""
     device = next(model.parameters()).device
-    base = config.replace(max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False)
+    base = decode_bench_config(config, batches)
     runner = ModelRunner(model, cfg, base, device, dtype)
     per_seq = blocks_for(context_len + 1, base.block_size)
     runner.allocate_kv_cache(1 + max(batches) * per_seq)
     return base, runner, per_seq
 
 
+def tp_decode_bench_runner(
+    source: ModelSource,
+    cfg: ModelConfig,
+    config: EngineConfig,
+    batches: list[int],
+    context_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[EngineConfig, TensorParallelRunner, int]:
+    """``decode_bench_runner`` over ``config.tensor_parallel_size`` ranks, each building its
+    shard from ``source`` (call ``close()`` on the runner when done)."""
+    base = decode_bench_config(config, batches)
+    runner = start_tensor_parallel(base, source, cfg, device, dtype, context_len + 64)
+    per_seq = blocks_for(context_len + 1, base.block_size)
+    runner.allocate_kv_cache(1 + max(batches) * per_seq)
+    return base, runner, per_seq
+
+
 def bench_decode(
-    model: torch.nn.Module,
+    runner: ModelRunner | TensorParallelRunner,
+    base: EngineConfig,
+    per_seq: int,
     cfg: ModelConfig,
     batches: list[int],
     context_len: int,
     modes: list[str],
     iters: int = 30,
-    dtype: torch.dtype = torch.bfloat16,
-    config: Optional[EngineConfig] = None,
     profile_steps: int = 0,
 ) -> list[BucketTiming]:
     """ms per decode step per batch size for each mode: eager, graph, compiled, auto
     (per-bucket choice, see runner/auto_compile.py) and gemm_only (the model's linear
     layers alone, the floor a step cannot beat). ``profile_steps`` > 0: also the
-    kernels of the graph mode's replays, per step (``step_profile.py``)."""
-    device = next(model.parameters()).device
-    base, runner, per_seq = decode_bench_runner(model, cfg, config or EngineConfig(), batches, context_len, dtype)
-    inputs = {b: synthetic_decode_inputs(b, context_len, base.block_size, device, cfg.vocab_size) for b in batches}
+    kernels of the graph mode's replays, per step (``step_profile.py``). The runner
+    comes from ``decode_bench_runner`` or, tensor-parallel (no gemm_only, no profile:
+    they time the driver's kernels alone), ``tp_decode_bench_runner``; each timed step
+    there includes the broadcast of its inputs to the workers."""
+    batch_of = {b: synthetic_decode_batch(b, context_len, base.block_size, cfg.vocab_size) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
     for mode in modes:
         if mode == "gemm_only":
             for b in batches:
-                results[b].ms[mode] = gemm_only_ms(model, b, runner.policy, iters)
+                results[b].ms[mode] = gemm_only_ms(runner.model, b, runner.policy, iters)
             continue
-        if mode == "eager":
-            runner.graphs = None
-            for b in batches:
-                results[b].ms[mode] = time_cuda(lambda: runner.forward_logits(inputs[b]), iters)
-            continue
-        cfg_mode = base.replace(decode_compile={"graph": False, "compiled": True, "auto": "auto"}[mode])
-        graphs = DecodeGraphRunner(model, cfg_mode, device, per_seq, runner.policy)
-        graphs.capture_all()
+        graphs = None
+        if mode != "eager":
+            cfg_mode = base.replace(decode_compile={"graph": False, "compiled": True, "auto": "auto"}[mode])
+            graphs = runner.decode_variant(cfg_mode, per_seq)
         for b in batches:
-            info = graphs.info[b]
-            results[b].warmup_s[mode] = info.seconds_warmup
-            results[b].capture_s[mode] = info.seconds_capture
-            if b in graphs.decisions:
-                d = graphs.decisions[b]
-                results[b].auto_choice = f"{'compiled' if d.use_compiled else 'graph'}: {d.reason}"
-            with torch.inference_mode():
-                results[b].ms[mode] = time_cuda(lambda: graphs.run(inputs[b]), iters)
+            if graphs is not None:
+                info = graphs.info[b]
+                results[b].warmup_s[mode] = info.seconds_warmup
+                results[b].capture_s[mode] = info.seconds_capture
+                if b in graphs.decisions:
+                    d = graphs.decisions[b]
+                    results[b].auto_choice = f"{'compiled' if d.use_compiled else 'graph'}: {d.reason}"
+            inputs = runner.stage(batch_of[b])
+            results[b].ms[mode] = time_cuda(lambda: runner.logits_of(graphs, inputs), iters)
             if mode == "graph" and profile_steps:
-                results[b].profile = profile_step(lambda: graphs.run(inputs[b]), profile_steps)
-        del graphs
-        torch.cuda.empty_cache()
+                results[b].profile = profile_step(lambda: runner.logits_of(graphs, inputs), profile_steps)
+        if graphs is not None:
+            runner.drop_variant(graphs)
+            del graphs
+        if runner.device.type == "cuda":
+            torch.cuda.empty_cache()
     return [results[b] for b in batches]

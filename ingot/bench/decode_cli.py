@@ -17,6 +17,11 @@ the time spent in attention, norms, rotary, activations and glue.
     ingot bench decode --model Qwen/Qwen2.5-1.5B-Instruct --decode-compile off
     ingot bench decode --shape qwen2.5-7b --compare-hf   # + transformers' static-cache compiled decode
     ingot bench decode --batch-sizes 1,64 --decode-compile off --gemm-floor --profile
+    ingot bench decode --shape qwen2.5-7b --tp 2 --batch-sizes 1,64   # two GPUs, tensor parallel
+
+With ``--tp N`` the model is split over N GPUs (one process each, ``cuda:0`` ..);
+every timed step includes the broadcast of its inputs to the other ranks, and
+the memory floor is one rank's: its shard of the weights and its KV heads.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ class DecodeBench:
     model_bytes: ModelBytes
     rows: list[BucketTiming]
     env: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel_size: int = 1  # the floor (model_bytes) is then one rank's
 
 
 def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
@@ -144,6 +150,7 @@ def to_json(bench: DecodeBench) -> dict[str, Any]:
         "context_len": bench.context_len,
         "iters": bench.iters,
         "decode_compile": bench.decode_compile,
+        "tensor_parallel_size": bench.tensor_parallel_size,
         "modes": list(bench.modes),
         "copy_bandwidth_bytes_per_s": bench.bandwidth,
         "model_bytes": asdict(bench.model_bytes),
@@ -232,23 +239,47 @@ def measure_copy_bandwidth(device: Any, nbytes: int = COPY_BYTES, iters: int = 2
 def _load(args: argparse.Namespace, device: Any):
     """(model, ModelConfig, dtype, source label): a checkpoint's real weights, or a random-weight shape."""
     from ingot.bench.decode import build_shape
+    from ingot.models.loader import load_checkpoint
+
+    ckpt, cfg, dtype, label = _source(args, device)
+    if ckpt is not None:
+        max_position = min(args.context_len + 64, cfg.max_position_embeddings)
+        return load_checkpoint(ckpt, dtype, device, max_position, progress=not args.quiet), cfg, dtype, label
+    model, cfg = build_shape(args.shape or DEFAULT_SHAPE, dtype, device, args.context_len + 64)
+    return model, cfg, dtype, label
+
+
+def _source(args: argparse.Namespace, device: Any):
+    """(checkpoint or None for a random shape, its ModelConfig, dtype, source label)."""
     from ingot.config import ConfigError
     from ingot.loading.checkpoint import open_checkpoint
-    from ingot.models.loader import load_checkpoint, resolve_dtype
+    from ingot.loading.model_config import ModelConfig
+    from ingot.models.loader import resolve_dtype
 
-    max_position = args.context_len + 64
     if args.model is not None:
         ckpt = open_checkpoint(args.model)
         if args.context_len + 1 > ckpt.config.max_position_embeddings:
             raise ConfigError(f"--context-len {args.context_len} does not fit the model's "
                               f"{ckpt.config.max_position_embeddings} positions")
-        dtype = resolve_dtype(args.dtype, device, ckpt.config.torch_dtype)
-        model = load_checkpoint(ckpt, dtype, device, min(max_position, ckpt.config.max_position_embeddings), progress=not args.quiet)
-        return model, ckpt.config, dtype, args.model
+        return ckpt, ckpt.config, resolve_dtype(args.dtype, device, ckpt.config.torch_dtype), args.model
     shape = args.shape or DEFAULT_SHAPE
-    dtype = resolve_dtype(args.dtype, device)
-    model, cfg = build_shape(shape, dtype, device, max_position)
-    return model, cfg, dtype, f"shape {shape} (random weights)"
+    return None, ModelConfig.from_hf(SHAPES[shape]), resolve_dtype(args.dtype, device), f"shape {shape} (random weights)"
+
+
+def _runner(args: argparse.Namespace, device: Any, config: Any):
+    """(runner, engine config, blocks per sequence, ModelConfig, dtype, label) of the timed model."""
+    from ingot.bench.decode import decode_bench_runner, tp_decode_bench_runner
+    from ingot.runner.model_source import CheckpointSource, RandomSource
+
+    if args.tp == 1:
+        model, cfg, dtype, label = _load(args, device)
+        base, runner, per_seq = decode_bench_runner(model, cfg, config, args.batch_sizes, args.context_len, dtype)
+        return runner, base, per_seq, cfg, dtype, label
+    _, cfg, dtype, label = _source(args, device)
+    source = CheckpointSource(args.model) if args.model is not None else RandomSource(SHAPES[args.shape or DEFAULT_SHAPE])
+    base, runner, per_seq = tp_decode_bench_runner(source, cfg, config.replace(tensor_parallel_size=args.tp),
+                                                   args.batch_sizes, args.context_len, dtype, device)
+    return runner, base, per_seq, cfg, dtype, f"{label}, tensor parallel over {args.tp}"
 
 
 def run(args: argparse.Namespace, device: Any) -> DecodeBench:
@@ -258,6 +289,8 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
     from ingot.config import EngineConfig
 
     modes = modes_for(args.decode_compile) + (["gemm_only"] if args.gemm_floor else [])
+    if args.tp > 1 and (args.gemm_floor or args.profile or getattr(args, "compare_hf", False)):
+        raise report.ReportError("--gemm-floor, --profile and --compare-hf time one GPU's kernels: run them without --tp")
     if "compiled" in modes:
         from ingot.runner.compile_options import supported
 
@@ -268,10 +301,14 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # CUDA events and copies run on the current device
     bandwidth = measure_copy_bandwidth(device)
-    model, cfg, dtype, source = _load(args, device)
     config = EngineConfig.create(show_progress=not args.quiet)
-    rows = bench_decode(model, cfg, args.batch_sizes, args.context_len, modes, iters=args.iters, dtype=dtype, config=config,
-                        profile_steps=args.profile or 0)
+    runner, base, per_seq, cfg, dtype, source = _runner(args, device, config)
+    try:
+        rows = bench_decode(runner, base, per_seq, cfg, args.batch_sizes, args.context_len, modes, iters=args.iters,
+                            profile_steps=args.profile or 0)
+        model_bytes = ModelBytes.of(runner.model, runner.model_config, dtype)
+    finally:
+        runner.close()
     bench = DecodeBench(
         source=source,
         dtype=str(dtype).removeprefix("torch."),
@@ -280,12 +317,14 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
         decode_compile=args.decode_compile,
         modes=modes,
         bandwidth=bandwidth,
-        model_bytes=ModelBytes.of(model, cfg, dtype),
+        model_bytes=model_bytes,
         rows=rows,
         env=report.env_info(),
+        tensor_parallel_size=args.tp,
     )
-    del model
-    torch.cuda.empty_cache()
+    del runner
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     if getattr(args, "compare_hf", False):
         from ingot.bench import hf_compare
 
@@ -369,5 +408,7 @@ def add_parser(subparsers, engine_args) -> None:
     p.add_argument("--plot", default=None, metavar="PATH.png", help="plot ms/step vs batch size (needs matplotlib)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA")
     p.add_argument("--device", default="auto", help="auto or cuda[:N]")
+    p.add_argument("--tensor-parallel-size", "--tp", dest="tp", type=report.positive_int, default=1, metavar="N",
+                   help="split the model over N GPUs (cuda:0 ..; default 1); each step includes the broadcast of its inputs")
     p.add_argument("--quiet", action="store_true", help="no progress bars or logs")
     p.set_defaults(func=cmd_decode)

@@ -21,7 +21,7 @@ import torch
 from ingot.engine.engine import Engine
 from ingot.runner.kv_pool import blocks_for
 from ingot.runner.graph_runner import DecodeGraphRunner
-from ingot.runner.step_inputs import StepInputs, build_step_inputs
+from ingot.runner.step_inputs import StepInputs
 from ingot.sampling_params import SamplingParams
 
 Mode = str  # "eager" | "graph" | "compiled"
@@ -68,7 +68,8 @@ def compare_free_running(mode: Mode, reference: Mode, bucket: int, got: list[lis
 
 
 class DecodeModes:
-    """Builds one decode forward per mode on an engine's model and KV cache."""
+    """Builds one decode forward per mode on an engine's model and KV cache (through its
+    runner, so a tensor-parallel engine builds them on every rank)."""
 
     def __init__(self, engine: Engine, bucket: int) -> None:
         self.engine = engine
@@ -77,25 +78,18 @@ class DecodeModes:
         base = engine.config.replace(cudagraph_capture_sizes=(bucket,), max_num_seqs=max(bucket, engine.config.max_num_seqs))
         max_blocks = blocks_for(engine.max_model_len, engine.config.block_size)
         for mode, compile_on in (("graph", False), ("compiled", True)):
-            cfg = base.replace(decode_compile=compile_on, show_progress=False)
-            runner = DecodeGraphRunner(engine.runner.model, cfg, engine.device, max_blocks, engine.runner.policy)
-            runner.capture_all()
-            if compile_on and not runner.compiled:
+            graphs = engine.runner.decode_variant(base.replace(decode_compile=compile_on, show_progress=False), max_blocks)
+            if compile_on and not graphs.compiled:
+                engine.runner.drop_variant(graphs)
                 continue  # compile unavailable here (CPU, old torch): skip the mode
-            self.runners[mode] = runner
+            self.runners[mode] = graphs
 
     @property
     def modes(self) -> list[Mode]:
         return list(self.runners)
 
-    @torch.inference_mode()
     def logits(self, mode: Mode, inputs: StepInputs) -> torch.Tensor:
-        runner = self.runners[mode]
-        if runner is None:
-            runner = self.engine.runner
-            hidden = runner.model(inputs.input_ids, inputs.positions, inputs.attn, runner.policy)
-            return runner.model.compute_logits(hidden, runner.policy).float()
-        return runner.run(inputs).float().clone()
+        return self.engine.runner.logits_of(self.runners[mode], inputs).float().clone()
 
     @contextlib.contextmanager
     def serving(self, mode: Mode) -> Iterator[None]:
@@ -106,6 +100,13 @@ class DecodeModes:
             yield
         finally:
             self.engine.runner.graphs = saved
+
+    def close(self) -> None:
+        """Free the modes' graphs."""
+        for graphs in self.runners.values():
+            if graphs is not None:
+                self.engine.runner.drop_variant(graphs)
+        self.runners = {"eager": None}
 
 
 def _prefill(engine: Engine, prompts: list[list[int]], steps: int) -> list:
@@ -144,7 +145,7 @@ def _teacher_forced_group(modes, prompts, steps, reference, others, agree, rel, 
     for _ in range(steps):
         batch = engine.scheduler.schedule()
         assert batch is not None and not batch.is_prefill and len(batch.seqs) == len(seqs)
-        inputs = build_step_inputs(batch, engine.config.block_size, engine.device)
+        inputs = engine.runner.stage(batch)
         got = {m: modes.logits(m, inputs) for m in others}
         ref = modes.logits(reference, inputs)  # last: the cache keeps the reference's K/V
         tokens = ref.argmax(-1)

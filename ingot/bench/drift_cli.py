@@ -9,6 +9,7 @@ The gated mode is ``compiled``, or ``eager`` where compile is unavailable
 
     ingot check drift --model Qwen/Qwen2.5-1.5B-Instruct --steps 128 --buckets 1,8 --json drift.json
     ingot check drift --model ./tiny --device cpu --fake-graphs --steps 8
+    ingot check drift --model ./random-qwen --tp 2   # every mode tensor parallel over two GPUs
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def _build_llm(args: argparse.Namespace):
         max_num_seqs=max(args.buckets),
         cudagraph_capture_sizes=tuple(args.buckets),
         fake_graph_capture=args.fake_graphs,
+        tensor_parallel_size=args.tp,
         show_progress=False,
         **extra,
     )
@@ -144,8 +146,6 @@ def _device_error(args: argparse.Namespace) -> Optional[str]:
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
-    from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced
-
     if args.threshold > 1.0:
         print(f"ingot check drift: warning: --threshold {args.threshold} is above 1 (it is a fraction, 0.995 = 99.5%): "
               "the check cannot pass", file=sys.stderr)
@@ -154,7 +154,20 @@ def cmd_drift(args: argparse.Namespace) -> int:
         if why:
             raise DriftInputError(why)
         specs = read_prompts(args.prompts) if args.prompts else builtin_prompts()
-        llm = _build_llm(args)
+    except (DriftInputError, report.ReportError) as exc:
+        print(f"ingot check drift: error: {exc}", file=sys.stderr)
+        return 2
+    llm = _build_llm(args)
+    try:
+        return _check(args, llm, specs)
+    finally:
+        llm.shutdown()  # a tensor-parallel engine's workers too
+
+
+def _check(args: argparse.Namespace, llm: Any, specs: list[PromptSpec]) -> int:
+    from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced
+
+    try:
         engine = llm.engine
         prompts = encode_prompts(llm.get_tokenizer(), specs)
         need = max(len(p) for p in prompts) + args.steps + 1
@@ -186,6 +199,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
             "teacher_forced": as_dicts(tf),
             "free_running": as_dicts(fr),
         }
+        modes.close()
         del modes
         _empty_cache(engine.device)
 
@@ -202,6 +216,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
             "dtype": str(engine.dtype).removeprefix("torch."),
             "device": str(engine.device),
             "fake_graphs": args.fake_graphs,
+            "tensor_parallel_size": args.tp,
             "steps": args.steps,
             "threshold": args.threshold,
             "prompts": {"source": args.prompts or "built-in", "count": len(prompts), "tokens": [len(p) for p in prompts]},
@@ -252,6 +267,8 @@ def add_parser(subparsers, engine_args) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA, fp32 on CPU")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--max-model-len", type=report.positive_int, default=None, help="context length (default: the model's)")
+    p.add_argument("--tensor-parallel-size", "--tp", dest="tp", type=report.positive_int, default=1, metavar="N",
+                   help="split the model over N GPUs (N CPU processes with --fake-graphs); default 1")
     p.add_argument("--fake-graphs", action="store_true",
                    help="run the padded graph path without CUDA graphs (works on CPU; compile is then unavailable "
                         "and eager is compared with graph)")

@@ -17,8 +17,11 @@ from ingot.bench.decode import SHAPES, build_shape
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.loading.checkpoint import open_checkpoint
+from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import Tokenizer
 from ingot.models.loader import resolve_device, resolve_dtype
+from ingot.runner.model_source import RandomSource
+from ingot.runner.tp_runner import start_tensor_parallel
 
 # enough for the bench workloads (prompts up to 1024, outputs up to 512) with room to spare
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -34,7 +37,8 @@ def id_tokenizer(vocab_size: int) -> Tokenizer:
 
 
 def random_engine(shape: str, config: EngineConfig) -> Engine:
-    """An Engine whose model has ``shape`` (a key of SHAPES) and seeded random weights."""
+    """An Engine whose model has ``shape`` (a key of SHAPES) and seeded random weights
+    (split over ``config.tensor_parallel_size`` ranks, each initialising its own shard)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(sorted(SHAPES))}")
     config.validate()
@@ -42,6 +46,11 @@ def random_engine(shape: str, config: EngineConfig) -> Engine:
     dtype = resolve_dtype(config.dtype, device)
     max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
     tokenizer = shape_tokenizer(shape, config)
+    if config.tensor_parallel_size > 1:
+        hf = {**SHAPES[shape], "vocab_size": tokenizer.vocab_size}
+        cfg = ModelConfig.from_hf(hf)
+        runner = start_tensor_parallel(config, RandomSource(hf), cfg, device, dtype, max_len)
+        return Engine(config, runner.model, cfg, tokenizer, runner.device, dtype, max_len, runner=runner)
     model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size)
     return Engine(config, model, cfg, tokenizer, device, dtype, max_len)
 

@@ -116,6 +116,15 @@ class TensorParallelRunner:
         return self.local.device
 
     @property
+    def model_config(self) -> ModelConfig:
+        """This rank's shard: its query and KV heads."""
+        return self.local.model_config
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.local.config
+
+    @property
     def policy(self):
         return self.local.policy
 

@@ -276,15 +276,7 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
         return statistics.median(times)
 
     tiny = write_tiny_checkpoint(tmp_path / "llama", "llama")
-    synthetic = decode_mod.synthetic_decode_inputs
-
-    def in_vocab(*args, **kwargs):  # synthetic ids go up to 1000; the tiny vocab has 384
-        inputs = synthetic(*args, **kwargs)
-        inputs.input_ids.remainder_(384)
-        return inputs
-
     monkeypatch.setattr(decode_mod, "time_cuda", cpu_timer)
-    monkeypatch.setattr(decode_mod, "synthetic_decode_inputs", in_vocab)
     monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
     monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
     out = tmp_path / "decode.json"
@@ -294,7 +286,7 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "compiled" in printed and "batch 2: graph - GEMMs" in printed
     data = json.loads(out.read_text())
-    assert data["source"] == str(tiny) and data["dtype"] == "float32"
+    assert data["source"] == str(tiny) and data["dtype"] == "float32" and data["tensor_parallel_size"] == 1
     assert data["modes"] == ["eager", "graph", "compiled", "gemm_only"]
     for row in data["summary"]:
         assert row["graph_minus_gemm_ms"] == pytest.approx(row["modes"]["graph"]["ms"] - row["modes"]["gemm_only"]["ms"])
@@ -305,3 +297,27 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
     assert [r["batch"] for r in data["summary"]] == [1, 2]
     for row in data["summary"]:
         assert set(row["modes"]) == {"eager", "graph", "compiled", "gemm_only"} and all(m["ms"] > 0 for m in row["modes"].values())
+
+
+def test_command_pipeline_tensor_parallel_with_cpu_timer(tmp_path, monkeypatch, capsys):
+    """``--tp 2`` on CPU: a worker process mirrors every timed step (gloo); the floor is one rank's shard."""
+    from ingot.bench import decode as decode_mod
+    from tests.helpers import write_tiny_checkpoint
+
+    tiny = write_tiny_checkpoint(tmp_path / "llama", "llama")
+    monkeypatch.setattr(decode_mod, "time_cuda", lambda fn, iters, warmup=3: [fn() for _ in range(iters)] and 1.0)
+    monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
+    out = tmp_path / "decode.json"
+    argv = ["bench", "decode", "--model", str(tiny), "--batch-sizes", "1,2", "--context-len", "16", "--iters", "2",
+            "--dtype", "float32", "--json", str(out), "--quiet", "--tp", "2"]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["tensor_parallel_size"] == 2 and data["source"].endswith("tensor parallel over 2")
+    assert data["modes"] == ["eager", "graph", "compiled"]
+    # one rank: half the heads, MLP features and (padded) vocabulary; norms whole
+    layer = 64 * 32 * 2 + 64 * 16 * 2 + 3 * 64 * 64 + 2 * 64
+    assert data["model_bytes"]["weight_bytes"] == 4 * (2 * 192 * 64 + 2 * layer + 64)
+    assert data["model_bytes"]["num_kv_heads"] == 1
+    assert main(argv + ["--gemm-floor"]) == 2
+    assert "without --tp" in capsys.readouterr().err

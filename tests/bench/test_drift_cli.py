@@ -141,3 +141,16 @@ def test_cpu_without_fake_graphs_exits_2(tiny, prompt_file, capsys):
 def test_steps_beyond_max_model_len_exits_2(tiny, prompt_file, capsys):
     assert main(_argv(tiny, prompt_file, "--max-model-len", "8")) == 2  # the later value wins
     assert "max_model_len" in capsys.readouterr().err
+
+
+def test_tensor_parallel_end_to_end(tiny, prompt_file, tmp_path, capsys):
+    """--tp 2: every mode is built and replayed on both ranks (a CPU worker over gloo)."""
+    out = tmp_path / "drift.json"
+    assert main(_argv(tiny, prompt_file, "--tp", "2", "--json", str(out))) == 0
+    data = json.loads(out.read_text())
+    assert data["passed"] is True and data["tensor_parallel_size"] == 2
+    for entry in data["buckets"].values():
+        (tf,) = entry["teacher_forced"]
+        assert tf["top1_agreement"] == 1.0 and tf["max_rel_logit_err"] < 1e-6
+        (fr,) = entry["free_running"]
+        assert fr["identical"] == fr["total"] == 3
