@@ -100,8 +100,10 @@ def build_shape(
 
 
 def decode_bench_config(config: EngineConfig, batches: list[int]) -> EngineConfig:
-    """The engine configuration of synthetic decode steps: buckets = ``batches``."""
-    return config.replace(max_num_seqs=max(batches), cudagraph_capture_sizes=tuple(batches), show_progress=False)
+    """The engine configuration of synthetic decode steps: buckets = ``batches``; no step
+    has more tokens than the largest batch (which sizes a tensor-parallel step buffer)."""
+    return config.replace(max_num_seqs=max(batches), max_num_batched_tokens=max(batches),
+                          cudagraph_capture_sizes=tuple(batches), show_progress=False)
 
 
 def decode_bench_runner(

@@ -103,7 +103,7 @@ class StepChannel:
         self.tp = tp
         self.device = device
         self.buffer = torch.zeros(capacity, dtype=torch.uint8, device=device)
-        self.layout: Optional[Layout] = None  # of the step the buffer holds
+        self.command = (Kind.STOP, 0)  # what the buffer's header says now (driver)
 
     # ------------------------------------------------------------------ driver
     def stage(self, host: HostStep, spans: Sequence[Span], kind: Kind = Kind.STEP) -> StepInputs:
@@ -124,13 +124,14 @@ class StepChannel:
         # one copy from pageable memory: it returns once the host arrays have been read
         data = torch.frombuffer(flat64, dtype=torch.uint8)
         self.buffer[: data.numel()].copy_(data, non_blocking=True)
-        self.layout = layout
+        self.command = (kind, 0)
         return self._views(layout, host.sample_rows)
 
-    def send(self, kind: Optional[Kind] = None, arg: int = 0) -> None:
-        """Broadcast the buffer; ``kind`` rewrites the header's command first (a staged step sent again)."""
-        if kind is not None:
+    def send(self, kind: Kind, arg: int = 0) -> None:
+        """Broadcast the buffer as command ``kind`` (the staged step stays as it is)."""
+        if self.command != (kind, arg):
             self.buffer[:16].copy_(torch.tensor([int(kind), arg], dtype=torch.int64).view(torch.uint8))
+            self.command = (kind, arg)
         broadcast_(self.buffer, self.tp)
 
     # ------------------------------------------------------------------ workers

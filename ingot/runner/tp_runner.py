@@ -85,6 +85,8 @@ class TensorParallelRunner:
         must already have passed ``registry.check_tensor_parallel``."""
         size = config.tensor_parallel_size
         devices = rank_devices(device, size)
+        if devices[0].type == "cuda":
+            torch.cuda.set_device(devices[0])  # c10d's object broadcasts use the current device
         process_group.set_collective_env()  # before the workers are spawned: they inherit it
         store = process_group.create_store(size)
         spec = WorkerSpec(size, store.port, config, source, tuple(str(d) for d in devices), dtype, max_model_len)
@@ -171,7 +173,7 @@ class TensorParallelRunner:
             try:
                 self.state.channel.send(Kind.CALL)
                 broadcast_object((method, args), self.tp)
-                return self.state.call(method, args)
+                return self._checked(self.state.call(method, args))
             except BaseException as exc:
                 self._break(exc)
 
@@ -188,7 +190,7 @@ class TensorParallelRunner:
             inputs = self.stage(batch)
             try:
                 self.state.channel.send(Kind.STEP)
-                return self.local.finish_step(batch, inputs, eos_token_ids)
+                return self._checked(self.local.finish_step(batch, inputs, eos_token_ids))
             except BaseException as exc:
                 self._break(exc)
 
@@ -198,7 +200,7 @@ class TensorParallelRunner:
             self._check()
             try:
                 self.state.channel.send(Kind.LOGITS, self.state.variant_id(graphs))
-                return self.local.logits_of(graphs, inputs)
+                return self._checked(self.local.logits_of(graphs, inputs))
             except BaseException as exc:
                 self._break(exc)
 
@@ -206,6 +208,13 @@ class TensorParallelRunner:
     def _check(self) -> None:
         if self._down is not None:
             raise TensorParallelError(f"the tensor-parallel group is down: {self._down}")
+
+    def _checked(self, result: Any) -> Any:
+        """``result`` unless a worker failed meanwhile: an aborted NCCL collective returns
+        without error, and what it computed is garbage."""
+        if self.workers.failure is not None:
+            raise TensorParallelError(self.workers.failure)
+        return result
 
     def _on_worker_failure(self, message: str) -> None:
         """Monitor thread: a worker died. NCCL collectives waiting on it never end by themselves."""
