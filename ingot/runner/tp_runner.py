@@ -100,7 +100,9 @@ class TensorParallelRunner:
             workers.wait_for("ready")
             return cls(build_rank(model, spec, devices[0]), workers)
         except BaseException as exc:
-            failure = workers.failure or (workers.wait_failure(1.0) if not isinstance(exc, TensorParallelError) else None)
+            # the driver's own bad model or setting (ValueError: ConfigError, CheckpointError) is
+            # every rank's; a broken collective is the consequence of a worker's failure
+            failure = workers.wait_failure(1.0) if isinstance(exc, RuntimeError) else None
             workers.stop(0.0)
             if joined:
                 process_group.leave(abort=True)

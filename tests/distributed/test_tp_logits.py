@@ -14,7 +14,7 @@ from tests.helpers import write_tiny_checkpoint
 # Per architecture, what the split has to handle besides heads and MLP features.
 CASES = {
     "llama": {"num_key_value_heads": 1, "vocab_size": 385},  # one KV head replicated on both ranks; padded vocabulary
-    "qwen2": {},  # qkv bias, tied embeddings (the lm_head shares the embedding's vocabulary slice)
+    "qwen2": {"vocab_size": 385},  # qkv bias; tied embeddings: the lm_head shares the padded vocabulary slice
     "qwen3": {},  # q/k norm, head_dim 32 != hidden / heads
 }
 PROMPTS = [list(range(3, 40)), [7, 8, 9], list(range(50, 71))]
