@@ -188,3 +188,36 @@ def rms_norm_linear(
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """silu_and_mul(x) projected by weight: the activation fused in front of the down projection."""
     return skinny_linear(silu_and_mul(x), weight, bias)
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Mixture-of-experts MLP: each token through its ``k`` chosen experts, weighted and summed.
+
+    hidden [T, H]; w_gate_up [E, 2I, H] (gate rows first, then up); w_down [E, H, I];
+    topk_weights [T, k] (model dtype, or fp32 as Mixtral keeps them); topk_ids [T, k].
+
+    HF transformers' eager experts loop, step for step: experts in ascending id,
+    each computing ``down(silu(gate) * up)`` of its tokens in the model dtype and
+    multiplying by the routing weight (dtype promotion as in HF: a bf16 product
+    for bf16 weights, fp32 for fp32 weights). The sum over a token's experts runs
+    in that same expert order but accumulates in fp32 (HF accumulates in the
+    model dtype), rounded once at the end; in fp32 it is HF's result bit for bit.
+    """
+    t, h = hidden.shape
+    out = torch.zeros(t, h, dtype=torch.float32, device=hidden.device)
+    if t == 0:
+        return out.to(hidden.dtype)
+    inter = w_down.shape[-1]
+    for e in torch.unique(topk_ids).tolist():  # ascending; one host sync (the reference is not graph-safe)
+        token_idx, slot = torch.where(topk_ids == e)
+        gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
+        act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = torch.nn.functional.linear(act, w_down[e]) * topk_weights[token_idx, slot, None]
+        out.index_add_(0, token_idx, y.float())
+    return out.to(hidden.dtype)
