@@ -84,3 +84,33 @@ def test_missing_and_foreign_expert_tensors_are_named(tmp_path):
             save_file(tensors, file, metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"missing weights: layers\.1\.mlp\.experts\.w_down#3#0"):
         _engine(path)
+
+
+def test_expert_tensors_stream_into_the_stacked_parameters(tmp_path):
+    """Each per-expert tensor is copied into its slice of [E, ...] and dropped: the loader holds
+    at most the tensor it is copying, never a host-side stack of the experts."""
+    import weakref
+
+    from ingot.loading.checkpoint import open_checkpoint
+    from ingot.models.loader import build_model
+
+    path = write_tiny_checkpoint(tmp_path / "m", "mixtral")
+    ckpt = open_checkpoint(str(path))
+    model = build_model(ckpt.config, torch.float32, torch.device("cpu"), 64)
+    seen: list[weakref.ref] = []
+    copies: dict[str, torch.Tensor] = {}
+
+    def stream():
+        for name, tensor in ckpt.weights(torch.float32):
+            # the loader's loop variable still holds the previous tensor; none before it may live
+            assert all(r() is None for r in seen[:-1]), "the loader kept an earlier tensor"
+            seen.append(weakref.ref(tensor))
+            if name == "model.layers.1.block_sparse_moe.experts.2.w3.weight":
+                copies["up"] = tensor.clone()
+            yield name, tensor
+
+    model.load_weights(stream())
+    assert len(seen) == ckpt.num_tensors
+    experts = model.layers[1].mlp.experts
+    inter = experts.intermediate_size
+    assert torch.equal(experts.w_gate_up[2, inter:], copies["up"])  # up rows follow the gate rows
