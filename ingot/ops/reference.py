@@ -215,7 +215,7 @@ def fused_moe(
         return out.to(hidden.dtype)
     inter = w_down.shape[-1]
     for e in torch.unique(topk_ids).tolist():  # ascending; one host sync (the reference is not graph-safe)
-        token_idx, slot = torch.where(topk_ids == e)
+        slot, token_idx = torch.where(topk_ids.T == e)  # HF's row order (slot-major): CPU GEMMs see the same rows
         gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
         act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         y = torch.nn.functional.linear(act, w_down[e]) * topk_weights[token_idx, slot, None]
