@@ -219,5 +219,6 @@ def fused_moe(
         gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
         act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         y = torch.nn.functional.linear(act, w_down[e]) * topk_weights[token_idx, slot, None]
-        out.index_add_(0, token_idx, y.float())
+        # = index_add_ (each token once per expert), whose CPU kernel stalls for ms on a busy machine
+        out.index_put_((token_idx,), y.float(), accumulate=True)
     return out.to(hidden.dtype)

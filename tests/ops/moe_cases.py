@@ -38,17 +38,17 @@ def moe_inputs(t: int, e: int, k: int, h: int, i: int, dtype: torch.dtype, gen: 
 def check_fused_moe(fn: Callable[..., torch.Tensor], args: list[torch.Tensor], tol: float, rounding_tol: float = 2e-3) -> None:
     """``fn`` (a kernel) against the reference op computed in fp32 from the same inputs (within
     ``tol``), and against the reference in the inputs' own dtype, which rounds where the kernel
-    does (within ``rounding_tol``: only the GEMMs' accumulation order differs)."""
+    does (within ``rounding_tol``: only the GEMMs' accumulation order differs). The references
+    run on the inputs' device."""
     from ingot.ops import reference as ref
 
     out = fn(*args)
-    cpu = [a.cpu() for a in args]
-    exact = ref.fused_moe(*[a.float() if a.is_floating_point() else a for a in cpu])
     assert out.dtype == args[0].dtype and out.shape == args[0].shape
-    err = rel_err(out.cpu(), exact)
+    exact = ref.fused_moe(*[a.float() if a.is_floating_point() else a for a in args])
+    err = rel_err(out.cpu(), exact.cpu())
     assert err < tol, f"relative error {err:.2e} against the fp32 reference"
     if args[0].dtype != torch.float32:
-        err = rel_err(out.cpu(), ref.fused_moe(*cpu))
+        err = rel_err(out.cpu(), ref.fused_moe(*args).cpu())
         assert err < rounding_tol, f"relative error {err:.2e} against the reference in {args[0].dtype}"
 
 
