@@ -208,17 +208,35 @@ def fused_moe(
     for bf16 weights, fp32 for fp32 weights). The sum over a token's experts runs
     in that same expert order but accumulates in fp32 (HF accumulates in the
     model dtype), rounded once at the end; in fp32 it is HF's result bit for bit.
+
+    Finding the experts hit costs a host sync, which a CUDA graph cannot hold: while
+    a capture is under way (decode graphs with the Triton kernels off) every expert
+    runs on every token instead, the unrouted ones weighted by zero (same sums).
     """
+    capturing = hidden.is_cuda and torch.cuda.is_current_stream_capturing()
+    return _experts_loop(hidden, w_gate_up, w_down, topk_weights, topk_ids, every_expert=capturing)
+
+
+def _experts_loop(
+    hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor, every_expert: bool,
+) -> torch.Tensor:
     t, h = hidden.shape
     out = torch.zeros(t, h, dtype=torch.float32, device=hidden.device)
     if t == 0:
         return out.to(hidden.dtype)
     inter = w_down.shape[-1]
-    for e in torch.unique(topk_ids).tolist():  # ascending; one host sync (the reference is not graph-safe)
-        slot, token_idx = torch.where(topk_ids.T == e)  # HF's row order (slot-major): CPU GEMMs see the same rows
+    experts = range(w_gate_up.shape[0]) if every_expert else torch.unique(topk_ids).tolist()  # ascending
+    for e in experts:
+        if every_expert:
+            token_idx = torch.arange(t, device=hidden.device)
+            weight = (topk_weights * (topk_ids == e)).sum(-1, keepdim=True)  # its one weight, or 0
+        else:
+            slot, token_idx = torch.where(topk_ids.T == e)  # HF's row order (slot-major): CPU GEMMs see the same rows
+            weight = topk_weights[token_idx, slot, None]
         gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
         act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = torch.nn.functional.linear(act, w_down[e]) * topk_weights[token_idx, slot, None]
+        y = torch.nn.functional.linear(act, w_down[e]) * weight
         # = index_add_ (each token once per expert), whose CPU kernel stalls for ms on a busy machine
         out.index_put_((token_idx,), y.float(), accumulate=True)
     return out.to(hidden.dtype)

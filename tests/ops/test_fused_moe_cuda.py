@@ -170,3 +170,24 @@ def test_cuda_graph_replay_with_new_routing(M, batch):
         graph.replay()
         torch.cuda.synchronize()
         check_fused_moe(lambda *a: out.clone(), static, tol=1e-2)
+
+
+def test_reference_captures_in_a_cuda_graph():
+    """With the Triton kernels off (INGOT_TRITON_KERNELS=0) decode graphs capture the reference op:
+    it must not sync inside the capture, and replays must follow new routing."""
+    from ingot.ops import reference as ref
+
+    gen = torch.Generator().manual_seed(23)
+    static = moe_inputs(4, 16, 2, 256, 128, BF16, gen, device="cuda")
+    ref.fused_moe(*static)  # cuBLAS set up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ref.fused_moe(*static)
+    for routing in ("random", "one_expert"):
+        fresh = moe_inputs(4, 16, 2, 256, 128, BF16, gen, routing=routing, device="cuda")
+        for i in (0, 3, 4):
+            static[i].copy_(fresh[i])
+        graph.replay()
+        torch.cuda.synchronize()
+        check_fused_moe(lambda *a: out.clone(), static, tol=1e-2)

@@ -95,3 +95,11 @@ def test_op_dispatches_to_the_reference_and_has_a_fake():
         fake = [mode.from_tensor(a) for a in args]
         out = torch.ops.ingot.fused_moe(*fake)
     assert out.shape == (4, 16) and out.dtype == torch.float32
+
+
+def test_graph_safe_form_sums_the_same():
+    """The form a CUDA-graph capture runs (every expert on every token, unrouted ones weighted 0)."""
+    args = moe_case(13, 8, 3, 32, 16, seed=21)
+    routed = ref._experts_loop(*args, every_expert=False)
+    torch.testing.assert_close(ref._experts_loop(*args, every_expert=True), routed, rtol=1e-6, atol=1e-6)
+    assert torch.equal(routed, ref.fused_moe(*args))
