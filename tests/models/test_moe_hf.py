@@ -114,3 +114,39 @@ def test_expert_tensors_stream_into_the_stacked_parameters(tmp_path):
     experts = model.layers[1].mlp.experts
     inter = experts.intermediate_size
     assert torch.equal(experts.w_gate_up[2, inter:], copies["up"])  # up rows follow the gate rows
+
+
+@pytest.mark.parametrize("policy", ["skinny", "native"])
+def test_op_policy_reaches_the_moe_block(tmp_path, monkeypatch, policy):
+    """The runner's OpPolicy is threaded into the MoE block like the dense MLP gets it: decode rows on
+    the skinny path send the router and the shared expert through skinny_linear / silu_mul_linear;
+    a compile policy with native ops runs their PyTorch forms. Logits still equal HF's."""
+    import ingot.ops.reference as reference
+    from ingot.layers.policy import OpPolicy
+    from tests.helpers import OpNames
+
+    calls = {"skinny_linear": 0, "silu_mul_linear": 0}
+    for name in calls:
+        original = getattr(reference, name)
+
+        def counted(*args, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(reference, name, counted)
+    path = write_tiny_checkpoint(tmp_path / "q2", "qwen2_moe")
+    engine = _engine(path)
+    engine.runner.policy = OpPolicy(skinny_rows=1) if policy == "skinny" else OpPolicy().with_native(["silu_and_mul"])
+    ids = torch.randint(3, 300, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    with OpNames() as ran:
+        got = ingot_logits(engine, ids, prefill_len=16)
+    ref = hf_logits(path, ids)
+    assert (got - ref).norm() / ref.norm() < 1e-5 and torch.equal(got.argmax(-1), ref.argmax(-1))
+    assert "ingot.fused_moe" in ran.names
+    sparse = sum(isinstance(layer.mlp, MoEBlock) for layer in engine.runner.model.layers)
+    decode_steps = len(ids) - 16
+    if policy == "skinny":  # per decode step and sparse layer: the router GEMV, the shared gate_up GEMV + fused down
+        assert calls["silu_mul_linear"] >= decode_steps * sparse
+        assert calls["skinny_linear"] >= decode_steps * 2 * sparse
+    else:  # no SiLU-and-mul op anywhere (dense MLP or shared expert): its PyTorch form ran instead
+        assert calls == {"skinny_linear": 0, "silu_mul_linear": 0} and "ingot.silu_and_mul" not in ran.names
