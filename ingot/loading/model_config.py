@@ -110,8 +110,8 @@ class ModelConfig:
 def _qkv_bias(arch: str, cfg: dict[str, Any]) -> bool:
     if arch == "Qwen2ForCausalLM":
         return True
-    if arch == "Qwen2MoeForCausalLM":  # HF: `qkv_bias` (default True); older configs lack the key
-        return bool(cfg.get("qkv_bias", True))
+    if arch == "Qwen2MoeForCausalLM":  # HF: `qkv_bias` (default True; older configs lack the key); GGUF: attention_bias
+        return bool(cfg.get("qkv_bias", cfg.get("attention_bias", True)))
     return bool(cfg.get("attention_bias", False))
 
 

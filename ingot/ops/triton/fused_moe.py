@@ -147,7 +147,7 @@ def _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED: tl.constexpr, BL
 def _gate_up_kernel(
     x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
     P, H, I, stride_x, stride_we, stride_wn,
-    TOP_K: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, BF16: tl.constexpr,
+    TOP_K: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``."""
@@ -173,8 +173,12 @@ def _gate_up_kernel(
             if GROUPED:
                 if DOT_F32:  # the interpreter's dot mishandles bf16 operands
                     x, wg, wu = x.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-                acc_g += tl.dot(x, tl.trans(wg))
-                acc_u += tl.dot(x, tl.trans(wu))
+                if IEEE:  # fp32 models: full fp32 products, not TF32
+                    acc_g += tl.dot(x, tl.trans(wg), input_precision="ieee")
+                    acc_u += tl.dot(x, tl.trans(wu), input_precision="ieee")
+                else:
+                    acc_g += tl.dot(x, tl.trans(wg))
+                    acc_u += tl.dot(x, tl.trans(wu))
             else:  # one row: multiply-reduce, no tensor-core tile of 15/16 padding
                 xf = x.to(tl.float32)
                 acc_g += tl.sum(wg.to(tl.float32) * xf, axis=1)[None, :]
@@ -190,8 +194,8 @@ def _gate_up_kernel(
 def _down_kernel(
     a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
     P, H, I, stride_we, stride_wn,
-    ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+    BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``."""
     e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
@@ -211,7 +215,10 @@ def _down_kernel(
             if GROUPED:
                 if DOT_F32:
                     a, w = a.to(tl.float32), w.to(tl.float32)
-                acc += tl.dot(a, tl.trans(w))
+                if IEEE:
+                    acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+                else:
+                    acc += tl.dot(a, tl.trans(w))
             else:
                 acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
         weight = tl.load(weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
@@ -289,18 +296,19 @@ def run(
     else:
         m_blocks, sorted_ids, block_expert = pairs, ids, ids  # unused by the per-pair kernels
     dot_f32, bf16 = interpreting(), hidden.dtype == torch.bfloat16
+    ieee = hidden.dtype == torch.float32 and not dot_f32
     bn, bk, warps, stages = launch.gate_up
     _gate_up_kernel[(m_blocks, cdiv(inter, bn))](
         x, w_gate_up, a, ids, sorted_ids, block_expert,
         pairs, h, inter, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
-        TOP_K=top_k, GROUPED=launch.grouped, DOT_F32=dot_f32, BF16=bf16,
+        TOP_K=top_k, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )
     bn, bk, warps, stages = launch.down
     _down_kernel[(m_blocks, cdiv(h, bn))](
         a, w_down, y, weights, ids, sorted_ids, block_expert,
         pairs, h, inter, w_down.stride(0), w_down.stride(1),
-        ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, GROUPED=launch.grouped, DOT_F32=dot_f32, BF16=bf16,
+        ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )
     _sum_kernel[(t, cdiv(h, _SUM_BLOCK))](
