@@ -11,6 +11,8 @@ size, so detokenizing costs what it costs with real weights.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import tokenizers
 
 from ingot.bench.decode import SHAPES, build_shape
@@ -33,8 +35,9 @@ def id_tokenizer(vocab_size: int) -> Tokenizer:
     return Tokenizer(tok)
 
 
-def random_engine(shape: str, config: EngineConfig) -> Engine:
-    """An Engine whose model has ``shape`` (a key of SHAPES) and seeded random weights."""
+def random_engine(shape: str, config: EngineConfig, num_layers: Optional[int] = None) -> Engine:
+    """An Engine whose model has ``shape`` (a key of SHAPES, ``num_layers`` decoder layers if
+    given) and seeded random weights."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(sorted(SHAPES))}")
     config.validate()
@@ -42,7 +45,7 @@ def random_engine(shape: str, config: EngineConfig) -> Engine:
     dtype = resolve_dtype(config.dtype, device)
     max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
     tokenizer = shape_tokenizer(shape, config)
-    model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size)
+    model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size, num_layers=num_layers)
     return Engine(config, model, cfg, tokenizer, device, dtype, max_len)
 
 
