@@ -53,12 +53,12 @@ class EngineConfig:
     # Linear layers with at most this many rows (decode batches) use the Triton
     # split-K GEMV (ops/triton/skinny_gemm.py) instead of cuBLAS, with the RMSNorm and
     # SiLU-and-mul before them fused in; 0 = off, at most 16. 1 (batch 1 only): on the
-    # H200 it won there (1.5B step 1.720 -> 1.495 ms, 7B 4.364 -> 4.221 ms) and lost or
+    # H200 it won there (1.5B step 1.655 -> 1.454 ms, 7B 4.479 -> 4.025 ms, batch1-2026-12-01.json) and lost or
     # tied cuBLAS at 8 and 16 rows on the small projections (docs/benchmarks.md).
     skinny_gemm_max_rows: int = 1
     eager_mode: bool = False
     cudagraph_capture_sizes: Optional[tuple[int, ...]] = None
-    fake_graph_capture: bool = False  # padded bucket path without graphs (CPU tests)
+    fake_graph_capture: bool = False  # test hook: the padded bucket path without graphs, on CPU
     decode_compile: Union[bool, str] = False  # False, True or "auto" (per-bucket choice by measurement)
     # Default: every op stays an opaque kernel. Measured on the H200 (torch 2.11,
     # SmolLM2 bf16, 8 prompts x 128 steps): compiled decode was then bitwise equal

@@ -33,7 +33,19 @@ ARCHS = {
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False, head_dim=32),
     "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral", tie_word_embeddings=False, sliding_window=None),
+    # mixture of experts: every routing feature of the four families, at least one dense layer where they have them
+    "qwen3_moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", tie_word_embeddings=False, head_dim=32,
+                      num_hidden_layers=3, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                      norm_topk_prob=True, mlp_only_layers=[1]),
+    "qwen2_moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", tie_word_embeddings=False,
+                      num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                      norm_topk_prob=False, decoder_sparse_step=2, num_hidden_layers=3),
+    "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", tie_word_embeddings=False,
+                    num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=None),
+    "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", tie_word_embeddings=False,
+                  num_experts=8, num_experts_per_tok=2, intermediate_size=32, clip_qkv=2.0, pad_token_id=0),
 }
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 
 
 def write_tokenizer(path: Path, vocab_size: int = 300) -> None:
@@ -57,9 +69,17 @@ def write_tokenizer(path: Path, vocab_size: int = 300) -> None:
     }))
 
 
-def write_tiny_checkpoint(path: Path, arch: str, seed: int = 0, overrides: dict | None = None) -> Path:
+def write_tiny_checkpoint(
+    path: Path, arch: str, seed: int = 0, fused_experts: bool = False, overrides: dict | None = None
+) -> Path:
     """A random HF checkpoint (config.json, sharded safetensors, tokenizer) for ``arch``;
-    ``overrides`` replace config fields (head counts, vocabulary size...)."""
+    ``overrides`` replace config fields (head counts, vocabulary size...).
+
+    MoE checkpoints hold one tensor per expert and projection (what ``save_pretrained``
+    writes by default), or with ``fused_experts`` transformers' own stacked
+    ``experts.gate_up_proj`` / ``experts.down_proj`` (``save_original_format=False``).
+    Router weights are scaled up so each token's top-k experts are clearly chosen.
+    """
     import transformers
 
     path.mkdir(parents=True, exist_ok=True)
@@ -73,16 +93,26 @@ def write_tiny_checkpoint(path: Path, arch: str, seed: int = 0, overrides: dict 
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(path, safe_serialization=True, max_shard_size="100KB")
+            if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+                p.mul_(25.0)
+    extra = {"save_original_format": False} if fused_experts else {}
+    model.save_pretrained(path, safe_serialization=True, max_shard_size="100KB", **extra)
     write_tokenizer(path)
     return path
 
 
-def hf_logits(path: Path, ids: list[int]) -> torch.Tensor:
+def hf_model(path: Path):
+    """The HF model of a checkpoint in fp32; MoE experts in transformers' eager loop (the reference
+    ``fused_moe`` follows), where the installed version has a choice."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
+    config = transformers.AutoConfig.from_pretrained(path)
+    extra = {"experts_implementation": "eager"} if hasattr(config, "_experts_implementation") else {}
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **extra).eval()
+
+
+def hf_logits(path: Path, ids: list[int]) -> torch.Tensor:
+    model = hf_model(path)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
 

@@ -40,6 +40,21 @@ SHAPES: dict[str, dict] = {
     "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
                        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    # mixture of experts (random router weights route about uniformly)
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                          moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                          tie_word_embeddings=False),
+    "qwen1.5-moe-a2.7b": dict(architectures=["Qwen2MoeForCausalLM"], hidden_size=2048, intermediate_size=5632,
+                              num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16, num_experts=60,
+                              num_experts_per_tok=4, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                              norm_topk_prob=False, decoder_sparse_step=1, vocab_size=151936, max_position_embeddings=8192,
+                              rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False),
+    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                         vocab_size=32000, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                         tie_word_embeddings=False),
 }
 
 
@@ -89,12 +104,23 @@ def time_cuda(fn, iters: int, warmup: int = 3) -> float:
     return statistics.median(time_ms(fn, iters, torch.device("cuda"), warmup))
 
 
+def shape_config(shape: str, vocab_size: Optional[int] = None, num_layers: Optional[int] = None) -> dict:
+    """The HF config fields of ``shape``, with the vocabulary size or layer count replaced when given."""
+    fields = dict(SHAPES[shape])
+    if vocab_size is not None:
+        fields["vocab_size"] = vocab_size
+    if num_layers is not None:
+        fields["num_hidden_layers"] = num_layers
+    return fields
+
+
 def build_shape(
-    shape: str, dtype: torch.dtype, device: torch.device, max_position: int, vocab_size: Optional[int] = None
+    shape: str, dtype: torch.dtype, device: torch.device, max_position: int, vocab_size: Optional[int] = None,
+    num_layers: Optional[int] = None,
 ) -> tuple[torch.nn.Module, ModelConfig]:
-    """A random-weight model of ``shape`` (``vocab_size`` replaces the shape's, to match a tokenizer)."""
-    hf = SHAPES[shape] if vocab_size is None else {**SHAPES[shape], "vocab_size": vocab_size}
-    cfg = ModelConfig.from_hf(hf)
+    """A random-weight model of ``shape`` (``vocab_size`` replaces the shape's, to match a tokenizer;
+    ``num_layers`` keeps that many decoder layers: a reduced model of the same layer shapes)."""
+    cfg = ModelConfig.from_hf(shape_config(shape, vocab_size, num_layers))
     model = build_model(cfg, dtype, device, max_position)
     return init_random(model), cfg
 

@@ -3,9 +3,11 @@
 For every batch size it reports ms per step, tokens/s, the speed-up of the
 compiled graph over the graph, compile and capture seconds, and how close each
 mode gets to the memory floor: the time to read every weight plus the KV
-cache of the batch once, at the device-to-device copy bandwidth measured in
-the same run. Timing needs CUDA; the floor math, the summary, the table and
-the JSON/plot writers are plain functions that also run on CPU.
+cache of the batch once (for mixture-of-experts models, the dense weights and
+the experts the batch's routing is expected to hit: ``ModelBytes``), at the
+device-to-device copy bandwidth measured in the same run. Timing needs CUDA;
+the floor math, the summary, the table and the JSON/plot writers are plain
+functions that also run on CPU.
 
 ``--gemm-floor`` also times the model's linear layers alone at each batch
 size (one graph of every projection and the lm_head), so "graph - GEMMs" is
@@ -17,6 +19,7 @@ the time spent in attention, norms, rotary, activations and glue.
     ingot bench decode --model Qwen/Qwen2.5-1.5B-Instruct --decode-compile off
     ingot bench decode --shape qwen2.5-7b --compare-hf   # + transformers' static-cache compiled decode
     ingot bench decode --batch-sizes 1,64 --decode-compile off --gemm-floor --profile
+    ingot bench decode --shape qwen3-30b-a3b --batch-sizes 1,8,16,32,64,256 --decode-compile auto
     ingot bench decode --shape qwen2.5-7b --tp 2 --batch-sizes 1,64   # two GPUs, tensor parallel
 
 With ``--tp N`` the model is split over N GPUs (one process each, ``cuda:0`` ..);
@@ -43,31 +46,72 @@ COPY_BYTES = 1 << 30  # size of the bandwidth probe (each of source and destinat
 
 
 # ---------------------------------------------------------------------- floor math (pure)
+def expected_experts_hit(num_experts: int, top_k: int, batch: int) -> float:
+    """Distinct experts one sparse layer reads for ``batch`` tokens routed uniformly at random.
+
+    Each token picks ``top_k`` distinct experts of ``num_experts``, so it misses a given
+    expert with probability 1 - k/E, and all ``batch`` tokens miss it with (1 - k/E)^batch.
+    Qwen3-30B-A3B (128 experts, top-8): 8 at batch 1, 82.4 at batch 16, 128.0 at 256.
+    """
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
+
+
 @dataclass(frozen=True)
 class ModelBytes:
-    """What one decode step must read at least: every weight, plus the batch's KV cache."""
+    """What one decode step must read at least: the weights it uses, plus the batch's KV cache.
 
-    weight_bytes: int
+    A dense step uses every weight. A mixture-of-experts step reads its dense part
+    (``weight_bytes``: attention, norms, routers, shared experts, dense layers, the
+    embedding table and the head) plus, in each sparse layer, the routed experts its
+    tokens hit. The experts hit are the expected number of distinct experts under
+    uniform random routing (``expected_experts_hit``), not counted from the benchmark's
+    own routing: random router weights route about uniformly, so the two agree there,
+    while a trained router concentrates tokens and hits fewer. The embedding table
+    counts whole, as in the dense floor and in published active-parameter counts
+    (Qwen3-30B-A3B: 3.35B at batch 1), though a step gathers only its batch's rows.
+    """
+
+    weight_bytes: int  # every weight but the routed experts
     num_layers: int
     num_kv_heads: int
     head_dim: int
     kv_elem_size: int  # bytes per cached K or V element
+    expert_bytes: int = 0  # one routed expert of one layer: its gate, up and down projections
+    moe_layers: int = 0  # layers with routed experts
+    num_experts: int = 0
+    top_k: int = 0
 
     def kv_bytes(self, batch: int, context_len: int) -> int:
         """K and V of ``context_len`` cached tokens per sequence, every layer."""
         return batch * context_len * self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv_elem_size
 
-    def step_bytes(self, batch: int, context_len: int) -> int:
-        return self.weight_bytes + self.kv_bytes(batch, context_len)
+    def experts_hit(self, batch: int) -> float:
+        """Expected distinct routed experts per sparse layer at ``batch`` tokens (0 for dense models)."""
+        return expected_experts_hit(self.num_experts, self.top_k, batch) if self.moe_layers else 0.0
+
+    def weight_bytes_read(self, batch: int) -> float:
+        return self.weight_bytes + self.moe_layers * self.experts_hit(batch) * self.expert_bytes
+
+    def step_bytes(self, batch: int, context_len: int) -> float:
+        return self.weight_bytes_read(batch) + self.kv_bytes(batch, context_len)
 
     @classmethod
     def of(cls, model: Any, cfg: Any, dtype: Any) -> "ModelBytes":
         """From a built model (unique parameters; tied weights count once) and its ModelConfig."""
         import torch
 
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        from ingot.layers.fused_moe import FusedMoE
+
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
         elem = torch.empty((), dtype=dtype).element_size()
-        return cls(int(weights), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
+        sparse = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        if not sparse:
+            return cls(int(total), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
+        routed = sum(p.numel() * p.element_size() for m in sparse for p in m.parameters())
+        per_expert = routed // (len(sparse) * sparse[0].num_experts)
+        return cls(int(total - routed), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem,
+                   expert_bytes=int(per_expert), moe_layers=len(sparse), num_experts=sparse[0].num_experts,
+                   top_k=cfg.num_experts_per_tok)
 
 
 def copy_bandwidth(nbytes: int, ms: float) -> float:
@@ -130,6 +174,8 @@ def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
         gemm_ms = row.ms.get("gemm_only")
         out.append({
             "batch": row.batch,
+            "weight_bytes_read": bench.model_bytes.weight_bytes_read(row.batch),
+            "experts_hit_per_layer": bench.model_bytes.experts_hit(row.batch),
             "kv_bytes": bench.model_bytes.kv_bytes(row.batch, bench.context_len),
             "step_bytes": bench.model_bytes.step_bytes(row.batch, bench.context_len),
             "floor_ms": floor,
@@ -180,8 +226,12 @@ def make_table(bench: DecodeBench):
         ends.append(len(rows) - 1)
     bw = bench.bandwidth / 1e9
     title = f"decode step, {bench.source}, {bench.dtype}, context {bench.context_len} (median of {bench.iters})"
-    caption = (f"floor = ({bench.model_bytes.weight_bytes / 1e9:.2f} GB weights + KV of the batch) / "
-               f"{bw:,.0f} GB/s copy bandwidth; warm-up includes the compile")
+    mb = bench.model_bytes
+    weights = f"{mb.weight_bytes / 1e9:.2f} GB weights"
+    if mb.moe_layers:
+        weights = (f"{mb.weight_bytes / 1e9:.2f} GB dense weights + {mb.moe_layers} layers x experts hit "
+                   f"(uniform routing) x {mb.expert_bytes / 1e6:.1f} MB")
+    caption = f"floor = ({weights} + KV of the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile"
     return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
 
 

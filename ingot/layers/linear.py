@@ -98,10 +98,12 @@ class MergedLinear(nn.Module):
         tp: TensorParallel = SINGLE,
         split: Split = "none",
         units: Union[int, Sequence[int]] = 1,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
         self.tp = tp if split != "none" else SINGLE
         self.split = split if self.tp.enabled else "none"
+        self.all_reduce = self.split == "row" and reduce  # False: the caller reduces a sum of partial outputs
         self.shard_sizes = tuple(shard_sizes)
         unit_sizes = tuple(units) if isinstance(units, Sequence) else (units,) * len(self.shard_sizes)
         # per shard: (first checkpoint row, rows) this rank holds
@@ -148,13 +150,13 @@ class MergedLinear(nn.Module):
 
     def reduce(self, y: torch.Tensor) -> torch.Tensor:
         """The layer's output from this rank's GEMM: the sum over ranks for a row-parallel layer."""
-        return all_reduce(y, self.tp) if self.split == "row" else y
+        return all_reduce(y, self.tp) if self.all_reduce else y
 
     def forward(self, x: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
         return self.reduce(linear(x, self.weight, self.bias, policy))
 
 
 def Linear(in_features: int, out_features: int, bias: bool = False, *, tp: TensorParallel = SINGLE,
-           split: Split = "none", units: int = 1) -> MergedLinear:
+           split: Split = "none", units: int = 1, reduce: bool = True) -> MergedLinear:
     """A plain projection: a merged linear with a single shard."""
-    return MergedLinear(in_features, (out_features,), bias, tp=tp, split=split, units=units)
+    return MergedLinear(in_features, (out_features,), bias, tp=tp, split=split, units=units, reduce=reduce)

@@ -45,7 +45,16 @@ SUPPORTED_QUANT_TYPES = frozenset(
 # Float types torch reads straight from the file, skipping a float32 detour.
 _TORCH_FLOATS = {QT.F32: torch.float32, QT.F16: torch.float16, QT.BF16: torch.bfloat16}
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",  # MixtralForCausalLM when the file has experts
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
+# llama.cpp renormalises the top-k routing weights per architecture unless the file says
+# otherwise ({arch}.expert_weights_norm): Mixtral and Qwen3-MoE yes, Qwen2-MoE no
+_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False}
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {
@@ -60,7 +69,18 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    # mixture of experts: the router, each projection of all experts stacked [E, ...], the shared expert
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# early Mixtral GGUFs: one tensor per expert, blk.N.ffn_gate.E.weight
+_PER_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
 # Tensors with no HF parameter that are safe to drop: rope_freqs becomes
 # config["rope_scaling"]; attn_rot_embd is an old precomputed rotary table.
 _SKIPPED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
@@ -101,6 +121,8 @@ class GGUFCheckpoint:
             tensor = _read_tensor(self._buf, info)
             if heads:
                 tensor = _unpermute_rows(tensor, heads)
+            if hf_name.endswith("shared_expert_gate.weight") and tensor.dim() == 1:
+                tensor = tensor[None]  # llama.cpp may store the [1, H] gate as [H]
             yield hf_name, select_part(tensor, hf_name, select).to(dtype)
 
 
@@ -316,6 +338,9 @@ def _unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _hf_name(name: str) -> Optional[str]:
+    if (m := _PER_EXPERT_TENSOR.match(name)) is not None:
+        layer, proj, expert = m.groups()
+        return f"model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight"
     if (m := _BLOCK_TENSOR.match(name)) is not None:
         layer, base, kind = m.groups()
         return f"model.layers.{layer}.{_BLOCK_NAMES[base]}.{kind}" if base in _BLOCK_NAMES else None
@@ -345,8 +370,6 @@ def _meta_int(meta: dict[str, Any], key: str, default: Optional[int] = None) -> 
 def _config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo], buf: mmap.mmap) -> dict[str, Any]:
     """llama.cpp metadata keys -> an HF config.json dict."""
     p = arch + "."
-    if meta.get(p + "expert_count", 0):
-        raise CheckpointError(f"mixture-of-experts {arch} GGUFs (e.g. Mixtral) are not supported")
     hidden = _meta_int(meta, p + "embedding_length")
     heads = _meta_int(meta, p + "attention.head_count")
     kv_heads = _meta_int(meta, p + "attention.head_count_kv", heads)
@@ -361,11 +384,11 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo], bu
         vocab = tensors["token_embd.weight"].shape[0]
     else:
         vocab = len(meta.get("tokenizer.ggml.tokens", ()))
-    return {
+    config = {
         "architectures": [_ARCHITECTURES[arch]],
         "model_type": arch,
         "hidden_size": hidden,
-        "intermediate_size": _meta_int(meta, p + "feed_forward_length"),
+        "intermediate_size": _meta_int(meta, p + "feed_forward_length", 0 if arch.endswith("moe") else None),
         "num_hidden_layers": _meta_int(meta, p + "block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -381,6 +404,36 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo], bu
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
+    config.update(_moe_config(meta, arch, tensors))
+    return config
+
+
+def _moe_config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo]) -> dict[str, Any]:
+    """The HF MoE fields of a GGUF with experts ({} without): counts, widths, routing, dense layers."""
+    p = arch + "."
+    experts = _meta_int(meta, p + "expert_count", 0)
+    if not experts:
+        if arch.endswith("moe"):
+            raise CheckpointError(f"{arch} GGUF metadata has no {p}expert_count")
+        return {}
+    if arch not in _NORM_TOPK:
+        raise CheckpointError(f"mixture-of-experts {arch} GGUFs are not supported")
+    out: dict[str, Any] = {
+        "num_experts_per_tok": _meta_int(meta, p + "expert_used_count"),
+        "norm_topk_prob": bool(meta.get(p + "expert_weights_norm", _NORM_TOPK[arch])),
+    }
+    if arch == "llama":  # Mixtral: feed_forward_length is the expert width
+        out["architectures"] = ["MixtralForCausalLM"]
+        out["num_local_experts"] = experts
+        return out
+    out["num_experts"] = experts
+    out["moe_intermediate_size"] = _meta_int(meta, p + "expert_feed_forward_length")
+    layers = _meta_int(meta, p + "block_count")
+    shared = [tensors[n] for i in range(layers) if (n := f"blk.{i}.ffn_gate_shexp.weight") in tensors]
+    if shared:
+        out["shared_expert_intermediate_size"] = _meta_int(meta, p + "expert_shared_feed_forward_length", shared[0].shape[0])
+    out["mlp_only_layers"] = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]
+    return out
 
 
 def _rope_scaling(

@@ -1,4 +1,11 @@
-"""ModelConfig: the architecture facts ingot needs, read from an HF config.json dict."""
+"""ModelConfig: the architecture facts ingot needs, read from an HF config.json dict.
+
+Mixture-of-experts fields (``num_experts`` > 0) follow the HF names of the four
+families ingot runs: Qwen3-MoE, Qwen2-MoE (a shared expert with a sigmoid
+gate), Mixtral (every layer sparse, ``intermediate_size`` is the expert width,
+top-k weights always renormalised) and OLMoE (q/k norm over the whole
+projection instead of per head).
+"""
 
 from __future__ import annotations
 
@@ -30,9 +37,24 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: Optional[int] = None
+    qk_norm_full_width: bool = False  # OLMoE: q_norm / k_norm over all heads of the projection at once
+    clip_qkv: Optional[float] = None  # OLMoE: q, k (after their norms) and v clamped to +-clip_qkv
+    # mixture of experts (num_experts == 0: a dense model)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # width of one routed expert
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert (0: none)
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here (dense MLP of intermediate_size)
     torch_dtype: Optional[torch.dtype] = None
     bos_token_id: Optional[int] = None
     eos_token_ids: list[int] = field(default_factory=list)
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` has routed experts (HF's rule for the Qwen MoE families)."""
+        return (self.num_experts > 0 and index not in self.mlp_only_layers
+                and (index + 1) % self.decoder_sparse_step == 0)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -58,6 +80,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype")
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+        moe = _moe_fields(arch, cfg, inter)
         return cls(
             architecture=arch,
             vocab_size=vocab,
@@ -72,10 +95,62 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", False)) or arch == "Qwen2ForCausalLM",
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qkv_bias=_qkv_bias(arch, cfg),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"),
+            qk_norm_full_width=arch == "OlmoeForCausalLM",
+            clip_qkv=float(cfg["clip_qkv"]) if cfg.get("clip_qkv") is not None else None,
             sliding_window=int(sliding) if sliding else None,
             torch_dtype=_DTYPES.get(str(dtype_name)) if dtype_name else None,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            **moe,
         )
+
+
+def _qkv_bias(arch: str, cfg: dict[str, Any]) -> bool:
+    if arch == "Qwen2ForCausalLM":
+        return True
+    if arch == "Qwen2MoeForCausalLM":  # HF: `qkv_bias` (default True; older configs lack the key); GGUF: attention_bias
+        return bool(cfg.get("qkv_bias", cfg.get("attention_bias", True)))
+    return bool(cfg.get("attention_bias", False))
+
+
+# architecture -> (HF key of the expert width, None for intermediate_size; top-k weights renormalised
+# always (Mixtral) or as `norm_topk_prob` says)
+_MOE_ARCHS = {
+    "Qwen3MoeForCausalLM": ("moe_intermediate_size", False),
+    "Qwen2MoeForCausalLM": ("moe_intermediate_size", False),
+    "MixtralForCausalLM": (None, True),
+    "OlmoeForCausalLM": (None, False),
+}
+# the expert count: `num_experts` in the Qwen / OLMoE hub configs, `num_local_experts` in Mixtral's
+# and in what recent transformers writes for all of them
+_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts")
+
+
+def _moe_fields(arch: str, cfg: dict[str, Any], inter: int) -> dict[str, Any]:
+    """The MoE fields of ModelConfig for a mixture-of-experts architecture ({} for a dense one)."""
+    if arch not in _MOE_ARCHS:
+        return {}
+    width_key, always_norm = _MOE_ARCHS[arch]
+    try:
+        experts = int(next((cfg[k] for k in _EXPERT_COUNT_KEYS if cfg.get(k) is not None), None) or cfg["num_experts"])
+        top_k = int(cfg["num_experts_per_tok"])
+        width = int(cfg[width_key]) if width_key else inter
+    except KeyError as exc:
+        raise CheckpointError(f"config.json of {arch} is missing {exc.args[0]!r}") from None
+    if experts == 0:  # HF builds every layer dense then
+        return {}
+    if not 0 < top_k <= experts:
+        raise CheckpointError(f"num_experts_per_tok={top_k} must be in [1, num_experts={experts}]")
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=width,
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+        if arch == "Qwen2MoeForCausalLM" else 0,
+        norm_topk_prob=always_norm or bool(cfg.get("norm_topk_prob", False)),
+        decoder_sparse_step=step if arch.startswith("Qwen") else 1,
+        mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()) if arch.startswith("Qwen") else (),
+    )

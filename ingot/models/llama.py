@@ -3,6 +3,9 @@
 One implementation; the differences are flags on ModelConfig. The forward works
 on flattened tokens [T] and never looks at batch structure: that lives in
 AttentionMetadata, so the same code serves prefill, eager decode and graphs.
+The mixture-of-experts models (``moe.py``) are this model with another MLP in
+some or all layers: ``make_mlp`` picks each layer's MLP, and every MLP runs
+from the layer's residual stream through ``norm_forward``.
 
 Under tensor parallelism (``tp``) each rank holds ``num_heads / size`` query
 heads and its KV heads (split, or replicated when there are fewer KV heads
@@ -38,6 +41,8 @@ def tensor_parallel_error(cfg: ModelConfig, size: int) -> Optional[str]:
     if cfg.num_kv_heads % size and size % cfg.num_kv_heads:
         return (f"num_key_value_heads={cfg.num_kv_heads} neither divides by nor divides tensor_parallel_size={size} "
                 "(KV heads are split, or replicated when there are fewer than ranks)")
+    if cfg.qk_norm and cfg.qk_norm_full_width:
+        return "the q/k norm spans every head of the projection (OLMoE); it is not split over ranks"
     if cfg.intermediate_size % size:
         return f"intermediate_size={cfg.intermediate_size} is not divisible by tensor_parallel_size={size}"
     return None
@@ -57,8 +62,12 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = MergedLinear(cfg.hidden_size, (q_size, kv_size, kv_size), bias=cfg.qkv_bias, tp=tp, split="column",
                                      units=self.head_dim)
         self.o_proj = Linear(q_size, cfg.hidden_size, tp=tp, split="row", units=self.head_dim)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # q/k norm per head (Qwen3) or over the whole projection (OLMoE; never split over ranks)
+        self.qk_norm_full_width = cfg.qk_norm_full_width
+        q_width, k_width = (q_size, kv_size) if cfg.qk_norm_full_width else (self.head_dim, self.head_dim)
+        self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.clip_qkv = cfg.clip_qkv
         self.rotary = rotary  # one table shared by every layer
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
         self.splits = self.qkv_proj.local_sizes
@@ -68,34 +77,48 @@ class LlamaAttention(nn.Module):
         computes it, so the norm before it can fuse into the GEMM)."""
         t = qkv.shape[0]
         q, k, v = qkv.split(self.splits, dim=-1)
+        if self.q_norm is not None and self.qk_norm_full_width:
+            q, k = self.q_norm(q, None, policy), self.k_norm(k, None, policy)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_full_width:
             q, k = self.q_norm(q, None, policy), self.k_norm(k, None, policy)
+        if self.clip_qkv is not None:
+            c = self.clip_qkv
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         out = self.attn(positions, q, k, v, meta, self.rotary, policy)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim), policy)
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, tp: TensorParallel = SINGLE, reduce: bool = True) -> None:
+        """``reduce=False``: the down projection's partial sums stay unreduced (a caller that
+        adds this MLP to other row-parallel outputs all-reduces the sum once)."""
         super().__init__()
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, (cfg.intermediate_size,) * 2, tp=tp, split="column")
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, tp=tp, split="row")
+        self.gate_up_proj = MergedLinear(hidden_size, (intermediate_size,) * 2, tp=tp, split="column")
+        self.down_proj = Linear(intermediate_size, hidden_size, tp=tp, split="row", reduce=reduce)
         self.act = SiluAndMul()
 
     def forward(self, gate_up: torch.Tensor, policy: OpPolicy) -> torch.Tensor:
         """The down projection of silu(gate) * up, from this layer's gate_up projection."""
         return silu_mul_linear(gate_up, self.act, self.down_proj, policy)
 
+    def norm_forward(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp(norm(x + residual)), x + residual): the norm fused into gate_up where it pays."""
+        gate_up, residual = norm_linear(x, residual, norm, self.gate_up_proj, policy)
+        return self(gate_up, policy), residual
+
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, mlp: nn.Module, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, rotary, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg, tp)
+        self.mlp = mlp  # anything with norm_forward(x, residual, norm, policy): LlamaMLP, moe.MoEBlock
 
     def forward(
         self,
@@ -111,8 +134,7 @@ class LlamaDecoderLayer(nn.Module):
         else:
             qkv, residual = norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, policy)
         x = self.self_attn(positions, qkv, meta, policy)
-        gate_up, residual = norm_linear(x, residual, self.post_attention_layernorm, self.mlp.gate_up_proj, policy)
-        return self.mlp(gate_up, policy), residual
+        return self.mlp.norm_forward(x, residual, self.post_attention_layernorm, policy)
 
 
 # HF checkpoint name -> (our module suffix, shard index) for fused projections
@@ -134,10 +156,14 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, tp)
         rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, tp) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, self.make_mlp(cfg, i), tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied, tp)
+
+    def make_mlp(self, cfg: ModelConfig, index: int) -> nn.Module:
+        """The MLP of decoder layer ``index`` (the MoE models override it)."""
+        return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy = DEFAULT_POLICY
@@ -156,17 +182,49 @@ class LlamaForCausalLM(nn.Module):
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.layers]
 
-    def _target(self, name: str) -> Optional[tuple[str, str, nn.Module, str, int]]:
-        """(HF name without prefix, module path, module, parameter name, shard index) a checkpoint
-        tensor goes to; None for tensors the model does not hold (rotary tables, a tied lm_head)."""
+    # HF checkpoint name -> (our module suffix, shard index) for fused projections
+    FUSED = _FUSED
+
+    def _skipped(self, name: str) -> bool:
+        """Checkpoint tensors (HF name without ``model.``) the model does not hold."""
+        return "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors (cut to ``checkpoint_slice``) into the (fused) parameters, one
+        at a time (nothing is kept); every parameter must be filled."""
+        filled: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if self._skipped(name):
+                continue
+            filled.update(self.load_tensor(name, tensor))
+        missing = sorted(self.expected_keys() - filled)
+        if missing:
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            raise CheckpointError(f"checkpoint is missing weights: {', '.join(missing[:5])}{more}")
+
+    def checkpoint_slice(self, name: str) -> Optional[tuple[slice, ...]]:
+        """The part of checkpoint tensor ``name`` this rank reads (None: all of it); the loaders
+        cut it out before the tensor reaches ``load_weights``."""
         name = name.removeprefix("model.")
-        if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
-            return None
+        return None if self._skipped(name) else self.tensor_slice(name)
+
+    def tensor_slice(self, name: str) -> Optional[tuple[slice, ...]]:
+        """``checkpoint_slice`` of one tensor (HF name without ``model.``; the MoE models override it)."""
+        _, module, pname, index = self._target(name)
+        if isinstance(module, MergedLinear):
+            return module.checkpoint_slice(pname, index)
+        if isinstance(module, (Embedding, LMHead)):
+            return module.shard.checkpoint_slice()
+        return None
+
+    def _target(self, name: str) -> tuple[str, nn.Module, str, int]:
+        """(module path, module, parameter name, shard index) of a tensor (HF name without ``model.``)."""
         owner, _, pname = name.rpartition(".")
         head, _, proj = owner.rpartition(".")
         index = 0
-        if proj in _FUSED:
-            fused, index = _FUSED[proj]
+        if proj in self.FUSED:
+            fused, index = self.FUSED[proj]
             owner = f"{head}.{fused}"
         try:
             module = self.get_submodule(owner)
@@ -175,48 +233,26 @@ class LlamaForCausalLM(nn.Module):
             param = None
         if not isinstance(param, nn.Parameter):
             raise CheckpointError(f"checkpoint tensor {name!r} does not belong to {self.config.architecture}")
-        return name, owner, module, pname, index
+        return owner, module, pname, index
 
-    def checkpoint_slice(self, name: str) -> Optional[tuple[slice, ...]]:
-        """The part of checkpoint tensor ``name`` this rank reads (None: all of it); the loaders
-        cut it out before a tensor reaches ``load_weights``."""
-        target = self._target(name)
-        if target is None:
-            return None
-        _, _, module, pname, index = target
-        if isinstance(module, MergedLinear):
-            return module.checkpoint_slice(pname, index)
-        if isinstance(module, (Embedding, LMHead)):
-            return module.shard.checkpoint_slice()
-        return None
+    def load_tensor(self, name: str, tensor: torch.Tensor) -> list[str]:
+        """Copy one tensor (HF name without ``model.``) into place; returns the keys it filled."""
+        owner, module, pname, index = self._target(name)
+        param = getattr(module, pname)
+        try:
+            if isinstance(module, MergedLinear):
+                module.load_shard(pname, index, tensor)
+            elif isinstance(module, (Embedding, LMHead)):
+                module.shard.load(param, tensor)
+            elif tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(f"checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}")
+            else:
+                param.data.copy_(tensor)
+        except ValueError as exc:
+            raise CheckpointError(f"{name}: {exc}") from None
+        return [f"{owner}.{pname}#{index}"]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors (cut to ``checkpoint_slice``) into the (fused) parameters;
-        every parameter must be filled."""
-        filled: set[str] = set()
-        for full_name, tensor in weights:
-            target = self._target(full_name)
-            if target is None:
-                continue
-            name, owner, module, pname, index = target
-            param = getattr(module, pname)
-            try:
-                if isinstance(module, MergedLinear):
-                    module.load_shard(pname, index, tensor)
-                elif isinstance(module, (Embedding, LMHead)):
-                    module.shard.load(param, tensor)
-                elif tuple(param.shape) != tuple(tensor.shape):
-                    raise ValueError(f"checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}")
-                else:
-                    param.data.copy_(tensor)
-            except ValueError as exc:
-                raise CheckpointError(f"{name}: {exc}") from None
-            filled.add(f"{owner}.{pname}#{index}")
-        missing = sorted(self._expected_keys() - filled)
-        if missing:
-            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
-            raise CheckpointError(f"checkpoint is missing weights: {', '.join(missing[:5])}{more}")
-    def _expected_keys(self) -> set[str]:
+    def expected_keys(self) -> set[str]:
         keys = set()
         for name, param in self.named_parameters():
             owner, _, pname = name.rpartition(".")

@@ -7,6 +7,7 @@ from torch import nn
 from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
 from ingot.models.llama import LlamaForCausalLM
+from ingot.models.moe import MoEForCausalLM
 from ingot.loading.model_config import ModelConfig
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -14,6 +15,10 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": MoEForCausalLM,
+    "Qwen2MoeForCausalLM": MoEForCausalLM,
+    "MixtralForCausalLM": MoEForCausalLM,
+    "OlmoeForCausalLM": MoEForCausalLM,
 }
 
 

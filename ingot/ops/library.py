@@ -174,3 +174,20 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 @silu_mul_linear.register_fake
 def _(x, weight, bias):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@custom_op("ingot::fused_moe", mutates_args=())
+def fused_moe(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The experts of a MoE layer for routed tokens (routing itself stays PyTorch in the model)."""
+    return ref.fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+@fused_moe.register_fake
+def _(hidden, w_gate_up, w_down, topk_weights, topk_ids):
+    return torch.empty_like(hidden)

@@ -188,3 +188,55 @@ def rms_norm_linear(
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """silu_and_mul(x) projected by weight: the activation fused in front of the down projection."""
     return skinny_linear(silu_and_mul(x), weight, bias)
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Mixture-of-experts MLP: each token through its ``k`` chosen experts, weighted and summed.
+
+    hidden [T, H]; w_gate_up [E, 2I, H] (gate rows first, then up); w_down [E, H, I];
+    topk_weights [T, k] (model dtype, or fp32 as Mixtral keeps them); topk_ids [T, k].
+
+    HF transformers' eager experts loop, step for step: experts in ascending id,
+    each computing ``down(silu(gate) * up)`` of its tokens in the model dtype and
+    multiplying by the routing weight (dtype promotion as in HF: a bf16 product
+    for bf16 weights, fp32 for fp32 weights). The sum over a token's experts runs
+    in that same expert order but accumulates in fp32 (HF accumulates in the
+    model dtype), rounded once at the end; in fp32 it is HF's result bit for bit.
+
+    Finding the experts hit costs a host sync, which a CUDA graph cannot hold: while
+    a capture is under way (decode graphs with the Triton kernels off) every expert
+    runs on every token instead, the unrouted ones weighted by zero (same sums).
+    """
+    capturing = hidden.is_cuda and torch.cuda.is_current_stream_capturing()
+    return _experts_loop(hidden, w_gate_up, w_down, topk_weights, topk_ids, every_expert=capturing)
+
+
+def _experts_loop(
+    hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor, every_expert: bool,
+) -> torch.Tensor:
+    t, h = hidden.shape
+    out = torch.zeros(t, h, dtype=torch.float32, device=hidden.device)
+    if t == 0:
+        return out.to(hidden.dtype)
+    inter = w_down.shape[-1]
+    experts = range(w_gate_up.shape[0]) if every_expert else torch.unique(topk_ids).tolist()  # ascending
+    for e in experts:
+        if every_expert:
+            token_idx = torch.arange(t, device=hidden.device)
+            weight = (topk_weights * (topk_ids == e)).sum(-1, keepdim=True)  # its one weight, or 0
+        else:
+            slot, token_idx = torch.where(topk_ids.T == e)  # HF's row order (slot-major): CPU GEMMs see the same rows
+            weight = topk_weights[token_idx, slot, None]
+        gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
+        act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = torch.nn.functional.linear(act, w_down[e]) * weight
+        # = index_add_ (each token once per expert), whose CPU kernel stalls for ms on a busy machine
+        out.index_put_((token_idx,), y.float(), accumulate=True)
+    return out.to(hidden.dtype)

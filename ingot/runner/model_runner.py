@@ -20,15 +20,57 @@ from torch import nn
 from ingot.config import ConfigError, EngineConfig
 from ingot.distributed.parallel import SINGLE
 from ingot.runner.kv_pool import KVCachePool, blocks_for
-from ingot.runner.sampler import Sampler, SamplerOutput, SamplingRow
+from ingot.runner.sampler import DeviceSample, Sampler, SamplerOutput, SamplingRow
 from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
 from ingot.loading.model_config import ModelConfig
 from ingot.runner.prompt_logprobs import prompt_spans, span_entries
-from ingot.runner.step_inputs import StepInputs, build_step_inputs
+from ingot.runner.step_inputs import StepInputs, build_step_inputs, last_token_indices
 
 log = logging.getLogger(__name__)
+
+
+class LaunchedStep:
+    """A step queued on the device: which batch rows sampled, and their samples on the way
+    to the host (``collect`` waits for them)."""
+
+    def __init__(self, rows: list[int], sample: Optional[DeviceSample] = None, prompt_logprobs: Optional[dict] = None,
+                 ready: Optional[SamplerOutput] = None) -> None:
+        self.rows = rows
+        self.sample = sample  # None when nothing sampled or the output is already on the host
+        self._prompt_logprobs = prompt_logprobs
+        self._ready = ready
+
+    @property
+    def tokens(self) -> Optional[torch.Tensor]:
+        """The sampled ids on the device, row ``i`` for ``rows[i]`` (None without a device sample)."""
+        return None if self.sample is None else self.sample.tokens
+
+    def collect(self) -> SamplerOutput:
+        if self._ready is None:
+            self._ready = self.sample.to_host()
+            self._ready.prompt_logprobs = self._prompt_logprobs
+        return self._ready
+
+
+class TokenFeed:
+    """Input ids that a step in flight has sampled but the host has not seen yet: batch row
+    ``r`` of the next step takes ``tokens[src[r]]`` as its last token where ``src[r] >= 0``."""
+
+    def __init__(self, tokens: torch.Tensor, src: list[int]) -> None:
+        self.tokens = tokens
+        self.src = src
+
+    def apply(self, inputs: StepInputs, batch: ScheduledBatch) -> None:
+        last = last_token_indices(batch)
+        dst = [last[r] for r, i in enumerate(self.src) if i >= 0]
+        if not dst:
+            return
+        idx = torch.tensor(dst + [i for i in self.src if i >= 0], dtype=torch.int64)
+        idx = idx.to(inputs.input_ids.device, non_blocking=True)
+        n = len(dst)
+        inputs.input_ids.index_copy_(0, idx[:n], self.tokens.index_select(0, idx[n:]))
 
 
 class ModelRunner:
@@ -138,18 +180,28 @@ class ModelRunner:
         return self._logits(self._hidden(inputs).index_select(0, inputs.logits_indices))
 
     def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
-        """Run one step; returns (rows that sampled, their tokens/logprobs, and the prompt
-        logprobs of the rows that asked for them)."""
-        return self.finish_step(batch, self.stage(batch), eos_token_ids)
+        """Run one step and wait for it; returns (rows that sampled, their tokens/logprobs, and
+        the prompt logprobs of the rows that asked for them)."""
+        step = self.launch(batch, eos_token_ids)
+        return step.rows, step.collect()
+
+    def launch(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...], feed: Optional[TokenFeed] = None) -> "LaunchedStep":
+        """Queue one step on the device and start copying its samples to the host; nothing
+        here waits for the GPU (except prompt logprobs and a failed sampler's fallback).
+
+        ``feed``: rows whose last token was sampled by a step still in flight read it on
+        the device (``TokenFeed``) instead of from the host."""
+        inputs = self.stage(batch)
+        if feed is not None:
+            feed.apply(inputs, batch)
+        return self.launch_staged(batch, inputs, eos_token_ids)
 
     def stage(self, batch: ScheduledBatch) -> StepInputs:
         """The step's inputs on the device."""
         return build_step_inputs(batch, self.block_size, self.device)
 
-    def finish_step(
-        self, batch: ScheduledBatch, inputs: StepInputs, eos_token_ids: tuple[int, ...]
-    ) -> tuple[list[int], SamplerOutput]:
-        """``run_model`` on staged inputs, then sampling and prompt logprobs."""
+    def launch_staged(self, batch: ScheduledBatch, inputs: StepInputs, eos_token_ids: tuple[int, ...]) -> "LaunchedStep":
+        """``run_model`` on staged inputs, then the prompt logprobs and the queued sampling."""
         spans = prompt_spans(batch)
         entries = {}
 
@@ -159,10 +211,26 @@ class ModelRunner:
         logits = self.run_model(inputs, [(s.start, s.stop) for s in spans], on_span)
         prompt_lp = {s.row: entries.get(s.row, []) for s in spans} or None
         if logits is None:
-            return [], SamplerOutput([], [], prompt_logprobs=prompt_lp)
-        out = self._sample(batch, inputs, logits, eos_token_ids)
-        out.prompt_logprobs = prompt_lp
-        return inputs.sample_rows, out
+            return LaunchedStep([], ready=SamplerOutput([], [], prompt_logprobs=prompt_lp))
+        rows = [
+            SamplingRow(
+                params=batch.seqs[r].params,
+                prompt_token_ids=batch.seqs[r].prompt_token_ids,
+                output_token_ids=batch.seqs[r].output_token_ids,
+                generator=batch.seqs[r].generator,
+                eos_token_ids=eos_token_ids,
+            )
+            for r in inputs.sample_rows
+        ]
+        try:
+            sample = self.sampler.sample(logits, rows)
+        except Exception:  # find the rows that fail, so that they fail alone
+            log.exception("sampling a batch of %d rows failed; sampling its rows one by one", len(rows))
+            out = self._sample_rows_alone(logits, rows)
+            out.prompt_logprobs = prompt_lp
+            return LaunchedStep(inputs.sample_rows, ready=out)
+        sample.start_copy()
+        return LaunchedStep(inputs.sample_rows, sample=sample, prompt_logprobs=prompt_lp)
 
     @torch.inference_mode()
     def run_model(
@@ -185,23 +253,6 @@ class ModelRunner:
                 return None
             return self._logits(hidden.index_select(0, inputs.logits_indices))
         return self.forward_logits(inputs)
-
-    def _sample(self, batch: ScheduledBatch, inputs: StepInputs, logits: torch.Tensor, eos_token_ids: tuple[int, ...]) -> SamplerOutput:
-        rows = [
-            SamplingRow(
-                params=batch.seqs[r].params,
-                prompt_token_ids=batch.seqs[r].prompt_token_ids,
-                output_token_ids=batch.seqs[r].output_token_ids,
-                generator=batch.seqs[r].generator,
-                eos_token_ids=eos_token_ids,
-            )
-            for r in inputs.sample_rows
-        ]
-        try:
-            return self.sampler(logits, rows)
-        except Exception:  # find the rows that fail, so that they fail alone
-            log.exception("sampling a batch of %d rows failed; sampling its rows one by one", len(rows))
-            return self._sample_rows_alone(logits, rows)
 
     def _sample_rows_alone(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         out = SamplerOutput([], [], [])

@@ -96,11 +96,15 @@ class Sampler:
         self.device = self.generator.device
 
     def __call__(self, logits: torch.Tensor, rows: List[SamplingRow]) -> SamplerOutput:
+        return self.sample(logits, rows).to_host()
+
+    def sample(self, logits: torch.Tensor, rows: List[SamplingRow]) -> "DeviceSample":
+        """Sample on the device; nothing waits for the GPU until ``DeviceSample.to_host``."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
         batch = logits.shape[0]
         if batch == 0:
-            return SamplerOutput([], [])
+            return DeviceSample(torch.empty(0, dtype=torch.int64, device=logits.device))
         # one pass over the rows (this runs for every sequence on every step)
         params = [r.params for r in rows]
         want_lp: list[int] = []
@@ -119,7 +123,7 @@ class Sampler:
 
         if all(greedy) and not pen_rows and not want_lp and not mask_rows:
             # Fast path: argmax is exact in any float dtype.
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * batch)
+            return DeviceSample(logits.argmax(dim=-1))
 
         device = logits.device
         x = self._process(logits, rows, pen_rows, mask_rows)
@@ -131,9 +135,8 @@ class Sampler:
             if sample_rows:
                 idx = _h2d(sample_rows, device)
                 tokens[idx] = self._sample(x[idx], rows, sample_rows)
-
         if not want_lp:
-            return SamplerOutput(tokens.tolist(), [None] * batch)
+            return DeviceSample(tokens)
         return self._with_logprobs(logits, tokens, params, want_lp)
 
     def process_logits(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
@@ -246,8 +249,7 @@ class Sampler:
 
     @staticmethod
     def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
-                       params: List[SamplingParams], want: List[int]) -> SamplerOutput:
-        batch = logits.shape[0]
+                       params: List[SamplingParams], want: List[int]) -> "DeviceSample":
         device = logits.device
         idx = _h2d(want, device)
         lp = torch.log_softmax(logits[idx].to(torch.float32), dim=-1)
@@ -255,21 +257,56 @@ class Sampler:
         chosen_lp = lp.gather(1, chosen[:, None])
         chosen_rank = (lp > chosen_lp).sum(dim=-1) + 1  # 1 = the most likely token
         top_n = min(max(params[i].logprobs for i in want), logits.shape[1])
-        parts = [tokens.to(torch.float64), chosen_lp[:, 0].to(torch.float64), chosen_rank.to(torch.float64)]
+        parts = [chosen_lp[:, 0].to(torch.float64), chosen_rank.to(torch.float64)]
         if top_n:
             top_v, top_i = lp.topk(top_n, dim=-1)
             parts += [top_v.to(torch.float64).flatten(), top_i.to(torch.float64).flatten()]
-        flat = torch.cat(parts).tolist()  # the one host transfer
-        token_ids = [int(t) for t in flat[:batch]]
-        m = len(want)
-        chosen_vals = flat[batch:batch + m]
-        ranks = flat[batch + m:batch + 2 * m]
-        top_vals = flat[batch + 2 * m:batch + 2 * m + m * top_n]
-        top_ids = flat[batch + 2 * m + m * top_n:]
+        ns = [params[i].logprobs for i in want]
+        return DeviceSample(tokens, torch.cat(parts), want, ns, top_n)
+
+
+class DeviceSample:
+    """A step's sampled tokens (and logprobs) on the device. ``start_copy`` starts their
+    copy to the host without waiting; ``to_host`` waits for it and returns host lists."""
+
+    def __init__(self, tokens: torch.Tensor, lp_flat: Optional[torch.Tensor] = None, want: Sequence[int] = (),
+                 ns: Sequence[int] = (), top_n: int = 0) -> None:
+        self.tokens = tokens  # [B] int64 on the device (what a next step may read there)
+        self._lp = lp_flat
+        self._want, self._ns, self._top_n = list(want), list(ns), top_n
+        self._host: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]] = None
+        self._event: Optional[torch.cuda.Event] = None
+
+    def start_copy(self) -> None:
+        """Copy to pinned host memory, non-blocking, and record an event after it."""
+        if self._host is not None:
+            return
+        if self.tokens.device.type != "cuda":
+            self._host = (self.tokens, self._lp)
+            return
+        host = lambda t: None if t is None else t.to("cpu", non_blocking=True)  # noqa: E731 (pinned)
+        self._host = (host(self.tokens), host(self._lp))
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def to_host(self) -> SamplerOutput:
+        self.start_copy()
+        if self._event is not None:
+            self._event.synchronize()
+        tokens_t, lp_t = self._host
+        token_ids = tokens_t.tolist()
+        batch = len(token_ids)
+        if lp_t is None:
+            return SamplerOutput(token_ids, [None] * batch)
+        flat = lp_t.tolist()
+        m, top_n = len(self._want), self._top_n
+        chosen_vals, ranks = flat[:m], flat[m : 2 * m]
+        top_vals = flat[2 * m : 2 * m + m * top_n]
+        top_ids = flat[2 * m + m * top_n :]
         out: List[Optional[TokenLogprobs]] = [None] * batch
-        for j, i in enumerate(want):
+        for j, i in enumerate(self._want):
             entries = [(token_ids[i], chosen_vals[j], int(ranks[j]))]
-            for r in range(min(params[i].logprobs, top_n)):
+            for r in range(min(self._ns[j], top_n)):
                 entries.append((int(top_ids[j * top_n + r]), top_vals[j * top_n + r], r + 1))
             out[i] = entries
         return SamplerOutput(token_ids, out)

@@ -116,6 +116,17 @@ def _decode_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], .
     return ids, positions, slots, seq_lens, list(range(len(ids) + 1)), rows, rows
 
 
+def last_token_indices(batch: ScheduledBatch) -> list[int]:
+    """Index of each row's last new token in the step's flattened tokens."""
+    if not batch.is_prefill:
+        return list(range(len(batch.seqs)))
+    out, end = [], 0
+    for n in batch.num_new_tokens:
+        end += n
+        out.append(end - 1)
+    return out
+
+
 _ALIGN = 16  # elements: every field starts at a multiple of 64 / 128 bytes
 _ZEROS = [0] * _ALIGN
 

@@ -33,6 +33,7 @@ from ingot.loading.model_config import ModelConfig
 from ingot.models.registry import check_tensor_parallel
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.graph_runner import DecodeGraphRunner
+from ingot.runner.model_runner import LaunchedStep, TokenFeed
 from ingot.runner.model_source import ModelSource
 from ingot.runner.prompt_logprobs import prompt_spans
 from ingot.runner.sampler import SamplerOutput
@@ -188,13 +189,23 @@ class TensorParallelRunner:
             return self.state.channel.stage(host_step(batch, self.local.block_size), spans)
 
     def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
+        step = self.launch(batch, eos_token_ids)
+        return step.rows, step.collect()
+
+    def launch(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...], feed: Optional[TokenFeed] = None) -> LaunchedStep:
+        """``ModelRunner.launch`` over the group: the step (with ``feed``'s tokens written into
+        the driver's step buffer on the device first) is broadcast, every rank runs it, and
+        the driver queues the sampling."""
         with self._lock:
             inputs = self.stage(batch)
+            if feed is not None:
+                feed.apply(inputs, batch)  # into the buffer, before it is sent
             try:
                 self.state.channel.send(Kind.STEP)
-                return self._checked(self.local.finish_step(batch, inputs, eos_token_ids))
+                step = self.local.launch_staged(batch, inputs, eos_token_ids)
             except BaseException as exc:
                 self._break(exc)
+            return _Checked(step, self)
 
     def logits_of(self, graphs: Optional[DecodeGraphRunner], inputs: StepInputs) -> torch.Tensor:
         """Logits of the staged decode step (``stage``), replayed by ``graphs`` (None: raw) on every rank."""
@@ -208,6 +219,9 @@ class TensorParallelRunner:
 
     # ------------------------------------------------------------------ failure and shutdown
     def _check(self) -> None:
+        if self._down is None and self.workers.failure is not None:
+            self._down = self.workers.failure
+            self._shutdown(graceful=False)
         if self._down is not None:
             raise TensorParallelError(f"the tensor-parallel group is down: {self._down}")
 
@@ -259,6 +273,19 @@ class TensorParallelRunner:
         self.workers.stop(_STOP_WAIT_S if graceful else 0.0)
         process_group.leave(abort=not graceful)
         self._finalizer.detach()
+
+
+class _Checked(LaunchedStep):
+    """A launched step whose samples are only handed out if no worker failed meanwhile."""
+
+    def __init__(self, step: LaunchedStep, runner: TensorParallelRunner) -> None:
+        self.step = step
+        self.runner = runner
+        self.rows = step.rows
+        self.sample = step.sample
+
+    def collect(self) -> SamplerOutput:
+        return self.runner._checked(self.step.collect())
 
 
 def _stop_at_exit(workers: WorkerGroup) -> None:

@@ -201,7 +201,8 @@ def test_json_round_trip(tmp_path):
     data = json.loads(path.read_text())
     assert data["context_len"] == 100 and data["iters"] == 30 and data["modes"] == ["eager", "graph", "compiled"]
     assert data["copy_bandwidth_bytes_per_s"] == 4e12
-    assert data["model_bytes"] == {"weight_bytes": 1_000_000_000, "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "kv_elem_size": 2}
+    assert data["model_bytes"] == {"weight_bytes": 1_000_000_000, "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "kv_elem_size": 2,
+                                   "expert_bytes": 0, "moe_layers": 0, "num_experts": 0, "top_k": 0}
     # every measured number comes back exactly
     for row, got in zip(bench.rows, data["timings"]):
         assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s,

@@ -48,6 +48,19 @@ def test_shapes_that_do_not_split_are_config_errors(fields, size, words):
     assert info.value.field == "tensor_parallel_size"
 
 
+def test_moe_shapes():
+    moe = dict(architectures=["Qwen2MoeForCausalLM"], num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=48)
+    check_tensor_parallel(_config(**moe), 2)
+    with pytest.raises(ConfigError, match="shared_expert_intermediate_size=42 is not divisible by tensor_parallel_size=4"):
+        check_tensor_parallel(_config(**{**moe, "shared_expert_intermediate_size": 42}), 4)
+    with pytest.raises(ConfigError, match="moe_intermediate_size=30"):
+        check_tensor_parallel(_config(**{**moe, "moe_intermediate_size": 30}), 4)
+    olmoe = dict(architectures=["OlmoeForCausalLM"], num_experts=4, num_experts_per_tok=2)
+    with pytest.raises(ConfigError, match="q/k norm spans every head"):
+        check_tensor_parallel(_config(**olmoe), 2)
+
+
 def test_shapes_that_split():
     check_tensor_parallel(_config(num_attention_heads=8, num_key_value_heads=2), 4)  # KV heads replicated twice
     check_tensor_parallel(_config(vocab_size=385), 2)  # the vocabulary is padded
@@ -145,3 +158,16 @@ def test_ctrl_c_in_the_driver_stops_everything(tiny):
         assert _gone(pids)
     finally:
         proc.kill()
+
+
+def test_tensor_parallel_size_from_the_environment_and_the_command_line():
+    from ingot.cli import _engine_overrides, build_parser
+    from ingot.config import EngineConfig
+
+    assert EngineConfig.create(env={"INGOT_TENSOR_PARALLEL_SIZE": "2"}).tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match="INGOT_TENSOR_PARALLEL_SIZE='0'"):
+        EngineConfig.create(env={"INGOT_TENSOR_PARALLEL_SIZE": "0"})
+    for argv in (["generate", "hi", "--tp", "3"], ["serve", "--tensor-parallel-size", "3"]):
+        assert _engine_overrides(build_parser().parse_args(argv))["tensor_parallel_size"] == 3
+    assert build_parser().parse_args(["bench", "decode", "--tp", "2"]).tp == 2
+    assert build_parser().parse_args(["check", "drift", "--tensor-parallel-size", "2"]).tp == 2

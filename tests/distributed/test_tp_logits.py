@@ -16,7 +16,12 @@ CASES = {
     "llama": {"num_key_value_heads": 1, "vocab_size": 385},  # one KV head replicated on both ranks; padded vocabulary
     "qwen2": {"vocab_size": 385},  # qkv bias; tied embeddings: the lm_head shares the padded vocabulary slice
     "qwen3": {},  # q/k norm, head_dim 32 != hidden / heads
+    # experts split by their intermediate features, one all-reduce per MoE block; a dense layer among them
+    "qwen3_moe": {},
+    "qwen2_moe": {},  # + the gated shared expert, reduced together with the routed ones
+    "mixtral": {},  # Mixtral's tensor names; transformers' fused [E, 2I, H] gate_up, cut in two per rank
 }
+FUSED_EXPERTS = {"mixtral"}
 PROMPTS = [list(range(3, 40)), [7, 8, 9], list(range(50, 71))]
 ENGINE = dict(max_num_batched_tokens=16, max_model_len=128, max_num_seqs=4)  # chunked prefill: 16 tokens per step
 
@@ -27,7 +32,7 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_tp2_logits_equal_tp1(tmp_path, arch):
-    path = str(write_tiny_checkpoint(tmp_path / arch, arch, overrides=CASES[arch]))
+    path = str(write_tiny_checkpoint(tmp_path / arch, arch, fused_experts=arch in FUSED_EXPERTS, overrides=CASES[arch]))
     ref_engine = Engine.from_config(EngineConfig.create(model=path, device="cpu", dtype="float32", show_progress=False, **ENGINE))
     ref, fed = teacher_forced_logits(ref_engine, PROMPTS, steps=6)
     engine = tp_engine(path, tensor_parallel_size=2, **ENGINE)

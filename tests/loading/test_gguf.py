@@ -543,10 +543,10 @@ def test_truncated_tiny_file(tmp_path: Path) -> None:
 def test_unsupported_architecture_and_tensors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="unsupported architecture 'gpt2'"):
         load_gguf(write_gguf(tmp_path / "a.gguf", "gpt2"))
-    with pytest.raises(CheckpointError, match="mixture-of-experts"):
+    with pytest.raises(CheckpointError, match="expert_used_count"):  # experts (Mixtral) need their top-k
         load_gguf(write_gguf(tmp_path / "b.gguf", meta=lambda w: w.add_uint32("llama.expert_count", 8)))
-    with pytest.raises(CheckpointError, match=r"blk\.0\.ffn_gate_inp\.weight"):
-        load_gguf(write_gguf(tmp_path / "c.gguf", tensors={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)}))
+    with pytest.raises(CheckpointError, match=r"blk\.0\.ffn_norm_exps\.weight"):
+        load_gguf(write_gguf(tmp_path / "c.gguf", tensors={"blk.0.ffn_norm_exps.weight": np.zeros((4, 64), np.float32)}))
     with pytest.raises(CheckpointError, match="embedding_length"):
         load_gguf(write_gguf(tmp_path / "d.gguf", hparams=False))
 

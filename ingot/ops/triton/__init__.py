@@ -49,6 +49,7 @@ def register_cuda_kernels() -> bool:
 
     from ingot.ops import library
     from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary, skinny_gemm
+    from ingot.ops.triton import fused_moe
 
     try:  # one tiny kernel: a broken toolchain (no C compiler for the launcher, ...) shows here
         x = torch.ones(2, 32, device="cuda")
@@ -70,6 +71,7 @@ def register_cuda_kernels() -> bool:
     library.rms_norm_linear.register_kernel("cuda")(skinny_gemm.rms_norm_linear)
     library.silu_mul_linear.register_kernel("cuda")(skinny_gemm.silu_mul_linear)
     library.prefill_attention.register_kernel("cuda")(_prefill_op(prefill_attention.prefill_attention))
+    library.fused_moe.register_kernel("cuda")(fused_moe.fused_moe)
     _registered = True
     return True
 

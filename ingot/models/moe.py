@@ -1,0 +1,155 @@
+"""Mixture-of-experts decoders: Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE.
+
+They are the Llama family (``llama.py``: attention, q/k norm, decoder layer,
+weight loading) with ``MoEBlock`` as the MLP of their sparse layers; the four
+differ only in ModelConfig fields. The block's routing is plain PyTorch, the
+glue ``torch.compile`` fuses: router logits in the model dtype, softmax in
+fp32, top-k, optional renormalisation, and the weights cast back to the model
+dtype (Mixtral keeps them in fp32, as HF does). The experts run as one opaque
+op, ``torch.ops.ingot.fused_moe`` (``layers/fused_moe.py``). Qwen2-MoE adds a
+shared expert on every token, scaled by a sigmoid gate; its gate row rides
+along in the router's GEMM.
+
+Under tensor parallelism the router is replicated (every rank routes every
+token alike), each expert and the shared expert are split by their
+intermediate features, and the block all-reduces once: the routed and shared
+partial sums together.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ingot.distributed.collectives import all_reduce
+from ingot.distributed.parallel import SINGLE, TensorParallel
+from ingot.layers.fused_moe import FusedMoE
+from ingot.layers.linear import MergedLinear
+from ingot.layers.norm import RMSNorm
+from ingot.layers.policy import OpPolicy
+from ingot.loading.errors import CheckpointError
+from ingot.loading.model_config import ModelConfig
+from ingot.models.llama import LlamaForCausalLM, LlamaMLP, tensor_parallel_error
+
+# routed-expert tensors in every layout a checkpoint uses: one per expert and projection
+# (`experts.3.gate_proj.weight`), transformers' fused `experts.gate_up_proj` / `experts.down_proj`,
+# and GGUF's stacked `experts.gate_proj` (loading/gguf.py)
+_EXPERT = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj|gate_up_proj)(?:\.weight)?$")
+# Mixtral's names for the same things
+_MIXTRAL = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."))
+
+
+def _renamed(name: str) -> str:
+    """A checkpoint name with Mixtral's parts in the names the other MoE models use."""
+    for old, new in _MIXTRAL:
+        name = name.replace(old, new)
+    return name
+
+
+class MoEBlock(nn.Module):
+    """Router, routed experts and (Qwen2-MoE) the gated shared expert of one layer."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
+        super().__init__()
+        self.tp = tp
+        self.num_experts = cfg.num_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.weights_in_model_dtype = cfg.architecture != "MixtralForCausalLM"
+        shared = cfg.shared_expert_intermediate_size
+        # router rows, then the shared expert's gate row: one GEMM for both
+        self.gate = MergedLinear(cfg.hidden_size, (cfg.num_experts, 1) if shared else (cfg.num_experts,))
+        self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp)
+        self.shared_expert = LlamaMLP(cfg.hidden_size, shared, tp, reduce=False) if shared else None
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(top-k weights [T, k], expert ids [T, k]) from router logits [T, E], as HF computes them."""
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.weights_in_model_dtype:
+            weights = weights.to(logits.dtype)
+        return weights, ids
+
+    def forward(self, h: torch.Tensor, policy: OpPolicy) -> torch.Tensor:
+        """The block's output for normed hidden states ``h`` [T, H]."""
+        logits = self.gate(h, policy)
+        weights, ids = self.route(logits[:, : self.num_experts])
+        out = self.experts(h, weights, ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(self.shared_expert.gate_up_proj(h, policy), policy)
+            out = out + torch.sigmoid(logits[:, self.num_experts :]) * shared
+        return all_reduce(out, self.tp)
+
+    def norm_forward(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block(norm(x + residual)), x + residual): the decoder layer's MLP protocol."""
+        h, residual = norm(x, residual, policy)
+        return self(h, policy), residual
+
+
+def moe_tensor_parallel_error(cfg: ModelConfig, size: int) -> Optional[str]:
+    """``llama.tensor_parallel_error``, and the routed and shared experts' widths must divide by ``size``."""
+    why = tensor_parallel_error(cfg, size)
+    if why is None and cfg.moe_intermediate_size % size:
+        why = f"moe_intermediate_size={cfg.moe_intermediate_size} is not divisible by tensor_parallel_size={size}"
+    if why is None and cfg.shared_expert_intermediate_size % size:
+        why = (f"shared_expert_intermediate_size={cfg.shared_expert_intermediate_size} is not divisible by "
+               f"tensor_parallel_size={size}")
+    return why
+
+
+class MoEForCausalLM(LlamaForCausalLM):
+    FUSED = {**LlamaForCausalLM.FUSED, "shared_expert_gate": ("gate", 1)}
+    tensor_parallel_error = staticmethod(moe_tensor_parallel_error)
+
+    def make_mlp(self, cfg: ModelConfig, index: int) -> nn.Module:
+        if cfg.is_moe_layer(index):
+            return MoEBlock(cfg, self.tp)
+        return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp)
+
+    def _expert(self, name: str) -> Optional[tuple[int, MoEBlock, Optional[int], str]]:
+        """(layer, its MoE block, expert index or None when stacked, projection) of an expert
+        tensor (a name with Mixtral's parts renamed); None for every other tensor."""
+        m = _EXPERT.match(name)
+        if m is None:
+            return None
+        layer, expert, proj = int(m.group(1)), m.group(2), m.group(3)
+        block = self.layers[layer].mlp if layer < len(self.layers) else None
+        if not isinstance(block, MoEBlock):
+            raise CheckpointError(f"checkpoint tensor {name!r}: layer {layer} of {self.config.architecture} has no experts")
+        return layer, block, None if expert is None else int(expert), proj
+
+    def tensor_slice(self, name: str) -> Optional[tuple[slice, ...]]:
+        name = _renamed(name)
+        found = self._expert(name)
+        if found is None:
+            return super().tensor_slice(name)
+        _, block, expert, proj = found
+        return block.experts.checkpoint_slice(proj, expert)
+
+    def load_tensor(self, name: str, tensor: torch.Tensor) -> list[str]:
+        """Expert tensors go to their layer's FusedMoE (copied into its slice of the stacked
+        parameters); everything else loads as in the dense model."""
+        name = _renamed(name)
+        found = self._expert(name)
+        if found is None:
+            return super().load_tensor(name, tensor)
+        layer, block, expert, proj = found
+        try:
+            keys = block.experts.load(proj, expert, tensor)
+        except ValueError as exc:
+            raise CheckpointError(f"{name}: {exc}") from None
+        return [f"layers.{layer}.mlp.experts.{k}" for k in keys]
+
+    def expected_keys(self) -> set[str]:
+        keys = {k for k in super().expected_keys() if ".mlp.experts." not in k}
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer.mlp, MoEBlock):
+                keys.update(f"layers.{i}.mlp.experts.{k}" for k in layer.mlp.experts.expected_keys())
+        return keys

@@ -1,0 +1,99 @@
+"""The MoE benchmark shapes and their memory floor: bytes a decode step reads (dense part + experts hit)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ingot.bench import decode as decode_mod
+from ingot.bench.decode_cli import ModelBytes, expected_experts_hit
+from ingot.loading.model_config import ModelConfig
+from ingot.models.loader import build_model
+
+MOE_SHAPES = ("qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b")
+
+
+def shape_bytes(shape: str) -> ModelBytes:
+    """ModelBytes of the full-size shape, built on the meta device (no memory)."""
+    cfg = ModelConfig.from_hf(decode_mod.SHAPES[shape])
+    model = build_model(cfg, torch.bfloat16, torch.device("meta"), 1024)
+    return ModelBytes.of(model, cfg, torch.bfloat16)
+
+
+def test_expected_experts_hit_by_hand():
+    assert expected_experts_hit(128, 8, 1) == pytest.approx(8.0)
+    assert expected_experts_hit(128, 8, 16) == pytest.approx(128 * (1 - (120 / 128) ** 16)) == pytest.approx(82.42, abs=0.01)
+    assert expected_experts_hit(128, 8, 256) == pytest.approx(128.0, abs=1e-5)
+    assert expected_experts_hit(8, 2, 1) == pytest.approx(2.0) and expected_experts_hit(8, 2, 2) == pytest.approx(3.5)
+
+
+def test_uniform_routing_matches_a_simulation():
+    gen = torch.Generator().manual_seed(0)
+    for e, k, batch in ((128, 8, 16), (60, 4, 8), (8, 2, 3)):
+        hits = [len(torch.unique(torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(batch)])))
+                for _ in range(400)]
+        assert sum(hits) / len(hits) == pytest.approx(expected_experts_hit(e, k, batch), rel=0.02)
+
+
+@pytest.mark.parametrize("shape,active_b1,params", [
+    ("qwen3-30b-a3b", 3.35e9, 30.5e9),  # the issue's 3.35B active at batch 1
+    ("mixtral-8x7b", 12.9e9, 46.7e9),  # 12.9B active
+    ("qwen1.5-moe-a2.7b", 2.7e9, 14.3e9),  # A2.7B
+])
+def test_active_bytes_of_the_shapes(shape, active_b1, params):
+    """Published counts (embedding and head included) of total and batch-1 active parameters."""
+    mb = shape_bytes(shape)
+    total = mb.weight_bytes + mb.moe_layers * mb.num_experts * mb.expert_bytes
+    assert total / 2 == pytest.approx(params, rel=0.02)
+    assert mb.weight_bytes_read(1) / 2 == pytest.approx(active_b1, rel=0.01)
+
+
+def test_qwen3_floor_by_hand():
+    mb = shape_bytes("qwen3-30b-a3b")
+    assert (mb.moe_layers, mb.num_experts, mb.top_k) == (48, 128, 8)
+    assert mb.expert_bytes == 3 * 2048 * 768 * 2
+    kv = 16 * 512 * 48 * 2 * 4 * 128 * 2
+    at16 = mb.weight_bytes + 48 * expected_experts_hit(128, 8, 16) * mb.expert_bytes + kv
+    assert mb.step_bytes(16, 512) == pytest.approx(at16)
+    # at 4.2 TB/s: the issue's 1.60 ms at batch 1; 9.8 ms at batch 16 (the issue: "near 9 ms")
+    assert mb.step_bytes(1, 512) / 4.2e12 * 1e3 == pytest.approx(1.6, abs=0.05)
+    assert mb.step_bytes(16, 512) / 4.2e12 * 1e3 == pytest.approx(9.8, abs=0.1)
+
+
+def test_dense_shapes_unchanged():
+    mb = shape_bytes("qwen2.5-1.5b")
+    assert mb.moe_layers == 0 and mb.experts_hit(64) == 0.0
+    assert mb.step_bytes(8, 100) == mb.weight_bytes + mb.kv_bytes(8, 100)
+
+
+def test_reduced_shape_keeps_layer_shapes(monkeypatch):
+    """build_shape(num_layers=...) (``ingot check drift --shape --num-layers``): fewer layers, same layer shapes."""
+    fields = dict(decode_mod.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
+                  num_key_value_heads=2, moe_intermediate_size=32, num_experts=16, vocab_size=256)
+    monkeypatch.setitem(decode_mod.SHAPES, "tiny-moe-test", fields)
+    model, cfg = decode_mod.build_shape("tiny-moe-test", torch.float32, torch.device("cpu"), 64, num_layers=2)
+    assert cfg.num_layers == 2 and len(model.layers) == 2
+    assert tuple(model.layers[1].mlp.experts.w_gate_up.shape) == (16, 64, 64)
+    assert model.layers[0].mlp.experts.w_down.std().item() == pytest.approx(0.02, rel=0.1)  # random, not empty
+
+
+def test_drift_on_a_reduced_random_moe_shape(monkeypatch, tmp_path):
+    """`ingot check drift --shape ... --num-layers N` end to end on CPU (graph path faked): random
+    token prompts, the reduced model, the label in the JSON."""
+    import json
+
+    from ingot.cli import main
+
+    fields = dict(decode_mod.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
+                  num_key_value_heads=2, moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2,
+                  vocab_size=256)
+    monkeypatch.setitem(decode_mod.SHAPES, "tiny-moe-test", fields)
+    out = tmp_path / "drift.json"
+    argv = ["check", "drift", "--shape", "tiny-moe-test", "--num-layers", "2", "--device", "cpu", "--dtype", "float32",
+            "--fake-graphs", "--steps", "3", "--buckets", "1,3", "--json", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "random weights, tiny-moe-test shape, 2 layers" and doc["passed"] is True
+    assert doc["prompts"]["source"] == "random token ids" and doc["prompts"]["count"] == 8
+    assert doc["buckets"]["3"]["teacher_forced"][0]["top1_agreement"] == 1.0
+    assert main(["check", "drift", "--num-layers", "2", "--fake-graphs", "--device", "cpu"]) == 2  # needs --shape
