@@ -66,3 +66,40 @@ def test_tp2_sampling_and_logprobs_equal_tp1(tmp_path):
             assert all(abs(pa[t].logprob - pb[t].logprob) < 1e-4 for t in pa)
         for sa, sb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             assert all(abs(sa[t].logprob - sb[t].logprob) < 1e-4 for t in sa)
+
+
+def test_token_feed_reaches_every_rank(tmp_path):
+    """A launched step whose last tokens come from the device (``TokenFeed``): the fed ids are
+    written into the step buffer before it is broadcast, so the worker computes with them too."""
+    from ingot.runner.model_runner import TokenFeed
+
+    path = str(write_tiny_checkpoint(tmp_path / "qwen3", "qwen3"))
+    fed = [42, 7, 100]
+
+    def decode_tokens(engine, feed: bool, override: bool = True) -> list[int]:
+        seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)) for p in PROMPTS]
+        while any(not s.output_token_ids for s in seqs):
+            engine.step()  # prefill (chunked): each sequence has a token to decode from
+        batch = engine.scheduler.schedule()
+        assert not batch.is_prefill and len(batch.seqs) == 3
+        if feed:
+            step = engine.runner.launch(batch, (), TokenFeed(torch.tensor(fed), [0, 1, 2]))
+        else:  # the same tokens from the host (or the sampled ones: ``override=False``)
+            for seq, token in zip(seqs, fed):
+                if override:
+                    seq.output_token_ids[-1] = token
+            step = engine.runner.launch(batch, ())
+        tokens = step.collect().token_ids
+        for seq in seqs:
+            engine.abort(seq.request_id)
+        return tokens
+
+    ref_engine = Engine.from_config(EngineConfig.create(model=path, device="cpu", dtype="float32", show_progress=False, **ENGINE))
+    expected = decode_tokens(ref_engine, feed=False)
+    assert decode_tokens(ref_engine, feed=False, override=False) != expected  # the fed tokens matter
+    assert decode_tokens(ref_engine, feed=True) == expected
+    engine = tp_engine(path, tensor_parallel_size=2, **ENGINE)
+    try:
+        assert decode_tokens(engine, feed=True) == expected
+    finally:
+        engine.close()
