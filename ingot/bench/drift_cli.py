@@ -135,7 +135,10 @@ def _build_engine(args: argparse.Namespace):
     if args.max_model_len:
         extra["max_model_len"] = args.max_model_len
     settings = dict(max_num_seqs=max(args.buckets), cudagraph_capture_sizes=tuple(args.buckets),
-                    fake_graph_capture=args.fake_graphs, show_progress=False, **extra)
+                    fake_graph_capture=args.fake_graphs, show_progress=False,
+                    # every mode decodes the same prompts: each must prefill them itself, not reuse
+                    # the KV another mode left in the prefix cache
+                    enable_prefix_caching=False, **extra)
     if args.shape:
         from ingot.bench.random_engine import random_engine
         from ingot.config import EngineConfig

@@ -62,7 +62,7 @@ class Engine:
         self.runner = ModelRunner(model, model_config, config, device, dtype)
         num_blocks = self.runner.num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
-        blocks = BlockManager(num_blocks, config.block_size)
+        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if max_model_len > blocks.capacity_tokens:
             if config.max_model_len is not None:
                 raise ConfigError(
@@ -211,8 +211,7 @@ class Engine:
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
         if out.prompt_logprobs:
             _record_prompt_logprobs(batch, out.prompt_logprobs)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
+        self.scheduler.on_step_done(batch)
         touched = [batch.seqs[row] for row in rows]
         self.generation_tokens += len(touched)
         errors = out.errors or [None] * len(touched)

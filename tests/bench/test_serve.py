@@ -23,6 +23,7 @@ from ingot.bench.serve import (
     ttft,
 )
 from ingot.cli import main
+from ingot.engine.scheduler import SchedulerStats
 from tests.helpers import TINY, write_tiny_checkpoint
 
 
@@ -140,6 +141,7 @@ class _FakeSeq:
     def __init__(self, rid, n):
         self.request_id, self.n = rid, n
         self.output_token_ids, self.token_times = [], []
+        self.num_cached_tokens = 0
 
     @property
     def finished(self):
@@ -154,7 +156,7 @@ class _FakeEngine:
     def __init__(self, clock):
         self.clock = clock
         self.requests = {}
-        self.scheduler = type("S", (), {"num_preemptions": 0})()
+        self.scheduler = type("S", (), {"stats": SchedulerStats()})()
         self.added_at = {}
 
     def add_request(self, prompt, params, request_id):
@@ -244,7 +246,8 @@ def _check_consistent(doc, workload, vocab_size=TINY["vocab_size"]):
 def test_cli_all_at_once_both_modes(tiny, tmp_path, capsys):
     doc = _serve(tiny, tmp_path, "--num-requests", "6", "--compile-modes", "off,on")
     assert [r["mode"] for r in doc["results"]] == ["off", "on"]
-    assert doc["workload"] == {"num_requests": 6, "input_len": [8, 32], "output_len": [8, 32], "request_rate": "inf", "seed": 5}
+    assert doc["workload"] == {"num_requests": 6, "input_len": [8, 32], "output_len": [8, 32], "request_rate": "inf", "seed": 5,
+                               "shared_prefix_len": 0, "kind": "random", "turns": [1, 1]}
     env = doc["environment"]
     assert env["device"] == "cpu" and env["torch"] and env["date"] and env["max_model_len"] == 256
     _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5))
