@@ -328,7 +328,7 @@ def run_workload(
     heapq.heapify(pending)
     order = itertools.count(len(requests))
     live = []  # (request, sequence, scheduled arrival time)
-    sent: dict[str, Request] = {}
+    sent: dict[str, tuple[Request, object]] = {}  # request id -> (request, its sequence)
     stats = engine.scheduler.stats
     before = (stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits)
     start = clock()
@@ -339,17 +339,17 @@ def run_workload(
                 _, _, rid, req = heapq.heappop(pending)
                 seq = engine.add_request(req.prompt_token_ids, sampling_params(req.output_len), request_id=rid)
                 live.append((req, seq, start + req.arrival_s))
-                sent[rid] = req
+                sent[rid] = (req, seq)
             if engine.has_unfinished():
-                for seq in engine.step():
-                    if not seq.finished:
+                for out in engine.step():  # the requests the step advanced
+                    if not out.finished:
                         continue
                     if on_finish is not None:
                         on_finish()
-                    req = sent[seq.request_id]
+                    req, seq = sent[out.request_id]
                     if req.next_turns:
                         nxt = req.follow_up(seq.output_token_ids, clock() - start)
-                        conv, _, turn = seq.request_id.partition(".")
+                        conv, _, turn = out.request_id.partition(".")
                         rid = f"{conv}.{int(turn or 0) + 1}"
                         heapq.heappush(pending, (nxt.arrival_s, next(order), rid, nxt))
             elif pending:

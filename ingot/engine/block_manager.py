@@ -126,9 +126,10 @@ class BlockManager:
         """The cached blocks of ``seq``'s longest cached prefix (none with caching off).
 
         At most ``(num_tokens - 1) // block_size`` blocks: the last token is always computed.
-        Hashes are computed lazily, so a miss on the first block costs one hash.
+        Hashes are computed lazily, so a miss on the first block costs one hash. A request
+        for prompt logprobs computes its whole prompt (cached tokens have no logits).
         """
-        if not self.caching:
+        if not self.caching or seq.params.prompt_logprobs is not None:
             return []
         hits: list[int] = []
         for i in range((seq.num_tokens - 1) // self.block_size):

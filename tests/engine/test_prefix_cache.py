@@ -337,3 +337,24 @@ def test_children_go_normally_when_the_first_is_aborted_or_caching_is_off(cachin
     assert kid in batch.seqs and kid.wait_for is None
     run_all(sched, kv, [kid, kid2] if caching else [first, kid])
     check_all_free(sched)
+
+
+def test_a_request_for_prompt_logprobs_computes_its_whole_prompt():
+    """Cached prompt tokens have no logits: such a request takes no hits (its blocks are still cached)."""
+    from ingot.engine.sequence import Sequence
+    from ingot.sampling_params import SamplingParams
+
+    sched, kv = sched_of()
+    a = make_seq(PROMPT, 2, "a")
+    sched.add(a)
+    step(sched, kv)
+    b = Sequence("b", None, PROMPT, SamplingParams(max_tokens=2, prompt_logprobs=1), detok=None)
+    sched.add(b)
+    batch, _ = step(sched, kv)
+    assert batch.seqs == [b] and batch.num_new_tokens == [30] and b.num_cached_tokens == 0
+    c = make_seq(PROMPT, 2, "c")
+    sched.add(c)
+    step(sched, kv)
+    assert c.num_cached_tokens == 28
+    run_all(sched, kv, [a, b, c])
+    check_all_free(sched)

@@ -49,7 +49,7 @@ def run_waves(engine, waves, max_tokens: int = 10, between=None):
                 between(engine, batch)
     check_all_free(engine.scheduler)
     for s in seqs:
-        engine.requests.pop(s.request_id)
+        engine.requests.pop(s.request_id, None)
     return seqs
 
 
@@ -129,8 +129,8 @@ def test_smollm2_shared_system_prompt(smollm2_gguf):
     tok = on_llm.get_tokenizer()
     system = "You are a careful assistant. Answer in one short sentence, plainly, without lists or preambles. " * 2
     questions = ["What is the capital of France?", "Why is the sky blue?", "What do bees make?"]
-    prompts = [tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}])
-               for q in questions]
+    prompts = [tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
+                                       add_generation_prompt=True, tokenize=False) for q in questions]
     ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
     shared = next(i for i, col in enumerate(zip(*ids)) if len(set(col)) > 1)
     assert shared >= 32, "the prompts share at least two 16-token blocks"
@@ -139,3 +139,25 @@ def test_smollm2_shared_system_prompt(smollm2_gguf):
     off = run_waves(LLM(path, enable_prefix_caching=False, **common).engine, waves, max_tokens=8)
     assert outputs(on) == outputs(off)
     assert [s.num_cached_tokens for s in on[1:]] == [shared // 16 * 16] * 2
+
+
+@pytest.mark.cuda
+def test_cuda_shared_prefix_through_the_triton_kernels(smollm2_gguf):
+    """bf16 on the GPU: the paged prefill over cached context and graph decode agree with a
+    full prefill (greedy; the first 8 tokens of each reply, where bf16 rounding cannot yet
+    have moved a near-tie)."""
+    path = str(smollm2_gguf)
+    # small pools: two engines share the GPU
+    common = dict(dtype="bfloat16", device="cuda", show_progress=False, max_model_len=512, max_num_seqs=8, num_kv_blocks=128)
+    on_llm = LLM(path, **common)
+    tok = on_llm.get_tokenizer()
+    system = "You are a careful assistant. Answer in one short sentence, plainly, without lists or preambles. " * 4
+    questions = ["What is the capital of France?", "Why is the sky blue?", "What do bees make?", "Name a prime number."]
+    ids = [tok.encode(tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
+                                              add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+           for q in questions]
+    waves = [ids[:1], ids[1:]]
+    on = run_waves(on_llm.engine, waves, max_tokens=8)
+    off = run_waves(LLM(path, enable_prefix_caching=False, **common).engine, waves, max_tokens=8)
+    assert all(s.num_cached_tokens >= 64 for s in on[1:])
+    assert outputs(on) == outputs(off)

@@ -197,7 +197,7 @@ class Reference:
             seq = self.engine.add_request(prompt, greedy(max_tokens), f"ref{next(self.ids)}", stream=False)
             while not seq.finished:
                 self.engine.step()
-            self.engine.requests.pop(seq.request_id)
+            self.engine.requests.pop(seq.request_id, None)
             self.memo[key] = list(seq.output_token_ids)
         return self.memo[key]
 
