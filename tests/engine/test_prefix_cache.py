@@ -39,7 +39,16 @@ def run_all(sched, kv, seqs, limit: int = 1000):
         assert s.output_token_ids == alone(s.prompt_token_ids, s.params.max_tokens), s.request_id
 
 
-PROMPT = list(range(10, 40))  # 30 tokens: 7 full blocks of 4 and 2 more tokens
+PROMPT = list(range(10, 40))
+
+
+def after_first(prompt: list[int], max_tokens: int, salt=None, **kw):
+    """A scheduler whose first request ("a") has run its first step: its prompt blocks are cached."""
+    sched, kv = sched_of(**kw)
+    a = make_seq(prompt, max_tokens, "a", salt=salt)
+    sched.add(a)
+    step(sched, kv)
+    return sched, kv, a  # 30 tokens: 7 full blocks of 4 and 2 more tokens
 
 
 # ---------------------------------------------------------------- hashes
@@ -90,10 +99,7 @@ def test_second_request_reuses_the_shared_full_blocks():
     (3, 0, 3),  # no full block
 ])
 def test_at_least_the_last_token_is_computed(prompt_len, hit, computed):
-    sched, kv = sched_of()
-    a = make_seq(PROMPT, 2, "a")
-    sched.add(a)
-    step(sched, kv)
+    sched, kv, a = after_first(PROMPT, 2)
     b = make_seq(PROMPT[:prompt_len], 2, "b")
     sched.add(b)
     batch, _ = step(sched, kv)
@@ -104,10 +110,7 @@ def test_at_least_the_last_token_is_computed(prompt_len, hit, computed):
 
 
 def test_salts_keep_tenants_apart():
-    sched, kv = sched_of()
-    a = make_seq(PROMPT, 2, "a", salt="t1")
-    sched.add(a)
-    step(sched, kv)
+    sched, kv, a = after_first(PROMPT, 2, salt="t1")
     b, c, d = make_seq(PROMPT, 2, "b", salt="t2"), make_seq(PROMPT, 2, "c"), make_seq(PROMPT, 2, "d", salt="t1")
     for s in (b, c, d):
         sched.add(s)
@@ -258,10 +261,7 @@ def test_chunked_prefill_after_a_cached_prefix_counts_only_computed_tokens():
 
 
 def test_preempting_a_sharer_keeps_the_shared_blocks_for_the_others():
-    sched, kv = sched_of()
-    a = make_seq(PROMPT, 6, "a")
-    sched.add(a)
-    step(sched, kv)
+    sched, kv, a = after_first(PROMPT, 6)
     b = make_seq(PROMPT[:16] + [9, 9], 6, "b")
     sched.add(b)
     step(sched, kv)
@@ -279,10 +279,7 @@ def test_preempting_a_sharer_keeps_the_shared_blocks_for_the_others():
 
 
 def test_abort_of_a_request_whose_blocks_are_shared():
-    sched, kv = sched_of()
-    a = make_seq(PROMPT, 8, "a")
-    sched.add(a)
-    step(sched, kv)
+    sched, kv, a = after_first(PROMPT, 8)
     b, c = make_seq(PROMPT[:20] + [4], 8, "b"), make_seq(PROMPT + [5, 5], 8, "c")
     sched.add(b)
     sched.add(c)
@@ -344,10 +341,7 @@ def test_a_request_for_prompt_logprobs_computes_its_whole_prompt():
     from ingot.engine.sequence import Sequence
     from ingot.sampling_params import SamplingParams
 
-    sched, kv = sched_of()
-    a = make_seq(PROMPT, 2, "a")
-    sched.add(a)
-    step(sched, kv)
+    sched, kv, a = after_first(PROMPT, 2)
     b = Sequence("b", None, PROMPT, SamplingParams(max_tokens=2, prompt_logprobs=1), detok=None)
     sched.add(b)
     batch, _ = step(sched, kv)

@@ -202,15 +202,15 @@ class Reference:
         return self.memo[key]
 
 
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+def greedy(max_tokens: int, n: int = 1) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, n=n)
 
 
 _reference: dict[int, Reference] = {}
 _ids = itertools.count()
 
 
-@settings(max_examples=50)
+@settings(max_examples=60)
 @given(program=programs, pool=st.sampled_from([LONGEST // BS + 2, 16, 40]))
 def test_random_programs_on_a_real_model_match_each_prompt_alone(engines, program, pool):
     pools, reference_engine = engines
@@ -225,7 +225,14 @@ def test_random_programs_on_a_real_model_match_each_prompt_alone(engines, progra
         live = [s for s in seqs if not s.finished]
         if kind == "arrive":
             _, _, max_tokens, salt, n = arg
-            first = None
+            if n > 1 and salt is None:  # the engine's own n > 1: one request, n samples
+                rid = f"p{next(_ids)}"
+                engine.add_request(prompt_of(arg), greedy(max_tokens, n), rid, stream=False)
+                group = engine.requests[rid].seqs
+                seqs += group
+                children += group[1:]
+                continue
+            first = None  # n requests of one prompt, the later ones waiting for the first (wait_for)
             for _ in range(n):
                 seq = engine.add_request(prompt_of(arg), greedy(max_tokens), f"p{next(_ids)}", stream=False)
                 seq.cache_salt, seq.wait_for = salt, first  # set before the scheduler first looks at it
