@@ -4,11 +4,12 @@ Policy (one step is either all-prefill or all-decode):
 1. Prefill first: sequences already part-way through a chunked prefill, then
    waiting requests in arrival order, within ``max_num_batched_tokens`` and
    ``max_num_seqs``. A long prompt is split into chunks across steps. A waiting
-   request is admitted once the blocks of its whole prompt are free (not counting
-   those that prompts still in prefill will take); until then it keeps waiting. With prefix caching, a
-   request starts after its longest cached prefix of full blocks: those cost
-   neither new blocks nor batched tokens. A request with ``wait_for`` set is
-   passed over (later ones go ahead) until that sequence has computed its prompt.
+   request is admitted once the blocks of its whole prompt are free (besides
+   those the prompts still in prefill will take); until then it keeps waiting.
+   With prefix caching, a request starts after its longest cached prefix of
+   full blocks: those cost neither new blocks nor batched tokens. A request
+   with ``wait_for`` set is passed over (later ones go ahead) until that
+   sequence has computed its prompt.
 2. Otherwise decode every running sequence by one token. When a sequence
    needs a new block and none is free, the newest running sequence is
    preempted: its blocks are freed and it goes back to the front of the queue,
@@ -87,9 +88,9 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             budget -= n
         # A request is admitted only if every block its prompt needs is free now, besides those
-        # the prompts already being prefilled still need: admitted on its first chunk alone, a
-        # prompt that cannot finish preempted itself, came back, and (prefill steps going first)
-        # starved every decode forever.
+        # the prompts already in prefill still need. Admitted on its first chunk alone, a prompt
+        # that cannot finish preempts itself and comes back, step after step, and since prefill
+        # steps go first, no decode ever runs (a livelock under a full KV cache).
         reserved = sum(self.blocks.extra_blocks(s, s.num_tokens) for s in prefilling if s.status is Status.RUNNING)
         held_back: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
