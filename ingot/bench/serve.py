@@ -329,8 +329,7 @@ def run_workload(
     order = itertools.count(len(requests))
     live = []  # (request, sequence, scheduled arrival time)
     sent: dict[str, tuple[Request, object]] = {}  # request id -> (request, its sequence)
-    stats = engine.scheduler.stats
-    before = (stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits)
+    before = engine.stats()
     start = clock()
     try:
         while pending or engine.has_unfinished():
@@ -365,9 +364,10 @@ def run_workload(
         for req, seq, arrival in live
     ]
     metrics = compute_metrics(records, start, end)
-    metrics.num_preemptions = stats.num_preemptions - before[0]
-    metrics.prefix_cache_queries = stats.prefix_cache_queries - before[1]
-    metrics.prefix_cache_hits = stats.prefix_cache_hits - before[2]
+    after = engine.stats()
+    metrics.num_preemptions = after.num_preemptions - before.num_preemptions
+    metrics.prefix_cache_queries = after.prefix_cache_queries - before.prefix_cache_queries
+    metrics.prefix_cache_hits = after.prefix_cache_hits - before.prefix_cache_hits
     if metrics.prefix_cache_queries:
         metrics.prefix_cache_hit_rate = metrics.prefix_cache_hits / metrics.prefix_cache_queries
     return metrics

@@ -170,9 +170,11 @@ class Engine:
             num_running=len(sched.running),
             num_waiting=len(sched.waiting),
             kv_cache_usage=(usable - blocks.num_free) / usable if usable else 0.0,
-            num_preemptions=sched.num_preemptions,
+            num_preemptions=sched.stats.num_preemptions,
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
+            prefix_cache_queries=sched.stats.prefix_cache_queries,
+            prefix_cache_hits=sched.stats.prefix_cache_hits,
         )
 
     def _finish_request(self, state: RequestState, reason: str, error: Optional[str] = None) -> RequestOutput:

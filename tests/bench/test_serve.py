@@ -23,7 +23,7 @@ from ingot.bench.serve import (
     ttft,
 )
 from ingot.cli import main
-from ingot.engine.scheduler import SchedulerStats
+from ingot.engine.stats import EngineStats
 from tests.helpers import TINY, write_tiny_checkpoint
 
 
@@ -156,7 +156,7 @@ class _FakeEngine:
     def __init__(self, clock):
         self.clock = clock
         self.requests = {}
-        self.scheduler = type("S", (), {"stats": SchedulerStats()})()
+        self.stats = EngineStats
         self.added_at = {}
 
     def add_request(self, prompt, params, request_id):
