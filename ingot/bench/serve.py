@@ -157,7 +157,8 @@ def make_requests(workload: Workload, vocab_size: int) -> list[Request]:
     t = 0.0
     for i in range(workload.num_requests):
         turns = []
-        # single-turn draws nothing extra: the same seed gives the same requests as before turns existed
+        # a single-turn workload draws no turn count: its requests (lengths, ids) match those of
+        # the same seed drawn without any turns field, as in earlier result files
         for _ in range(rng.randint(*workload.turns) if workload.kind == "multi-turn" else 1):
             in_len = rng.randint(*workload.input_len)
             out_len = rng.randint(*workload.output_len)

@@ -426,3 +426,9 @@ def test_cli_turns_need_multi_turn(tiny, capsys):
     argv = ["bench", "serve", "--model", str(tiny), "--device", "cpu", "--turns", "2-3", "--quiet"]
     assert main(argv) == 2
     assert "multi-turn" in capsys.readouterr().err
+
+
+def test_cli_multi_turn_needs_a_local_engine(capsys):
+    argv = ["bench", "serve", "--url", "http://127.0.0.1:9", "--workload", "multi-turn", "--quiet"]
+    assert main(argv) == 2
+    assert "local engine" in capsys.readouterr().err
