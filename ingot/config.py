@@ -45,6 +45,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_tokens: int = 32768  # KV budget on CPU (tokens)
     num_kv_blocks: Optional[int] = None  # explicit pool size (tests, tuning)
+    # Reuse the KV of full blocks shared with earlier requests (system prompts, chat history,
+    # n > 1): hashed by content (engine/block_manager.py), freed blocks kept until evicted (LRU).
+    enable_prefix_caching: bool = True
     # scheduling
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 4096

@@ -138,7 +138,10 @@ def _build_engine(args: argparse.Namespace):
     from ingot.config import EngineConfig
 
     settings = dict(max_num_seqs=max(args.buckets), cudagraph_capture_sizes=tuple(args.buckets),
-                    fake_graph_capture=args.fake_graphs, tensor_parallel_size=args.tp, show_progress=False, **extra)
+                    fake_graph_capture=args.fake_graphs, tensor_parallel_size=args.tp, show_progress=False,
+                    # every mode decodes the same prompts: each must prefill them itself, not reuse
+                    # the KV another mode left in the prefix cache
+                    enable_prefix_caching=False, **extra)
     config = EngineConfig.create(model=args.model, dtype=args.dtype, device=args.device, **settings)
     if args.shape:
         from ingot.bench.random_engine import random_engine

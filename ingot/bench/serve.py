@@ -6,6 +6,14 @@ one seed. Requests arrive all at once (``request_rate=inf``) or as a Poisson
 process of the given rate (requests/s). The driver adds each request to the
 engine once its arrival time has passed and steps the engine in between.
 
+Prefix sharing: with ``shared_prefix_len`` N every prompt starts with the same
+N random tokens (a system prompt), then its own part drawn from ``input_len``.
+``kind="multi-turn"``: each of the ``num_requests`` is a conversation of
+``turns`` turns; a turn's prompt is the conversation so far (the previous
+prompt, the tokens the model answered, a new user message of ``input_len``
+tokens), sent as soon as the previous turn has finished. The engine's prefix
+cache hit rate over the run is reported (cached prompt tokens / prompt tokens).
+
 Metrics (pure functions, tested on hand-made streams):
 
 * TTFT: first output token time minus the request's *scheduled* arrival time
@@ -17,10 +25,11 @@ Metrics (pure functions, tested on hand-made streams):
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import random
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -30,6 +39,7 @@ from ingot.sampling_params import SamplingParams
 # special tokens (bos, eos, pad, chat markers) usually sit at either end of the vocab.
 SPECIAL_MARGIN = 10
 PERCENTILES = (50, 90, 99)
+KINDS = ("random", "multi-turn")
 
 
 class WorkloadError(ValueError):
@@ -46,11 +56,20 @@ class Workload:
     output_len: tuple[int, int]
     request_rate: float = math.inf  # requests/s; inf = all at once
     seed: int = 0
+    shared_prefix_len: int = 0  # tokens every prompt starts with
+    kind: str = "random"  # or "multi-turn": num_requests conversations
+    turns: tuple[int, int] = (1, 1)  # turns per conversation (multi-turn)
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise WorkloadError(f"num_requests must be >= 1, got {self.num_requests}")
-        for name in ("input_len", "output_len"):
+        if self.shared_prefix_len < 0:
+            raise WorkloadError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
+        if self.kind not in KINDS:
+            raise WorkloadError(f"workload must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "random" and self.turns != (1, 1):
+            raise WorkloadError("turns apply to the multi-turn workload only")
+        for name in ("input_len", "output_len", "turns"):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise WorkloadError(f"{name} range must satisfy 1 <= low <= high, got {lo}-{hi}")
@@ -59,9 +78,17 @@ class Workload:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["input_len"], d["output_len"] = list(self.input_len), list(self.output_len)
+        d["input_len"], d["output_len"], d["turns"] = list(self.input_len), list(self.output_len), list(self.turns)
         d["request_rate"] = format_rate(self.request_rate)
         return d
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A later turn of a conversation: the user's new message and the reply length."""
+
+    user_token_ids: list[int]
+    output_len: int
 
 
 @dataclass(frozen=True)
@@ -69,6 +96,17 @@ class Request:
     prompt_token_ids: list[int]
     output_len: int
     arrival_s: float  # seconds after the start of the run
+    next_turns: tuple[Turn, ...] = ()  # sent one by one, each once the previous turn has finished
+
+    @property
+    def max_len(self) -> int:
+        """Tokens the last turn can reach: every prompt, reply and later message."""
+        return len(self.prompt_token_ids) + self.output_len + sum(len(t.user_token_ids) + t.output_len for t in self.next_turns)
+
+    def follow_up(self, output_token_ids: list[int], arrival_s: float) -> "Request":
+        """The next turn: this prompt, the reply the model gave, the next user message."""
+        turn, *rest = self.next_turns
+        return Request(self.prompt_token_ids + list(output_token_ids) + turn.user_token_ids, turn.output_len, arrival_s, tuple(rest))
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -103,23 +141,32 @@ def format_rate(rate: float) -> object:
 def make_requests(workload: Workload, vocab_size: int) -> list[Request]:
     """The workload's requests, in arrival order; the same seed gives the same requests.
 
-    Lengths and prompts come from one random stream and arrival gaps from another,
-    so changing the rate keeps the prompts and lengths. The first request arrives at 0.
+    Lengths and prompts come from one random stream, the shared prefix and arrival
+    gaps from others, so changing the rate or the prefix keeps the rest. The first
+    request arrives at 0. Multi-turn: one request per conversation, its later turns
+    in ``next_turns``.
     """
     lo_id, hi_id = SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN
     if hi_id <= lo_id:
         raise WorkloadError(f"vocab of {vocab_size} tokens is too small for random prompts")
     rng = random.Random(workload.seed)
     arrivals_rng = random.Random(f"arrivals-{workload.seed}")
+    prefix_rng = random.Random(f"prefix-{workload.seed}")
+    prefix = [prefix_rng.randrange(lo_id, hi_id) for _ in range(workload.shared_prefix_len)]
     out: list[Request] = []
     t = 0.0
     for i in range(workload.num_requests):
-        in_len = rng.randint(*workload.input_len)
-        out_len = rng.randint(*workload.output_len)
-        prompt = [rng.randrange(lo_id, hi_id) for _ in range(in_len)]
+        turns = []
+        # a single-turn workload draws no turn count: its requests (lengths, ids) match those of
+        # the same seed drawn without any turns field, as in earlier result files
+        for _ in range(rng.randint(*workload.turns) if workload.kind == "multi-turn" else 1):
+            in_len = rng.randint(*workload.input_len)
+            out_len = rng.randint(*workload.output_len)
+            turns.append(Turn([rng.randrange(lo_id, hi_id) for _ in range(in_len)], out_len))
         if i > 0 and not math.isinf(workload.request_rate):
             t += arrivals_rng.expovariate(workload.request_rate)
-        out.append(Request(prompt, out_len, t))
+        first, *later = turns
+        out.append(Request(prefix + first.user_token_ids, first.output_len, t, tuple(later)))
     return out
 
 
@@ -170,6 +217,7 @@ class RequestRecord:
     output_len: int  # tokens produced
     arrival: float
     token_times: list[float]
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def ttft(self) -> Optional[float]:
@@ -188,6 +236,10 @@ class ServeMetrics:
     ttft_ms: dict[str, Optional[float]]
     itl_ms: dict[str, Optional[float]]
     num_preemptions: int = 0  # sequences evicted (and later recomputed) for lack of KV cache
+    # prompt tokens looked up in / served from the prefix cache (0 / 0 with caching off)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_rate: Optional[float] = None
     requests: list[dict] = field(default_factory=list)  # per request: lengths, arrival, ttft, latency
 
 
@@ -207,6 +259,7 @@ def compute_metrics(records: Sequence[RequestRecord], start: float, end: float) 
             "arrival_s": r.arrival - start,
             "ttft_ms": None if r.ttft is None else r.ttft * 1e3,
             "latency_s": (r.token_times[-1] - r.arrival) if r.token_times else None,
+            "cached_tokens": r.cached_tokens,
         }
         for r in records
     ]
@@ -230,8 +283,8 @@ def sampling_params(output_len: int) -> SamplingParams:
 
 
 def check_fits(requests: Sequence[Request], max_model_len: int) -> None:
-    """Every request must fit its prompt and all its output tokens in the context."""
-    worst = max(len(r.prompt_token_ids) + r.output_len for r in requests)
+    """Every request (every turn of a conversation) must fit its prompt and output in the context."""
+    worst = max(r.max_len for r in requests)
     if worst > max_model_len:
         raise WorkloadError(
             f"a request needs {worst} tokens (prompt + output) but max_model_len is {max_model_len}; "
@@ -262,29 +315,45 @@ def run_workload(
 ) -> ServeMetrics:
     """Send ``requests`` at their arrival times, step until all finish, measure.
 
+    A request with ``next_turns`` sends its next turn (``Request.follow_up``) as soon
+    as a step reports it finished; every turn is one request in the metrics.
     ``clock`` must be the clock the engine stamps token times with (time.monotonic).
     ``on_finish`` is called once per finished request (progress display).
     """
     if engine.has_unfinished():
         raise RuntimeError("the engine has unfinished requests; run the benchmark on an idle engine")
     check_fits(requests, engine.max_model_len)
-    pending = deque(sorted(enumerate(requests), key=lambda ir: ir[1].arrival_s))
+    # (arrival, tie-break, request id, request): ties keep the given order, as a stable sort
+    # would; turn k > 0 of conversation i is request "serve-i.k"
+    pending = [(r.arrival_s, i, f"serve-{i}", r) for i, r in enumerate(requests)]
+    heapq.heapify(pending)
+    order = itertools.count(len(requests))
     live = []  # (request, sequence, scheduled arrival time)
-    preempted_before = engine.scheduler.num_preemptions
+    sent: dict[str, tuple[Request, object]] = {}  # request id -> (request, its sequence)
+    before = engine.stats()
     start = clock()
     try:
         while pending or engine.has_unfinished():
             now = clock()
-            while pending and start + pending[0][1].arrival_s <= now:
-                i, req = pending.popleft()
-                seq = engine.add_request(req.prompt_token_ids, sampling_params(req.output_len), request_id=f"serve-{i}")
+            while pending and start + pending[0][0] <= now:
+                _, _, rid, req = heapq.heappop(pending)
+                seq = engine.add_request(req.prompt_token_ids, sampling_params(req.output_len), request_id=rid)
                 live.append((req, seq, start + req.arrival_s))
+                sent[rid] = (req, seq)
             if engine.has_unfinished():
-                for seq in engine.step():
-                    if seq.finished and on_finish is not None:
+                for out in engine.step():  # the requests the step advanced
+                    if not out.finished:
+                        continue
+                    if on_finish is not None:
                         on_finish()
+                    req, seq = sent[out.request_id]
+                    if req.next_turns:
+                        nxt = req.follow_up(seq.output_token_ids, clock() - start)
+                        conv, _, turn = out.request_id.partition(".")
+                        rid = f"{conv}.{int(turn or 0) + 1}"
+                        heapq.heappush(pending, (nxt.arrival_s, next(order), rid, nxt))
             elif pending:
-                sleep(max(0.0, start + pending[0][1].arrival_s - clock()))
+                sleep(max(0.0, start + pending[0][0] - clock()))
         end = clock()
     finally:
         for _, seq, _ in live:
@@ -292,9 +361,14 @@ def run_workload(
                 engine.abort(seq.request_id)
             engine.requests.pop(seq.request_id, None)
     records = [
-        RequestRecord(len(req.prompt_token_ids), len(seq.output_token_ids), arrival, list(seq.token_times))
+        RequestRecord(len(req.prompt_token_ids), len(seq.output_token_ids), arrival, list(seq.token_times), seq.num_cached_tokens)
         for req, seq, arrival in live
     ]
     metrics = compute_metrics(records, start, end)
-    metrics.num_preemptions = engine.scheduler.num_preemptions - preempted_before
+    after = engine.stats()
+    metrics.num_preemptions = after.num_preemptions - before.num_preemptions
+    metrics.prefix_cache_queries = after.prefix_cache_queries - before.prefix_cache_queries
+    metrics.prefix_cache_hits = after.prefix_cache_hits - before.prefix_cache_hits
+    if metrics.prefix_cache_queries:
+        metrics.prefix_cache_hit_rate = metrics.prefix_cache_hits / metrics.prefix_cache_queries
     return metrics

@@ -1,10 +1,10 @@
 """`ingot bench serve`: end-to-end throughput and latency on a synthetic workload.
 
-For each decode-compile mode: build the engine, run one small warm-up request,
-then the workload (see ingot/bench/serve.py); print a table and optionally
-write every number, the workload and the environment as JSON. With ``--url``,
-the same workload goes over HTTP to a running OpenAI-compatible server
-(``ingot serve`` or any other; see ingot/bench/http_serve.py) instead.
+For each decode-compile mode and prefix-caching setting: build the engine, run
+one small warm-up request, then the workload (see ingot/bench/serve.py); print a
+table and optionally write every number, the workload and the environment as JSON.
+With ``--url``, the same workload goes over HTTP to a running OpenAI-compatible
+server (``ingot serve`` or any other; see ingot/bench/http_serve.py) instead.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 # --compile-modes names -> EngineConfig.decode_compile
 MODES = {"off": False, "on": True, "auto": "auto"}
+# --prefix-caching names -> EngineConfig.enable_prefix_caching
+CACHING = {"on": True, "off": False}
 
 
 def _range_arg(text: str) -> tuple[int, int]:
@@ -46,12 +48,18 @@ def _rate_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _modes_arg(text: str) -> list[str]:
-    modes = [m.strip().lower() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if not modes or bad:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {'/'.join(MODES)}, got {text!r}")
-    return list(dict.fromkeys(modes))
+def _names_arg(choices: dict[str, Any]):
+    def parse(text: str) -> list[str]:
+        names = [m.strip().lower() for m in text.split(",") if m.strip()]
+        bad = [m for m in names if m not in choices]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {'/'.join(choices)}, got {text!r}")
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+_modes_arg = _names_arg(MODES)
 
 
 def add_parser(subparsers, engine_args) -> None:
@@ -68,6 +76,13 @@ def add_parser(subparsers, engine_args) -> None:
     w.add_argument("--output-len", type=_range_arg, default=(64, 512), metavar="LOW-HIGH", help="output length range, inclusive (default 64-512)")
     w.add_argument("--request-rate", type=_rate_arg, default=float("inf"), metavar="RATE", help="requests/s, Poisson arrivals; inf (default) sends all at once")
     w.add_argument("--seed", type=int, default=0, help="seed of lengths, prompts and arrival times (default 0)")
+    w.add_argument("--shared-prefix-len", type=int, default=0, metavar="N",
+                   help="every prompt starts with the same N random tokens (a shared system prompt), then its own --input-len tokens (default 0)")
+    w.add_argument("--workload", choices=["random", "multi-turn"], default="random",
+                   help="random: independent requests (default); multi-turn: --num-requests conversations, each turn resends "
+                        "the conversation so far (previous prompt, the model's reply, a new user message of --input-len tokens) "
+                        "once the previous turn has finished")
+    w.add_argument("--turns", type=_range_arg, default=None, metavar="LOW-HIGH", help="turns per conversation, multi-turn only (default 2-6)")
     g = p.add_argument_group("model and engine")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct")
@@ -84,6 +99,9 @@ def add_parser(subparsers, engine_args) -> None:
         "--compile-modes", "--decode-compile", dest="compile_modes", type=_modes_arg, nargs="?", const=["on"], default=["off"],
         metavar="MODES", help="decode-compile modes to run, comma-separated from off,on,auto (default off; alone: on). Compile only applies on CUDA",
     )
+    g.add_argument("--prefix-caching", dest="prefix_caching", type=_names_arg(CACHING), default=["on"], metavar="MODES",
+                   help="automatic prefix caching settings to run, comma-separated from on,off (default on; on,off compares both)")
+    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=["off"], help="same as --prefix-caching off")
     h = p.add_argument_group("over HTTP (--url)")
     h.add_argument("--url", default=None, help="send the workload to this OpenAI-compatible server (e.g. http://127.0.0.1:8000) "
                                               "instead of running an engine here")
@@ -104,9 +122,9 @@ def _shapes() -> list[str]:
     return list(SHAPES)
 
 
-def build_engine(args: argparse.Namespace, decode_compile: Any):
+def build_engine(args: argparse.Namespace, decode_compile: Any, prefix_caching: bool = True):
     """The engine to benchmark: the checkpoint of --model, or a random model of --shape."""
-    kw = llm_kwargs(args, decode_compile)
+    kw = llm_kwargs(args, decode_compile, prefix_caching)
     if args.shape:
         from ingot.bench.random_engine import random_engine
         from ingot.config import EngineConfig
@@ -117,9 +135,10 @@ def build_engine(args: argparse.Namespace, decode_compile: Any):
     return LLM(args.model, **kw).engine
 
 
-def llm_kwargs(args: argparse.Namespace, decode_compile: Any) -> dict[str, Any]:
+def llm_kwargs(args: argparse.Namespace, decode_compile: Any, prefix_caching: bool = True) -> dict[str, Any]:
     """The one place that turns parsed options into ``LLM(...)`` keyword arguments."""
-    kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile}
+    kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile,
+                          "enable_prefix_caching": prefix_caching}
     if getattr(args, "tokenizer", None):
         kw["tokenizer"] = args.tokenizer
     if args.max_model_len:
@@ -170,14 +189,15 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_mode(args: argparse.Namespace, workload, mode: str, console) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Build the engine for one compile mode, warm up, run the workload: (result, environment)."""
+def run_mode(args: argparse.Namespace, workload, mode: str, console, caching: str = "on") -> tuple[dict[str, Any], dict[str, Any]]:
+    """Build the engine for one compile mode and prefix-caching setting, warm up, run the
+    workload: (result, environment)."""
     from ingot.bench.serve import check_fits, make_requests, run_workload, warm_up
 
     say = (lambda *a: None) if args.quiet else console.print
-    say(f"[bold]decode-compile {mode}[/]: loading the model")
+    say(f"[bold]decode-compile {mode}, prefix caching {caching}[/]: loading the model")
     t0 = time.perf_counter()
-    eng = build_engine(args, decode_compile=MODES[mode])
+    eng = build_engine(args, decode_compile=MODES[mode], prefix_caching=CACHING[caching])
     load_s = time.perf_counter() - t0
     try:
         if mode != "off" and eng.device.type != "cuda":
@@ -187,7 +207,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console) -> tuple[di
         warmup_s = warm_up(eng)
         say(f"warm-up {warmup_s:.2f} s; running {len(requests)} requests")
         metrics = _run_with_progress(eng, requests, args.quiet, console, run_workload)
-        result = {"mode": mode, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(metrics)}
+        result = {"mode": mode, "prefix_caching": caching, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(metrics)}
         env = environment(eng, args)
     finally:
         device = eng.device
@@ -238,7 +258,7 @@ def _run_with_progress(eng, requests, quiet: bool, console, run_workload):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("requests", total=len(requests))
+        task = bar.add_task("requests", total=sum(1 + len(r.next_turns) for r in requests))
         return run_workload(eng, requests, on_finish=lambda: bar.advance(task))
 
 
@@ -250,8 +270,13 @@ def header(workload, env: dict[str, Any]) -> str:
     from ingot.bench.serve import format_rate
 
     w = workload
+    what = f"{w.num_requests} requests, input {w.input_len[0]}-{w.input_len[1]}"
+    if w.kind == "multi-turn":
+        what = f"{w.num_requests} conversations of {w.turns[0]}-{w.turns[1]} turns, user messages {w.input_len[0]}-{w.input_len[1]}"
+    if w.shared_prefix_len:
+        what += f" after a shared {w.shared_prefix_len}-token prefix"
     return (
-        f"[bold]ingot bench serve[/]: {w.num_requests} requests, input {w.input_len[0]}-{w.input_len[1]}, "
+        f"[bold]ingot bench serve[/]: {what}, "
         f"output {w.output_len[0]}-{w.output_len[1]} tokens, rate {format_rate(w.request_rate)} req/s, seed {w.seed}\n"
         f"{env['model']} ({env['architecture']}, {env['dtype']}, max_model_len {env['max_model_len']}, "
         f"max_num_seqs {env['max_num_seqs']}) on {env['device_name']} [{env['device']}], "
@@ -265,7 +290,8 @@ def render_table(results: list[dict[str, Any]]):
     table = Table()
     table.add_column("metric")
     for r in results:
-        table.add_column(f"compile {r['mode']}", justify="right")
+        caching = f", prefix cache {r['prefix_caching']}" if "prefix_caching" in r else ""  # not over HTTP
+        table.add_column(f"compile {r['mode']}{caching}", justify="right")
     rows: list[tuple[str, Any]] = [
         ("duration (s)", lambda r: _fmt(r["duration_s"], 2)),
         ("requests/s", lambda r: _fmt(r["request_throughput"], 2)),
@@ -282,6 +308,7 @@ def render_table(results: list[dict[str, Any]]):
             rows.append((f"{name} {stat} (ms)", lambda r, k=key, s=stat: _fmt((r.get(k) or {}).get(s), 1)))
         ends.add(len(rows) - 1)
     rows += [
+        ("prefix cache hit rate", lambda r: "-" if r.get("prefix_cache_hit_rate") is None else f"{r['prefix_cache_hit_rate']:.1%}"),
         ("preemptions", lambda r: str(r.get("num_preemptions", "-"))),
         ("failed requests", lambda r: str(r.get("failed", 0))),
         ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}" if "load_s" in r else "-"),
@@ -300,13 +327,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     env: dict[str, Any] = {}
     try:
-        workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed)
+        multi = args.workload == "multi-turn"
+        if args.turns is not None and not multi:
+            raise WorkloadError("--turns applies to --workload multi-turn only")
+        if multi and args.url:
+            raise WorkloadError("--workload multi-turn runs on a local engine only (not with --url)")
+        turns = (args.turns or (2, 6)) if multi else (1, 1)
+        workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed,
+                            shared_prefix_len=args.shared_prefix_len, kind=args.workload, turns=turns)
         if args.url:
             result, env = run_http_mode(args, workload, err)
             results.append(result)
         for mode in [] if args.url else args.compile_modes:
-            result, env = run_mode(args, workload, mode, err)
-            results.append(result)
+            for caching in args.prefix_caching:
+                result, env = run_mode(args, workload, mode, err, caching)
+                results.append(result)
     except WorkloadError as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)
         return 2

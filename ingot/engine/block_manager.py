@@ -1,36 +1,88 @@
-"""Which KV blocks each sequence holds: the engine's side of the paged KV cache.
+"""Which KV blocks each sequence holds, and the prefix cache over them.
 
 The tensors live in the runner (``runner/kv_pool.py``); this manager only hands
 out block ids. Block 0 (``DUMMY_BLOCK``) is never handed out: it is the
 padding target of captured decode batches.
+
+Every handed-out block has a reference count: the number of sequences whose
+block table holds it. With prefix caching on (``enable_prefix_caching``):
+
+* A full block is named by a hash chained over its parent block's hash and its
+  token ids; the chain starts from a root hash of the sequence's ``cache_salt``,
+  so blocks of different salts never match. sha256 (``block_hash``), not Python's
+  ``hash``: a collision would silently give one request another's KV, and token
+  ids can be chosen by a client to collide under a weak hash. It costs about
+  1 us per 16-token block on the host, once per full block.
+* A block becomes findable by its hash only once its KV has been computed: the
+  scheduler calls ``cache_full_blocks`` after the step (never at allocation), so a
+  sequence preempted or aborted before its step ran leaves nothing findable.
+* A new sequence takes its longest cached prefix of full blocks (``match`` /
+  ``admit``) and computes only the rest; at least its last token is always
+  computed, so a prompt whose every full block is cached still recomputes its
+  last full block (the vLLM rule: a cached block is never written to).
+* A freed block stays cached while no one holds it, in a least-recently-used
+  pool; a new block is the oldest uncached free block first, else the least
+  recently used cached one (whose hash is then forgotten). Every operation is
+  O(1) per block: a deque and an OrderedDict.
+
+With prefix caching off nothing is hashed and blocks go back to one free list,
+in the order they were freed.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import functools
+import hashlib
+import struct
+from collections import OrderedDict, deque
+from typing import Optional, Sequence as Seq
 
 from ingot.engine.sequence import Sequence
 from ingot.runner.kv_pool import DUMMY_BLOCK, blocks_for
 
 
-class BlockManager:
-    """Free-list allocator of KV blocks (ids 1..num_blocks-1)."""
+@functools.lru_cache(maxsize=1024)
+def root_hash(cache_salt: Optional[str]) -> bytes:
+    """The parent hash of a sequence's first block: unsalted and each salt differ."""
+    salt = b"\x00" if cache_salt is None else b"\x01" + cache_salt.encode()
+    return hashlib.sha256(b"ingot-kv-block\x00" + salt).digest()
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+
+def block_hash(parent: bytes, token_ids: Seq[int]) -> bytes:
+    """The hash of one full block: its parent's hash and its token ids (int32, little-endian)."""
+    return hashlib.sha256(parent + _int32s(len(token_ids)).pack(*token_ids)).digest()
+
+
+@functools.lru_cache(maxsize=None)
+def _int32s(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}i")  # 3.5x faster than array("i", ids).tobytes() for 16 ids
+
+
+class BlockManager:
+    """Reference-counted KV blocks (ids 1..num_blocks-1) and, optionally, the prefix cache."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         assert num_blocks >= 2, "need at least one usable block besides the dummy"
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(DUMMY_BLOCK + 1, num_blocks))
+        self.caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.free_blocks: deque[int] = deque(range(DUMMY_BLOCK + 1, num_blocks))  # held by no one, not cached
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no one: least recently used first
+        self.hash_of: list[Optional[bytes]] = [None] * num_blocks  # the hash of each cached block
+        self.cached: dict[bytes, int] = {}  # hash -> the block holding that KV
 
     @property
     def num_free(self) -> int:
-        return len(self.free_blocks)
+        """Blocks a sequence could be given now (cached ones are evicted on demand)."""
+        return len(self.free_blocks) + len(self.evictable)
 
     @property
     def capacity_tokens(self) -> int:
         """Tokens one sequence could ever hold: every usable block."""
         return (self.num_blocks - 1) * self.block_size
 
+    # ------------------------------------------------------------------ growing
     def extra_blocks(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks ``seq`` still needs so that ``num_tokens`` of its tokens fit."""
         return max(0, blocks_for(num_tokens, self.block_size) - len(seq.block_ids))
@@ -41,8 +93,95 @@ class BlockManager:
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         need = self.extra_blocks(seq, num_tokens)
         assert need <= self.num_free, "caller must check can_grow first"
-        seq.block_ids.extend(self.free_blocks.popleft() for _ in range(need))
+        seq.block_ids.extend(self._allocate() for _ in range(need))
+
+    def _allocate(self) -> int:
+        if self.free_blocks:
+            block = self.free_blocks.popleft()
+        else:  # evict the least recently used cached block
+            block, _ = self.evictable.popitem(last=False)
+            del self.cached[self.hash_of[block]]  # type: ignore[index]
+            self.hash_of[block] = None
+        self.ref_counts[block] = 1
+        return block
 
     def free(self, seq: Sequence) -> None:
-        self.free_blocks.extend(seq.block_ids)
-        del seq.block_ids[:]
+        """Drop ``seq``'s hold on its blocks; cached ones stay findable until evicted."""
+        ids = seq.block_ids
+        refs = self.ref_counts
+        # caching: the last blocks of a sequence go to the evictable pool first, so they are
+        # evicted before its first ones (a prefix is worthless without its first blocks)
+        for block in reversed(ids) if self.caching else ids:
+            refs[block] -= 1
+            if refs[block] == 0:
+                if self.hash_of[block] is None:
+                    self.free_blocks.append(block)
+                else:
+                    self.evictable[block] = None
+        del ids[:]
+        seq.num_cached_blocks = 0
+
+    # ------------------------------------------------------------------ prefix cache
+    def match(self, seq: Sequence) -> list[int]:
+        """The cached blocks of ``seq``'s longest cached prefix (none with caching off).
+
+        At most ``(num_tokens - 1) // block_size`` blocks: the last token is always computed.
+        Hashes are computed lazily, so a miss on the first block costs one hash. A request
+        for prompt logprobs computes its whole prompt (cached tokens have no logits).
+        """
+        if not self.caching or seq.params.prompt_logprobs is not None:
+            return []
+        hits: list[int] = []
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            block = self.cached.get(self._hash(seq, i))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def can_admit(self, hits: list[int], num_tokens: int, reserved: int = 0) -> bool:
+        """Would a sequence that reuses ``hits`` fit ``num_tokens`` tokens, leaving ``reserved``
+        blocks free? Hits held by no one leave the evictable pool when taken, so they count
+        against the free blocks."""
+        need = blocks_for(num_tokens, self.block_size) - len(hits)
+        refs = self.ref_counts
+        taken = sum(1 for block in hits if refs[block] == 0)
+        return need <= self.num_free - taken - reserved
+
+    def admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
+        """Give a waiting ``seq`` (no blocks yet) the cached ``hits``, then fresh blocks up to ``num_tokens``."""
+        assert not seq.block_ids, "a waiting sequence holds no blocks"
+        refs = self.ref_counts
+        for block in hits:
+            if refs[block] == 0:
+                del self.evictable[block]
+            refs[block] += 1
+        seq.block_ids.extend(hits)
+        seq.num_cached_blocks = len(hits)
+        self.grow(seq, num_tokens)
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Make ``seq``'s blocks whose KV is now computed and full findable by hash.
+
+        Called after the step that computed them. A block whose hash is already
+        cached (the same prefix computed twice in one step) stays uncached and is
+        freed as a plain block.
+        """
+        full = seq.num_computed_tokens // self.block_size
+        for i in range(seq.num_cached_blocks, full):
+            h = self._hash(seq, i)
+            if h not in self.cached:
+                block = seq.block_ids[i]
+                self.cached[h] = block
+                self.hash_of[block] = h
+        seq.num_cached_blocks = full
+
+    def _hash(self, seq: Sequence, i: int) -> bytes:
+        """Hash of ``seq``'s full block ``i``, computed once per sequence (tokens never change)."""
+        hashes = seq.block_hashes
+        bs = self.block_size
+        while len(hashes) <= i:
+            j = len(hashes)
+            parent = hashes[-1] if hashes else root_hash(seq.cache_salt)
+            hashes.append(block_hash(parent, seq.tokens(j * bs, (j + 1) * bs)))
+        return hashes[i]

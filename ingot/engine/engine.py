@@ -65,7 +65,7 @@ class Engine:
         self.runner = runner if runner is not None else ModelRunner(model, model_config, config, device, dtype)
         num_blocks = self.runner.num_kv_blocks()
         self.runner.allocate_kv_cache(num_blocks)
-        blocks = BlockManager(num_blocks, config.block_size)
+        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if max_model_len > blocks.capacity_tokens:
             if config.max_model_len is not None:
                 raise ConfigError(
@@ -182,9 +182,11 @@ class Engine:
             num_running=len(sched.running),
             num_waiting=len(sched.waiting),
             kv_cache_usage=(usable - blocks.num_free) / usable if usable else 0.0,
-            num_preemptions=sched.num_preemptions,
+            num_preemptions=sched.stats.num_preemptions,
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
+            prefix_cache_queries=sched.stats.prefix_cache_queries,
+            prefix_cache_hits=sched.stats.prefix_cache_hits,
         )
 
     def _finish_request(self, state: RequestState, reason: str, error: Optional[str] = None) -> RequestOutput:
@@ -223,8 +225,7 @@ class Engine:
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
         if out.prompt_logprobs:
             _record_prompt_logprobs(batch, out.prompt_logprobs)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
+        self.scheduler.on_step_done(batch)
         touched = [batch.seqs[row] for row in rows]
         self.generation_tokens += len(touched)
         errors = out.errors or [None] * len(touched)

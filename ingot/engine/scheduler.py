@@ -4,20 +4,45 @@ Policy (one step is either all-prefill or all-decode):
 1. Prefill first: sequences already part-way through a chunked prefill, then
    waiting requests in arrival order, within ``max_num_batched_tokens`` and
    ``max_num_seqs``. A long prompt is split into chunks across steps. A waiting
-   request whose blocks are not free yet keeps waiting.
+   request is admitted once the blocks of its whole prompt are free (besides
+   those the prompts still in prefill will take); until then it keeps waiting.
+   With prefix caching, a request starts after its longest cached prefix of
+   full blocks: those cost neither new blocks nor batched tokens. A request
+   with ``wait_for`` set is passed over (later ones go ahead) until that
+   sequence has computed its prompt.
 2. Otherwise decode every running sequence by one token. When a sequence
    needs a new block and none is free, the newest running sequence is
    preempted: its blocks are freed and it goes back to the front of the queue,
    to be recomputed later (never dropped).
+
+After each step the engine calls ``on_step_done``: it counts the computed
+tokens and registers the blocks that became full in the prefix cache.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+from typing import Optional
 
 from ingot.engine.block_manager import BlockManager
 from ingot.engine.sequence import Sequence, Status
 from ingot.runner.batch import ScheduledBatch
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since the engine started (read them as differences over a run)."""
+
+    num_preemptions: int = 0
+    # prompt tokens of requests at their first admission, with prefix caching on, and how
+    # many of those were taken from the prefix cache (re-admissions after preemption excluded)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> Optional[float]:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
 
 
 class Scheduler:
@@ -27,7 +52,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.num_preemptions = 0
+        self.stats = SchedulerStats()
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -62,19 +87,50 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+        # A request is admitted only if every block its prompt needs is free now, besides those
+        # the prompts already in prefill still need. Admitted on its first chunk alone, a prompt
+        # that cannot finish preempts itself and comes back, step after step, and since prefill
+        # steps go first, no decode ever runs (a livelock under a full KV cache).
+        reserved = sum(self.blocks.extra_blocks(s, s.num_tokens) for s in prefilling if s.status is Status.RUNNING)
+        held_back: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+            if seq.wait_for is not None and self._held_back(seq):
+                held_back.append(self.waiting.popleft())
+                continue
+            hits = self.blocks.match(seq)
+            cached = len(hits) * self.blocks.block_size
+            n = min(seq.num_tokens - cached, budget)
+            if not self.blocks.can_admit(hits, seq.num_tokens, reserved):
                 break
             self.waiting.popleft()
-            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            self.blocks.admit(seq, hits, cached + n)
+            reserved += self.blocks.extra_blocks(seq, seq.num_tokens)
+            seq.num_computed_tokens = cached
+            if seq.num_preemptions == 0 and self.blocks.caching:
+                seq.num_cached_tokens = cached
+                self.stats.prefix_cache_queries += seq.num_tokens
+                self.stats.prefix_cache_hits += cached
             seq.status = Status.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+        self.waiting.extendleft(reversed(held_back))
         return batch
+
+    def _held_back(self, seq: Sequence) -> bool:
+        """Must ``seq`` keep waiting for ``seq.wait_for`` to compute its prompt (and cache it)?
+
+        Not once that sequence has computed its prompt or has ended; never with
+        prefix caching off (there is nothing to wait for).
+        """
+        first = seq.wait_for
+        assert first is not None
+        if not self.blocks.caching or first.status is Status.FINISHED or first.num_computed_tokens >= len(first.prompt_token_ids):
+            seq.wait_for = None
+            return False
+        return True
 
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch([], False)
@@ -106,11 +162,33 @@ class Scheduler:
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
-        self.num_preemptions += 1
+        self.stats.num_preemptions += 1
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
     # ------------------------------------------------------------------ after the step
+    def on_step_done(self, batch: ScheduledBatch) -> None:
+        """The step ran: count each sequence's computed tokens and, with prefix caching,
+        register its blocks that just became full (their KV now exists).
+
+        A sequence ended or preempted since it was scheduled is skipped. Decode steps hash
+        nothing unless a sequence's last block just filled up.
+        """
+        running = Status.RUNNING
+        if not self.blocks.caching:
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                if seq.status is running:
+                    seq.num_computed_tokens += n
+            return
+        block_size = self.blocks.block_size
+        register = self.blocks.cache_full_blocks
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if seq.status is running:
+                computed = seq.num_computed_tokens + n
+                seq.num_computed_tokens = computed
+                if computed // block_size > seq.num_cached_blocks:
+                    register(seq)  # type: ignore[arg-type]
+
     def finish(self, seq: Sequence) -> None:
         """Release a finished (or aborted) sequence wherever it is."""
         if seq in self.running:

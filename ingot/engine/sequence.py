@@ -28,6 +28,12 @@ class Sequence:
     Invariant: the KV of tokens ``[0, num_computed_tokens)`` is in the cache.
     A sequence is in prefill while more than its last token is uncomputed; in
     decode it has exactly one (the last sampled) token to compute.
+
+    Prefix caching (``engine/block_manager.py``): ``cache_salt`` keeps tenants'
+    cached blocks apart (blocks of different salts never match); ``wait_for``
+    holds a waiting sequence back until that sequence has computed its prompt,
+    so that the n > 1 children of one prompt reuse its prompt blocks instead of
+    all computing them in the same step.
     """
 
     def __init__(
@@ -39,6 +45,8 @@ class Sequence:
         detok: IncrementalDetokenizer,
         generator: Optional[torch.Generator] = None,
         index: int = 0,
+        cache_salt: Optional[str] = None,
+        wait_for: Optional["Sequence"] = None,
     ) -> None:
         self.seq_id = next(_ids)
         self.request_id = request_id
@@ -52,6 +60,11 @@ class Sequence:
         # int32 array, not a list: the step's block table is a memcpy of each row
         self.block_ids: array.array = array.array("i")
         self.num_computed_tokens = 0
+        self.cache_salt = cache_salt
+        self.wait_for = wait_for
+        # chained hashes of this sequence's full blocks, in order (computed once: tokens never change)
+        self.block_hashes: list[bytes] = []
+        self.num_cached_blocks = 0  # leading block_ids that are in the prefix cache (hit or registered)
         self.status = Status.WAITING
         self.arrival_time = time.monotonic()
         self.first_token_time: Optional[float] = None
@@ -63,7 +76,7 @@ class Sequence:
         self.cumulative_logprob = 0.0
         # per prompt token: None for the first, then (token, logprob, rank) entries as for outputs
         self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
-        self.num_cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
+        self.num_cached_tokens = 0  # prompt tokens whose KV came from the prefix cache (first admission)
         self.first_scheduled_time: Optional[float] = None
         self.num_preemptions = 0
         self.text = ""  # output text so far (stop strings already cut)

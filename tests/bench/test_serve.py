@@ -23,6 +23,7 @@ from ingot.bench.serve import (
     ttft,
 )
 from ingot.cli import main
+from ingot.engine.stats import EngineStats
 from tests.helpers import TINY, write_tiny_checkpoint
 
 
@@ -140,6 +141,7 @@ class _FakeSeq:
     def __init__(self, rid, n):
         self.request_id, self.n = rid, n
         self.output_token_ids, self.token_times = [], []
+        self.num_cached_tokens = 0
 
     @property
     def finished(self):
@@ -154,7 +156,7 @@ class _FakeEngine:
     def __init__(self, clock):
         self.clock = clock
         self.requests = {}
-        self.scheduler = type("S", (), {"num_preemptions": 0})()
+        self.stats = EngineStats
         self.added_at = {}
 
     def add_request(self, prompt, params, request_id):
@@ -244,7 +246,8 @@ def _check_consistent(doc, workload, vocab_size=TINY["vocab_size"]):
 def test_cli_all_at_once_both_modes(tiny, tmp_path, capsys):
     doc = _serve(tiny, tmp_path, "--num-requests", "6", "--compile-modes", "off,on")
     assert [r["mode"] for r in doc["results"]] == ["off", "on"]
-    assert doc["workload"] == {"num_requests": 6, "input_len": [8, 32], "output_len": [8, 32], "request_rate": "inf", "seed": 5}
+    assert doc["workload"] == {"num_requests": 6, "input_len": [8, 32], "output_len": [8, 32], "request_rate": "inf", "seed": 5,
+                               "shared_prefix_len": 0, "kind": "random", "turns": [1, 1]}
     env = doc["environment"]
     assert env["device"] == "cpu" and env["torch"] and env["date"] and env["max_model_len"] == 256
     _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5))
@@ -308,3 +311,124 @@ def test_id_tokenizer_round_trip():
     assert tok.decode([3, 49, 0]) == "<3> <49> <0>"
     assert tok.encode("<3> <49>", add_special_tokens=False) == [3, 49]
     assert tok.vocab_size == 50 and tok.eos_token_ids == ()
+
+
+# ---------------------------------------------------------------- shared prefixes, multi-turn, prefix-cache hit rate
+def test_shared_prefix_workload():
+    plain = make_requests(Workload(20, (3, 9), (2, 5), seed=4), 384)
+    shared = make_requests(Workload(20, (3, 9), (2, 5), seed=4, shared_prefix_len=12), 384)
+    prefix = shared[0].prompt_token_ids[:12]
+    assert len(prefix) == 12 and all(10 <= t < 374 for t in prefix)
+    for p, s in zip(plain, shared):
+        assert s.prompt_token_ids == prefix + p.prompt_token_ids, "prefix, then the same suffix as without one"
+        assert s.output_len == p.output_len and s.next_turns == ()
+    assert make_requests(Workload(20, (3, 9), (2, 5), seed=5, shared_prefix_len=12), 384)[0].prompt_token_ids[:12] != prefix
+    with pytest.raises(WorkloadError):
+        Workload(1, (1, 2), (1, 2), shared_prefix_len=-1)
+
+
+def test_multi_turn_workload():
+    w = Workload(30, (3, 9), (2, 5), seed=1, shared_prefix_len=4, kind="multi-turn", turns=(2, 4))
+    convs = make_requests(w, 384)
+    assert len(convs) == 30 and make_requests(w, 384) == convs
+    assert {1 + len(c.next_turns) for c in convs} == {2, 3, 4}
+    prefix = convs[0].prompt_token_ids[:4]
+    for c in convs:
+        assert c.prompt_token_ids[:4] == prefix and 3 <= len(c.prompt_token_ids) - 4 <= 9
+        assert all(3 <= len(t.user_token_ids) <= 9 and 2 <= t.output_len <= 5 for t in c.next_turns)
+        assert c.max_len == len(c.prompt_token_ids) + c.output_len + sum(len(t.user_token_ids) + t.output_len for t in c.next_turns)
+    c = convs[0]
+    nxt = c.follow_up([100, 101], 2.5)
+    assert nxt.prompt_token_ids == c.prompt_token_ids + [100, 101] + c.next_turns[0].user_token_ids
+    assert nxt.output_len == c.next_turns[0].output_len and nxt.arrival_s == 2.5 and nxt.next_turns == c.next_turns[1:]
+    with pytest.raises(WorkloadError):
+        Workload(1, (1, 2), (1, 2), turns=(2, 3))  # turns need the multi-turn workload
+    with pytest.raises(WorkloadError):
+        Workload(1, (1, 2), (1, 2), kind="chat")
+
+
+def test_driver_sends_each_turn_after_the_previous_one_finished():
+    from ingot.bench.serve import Request, Turn
+
+    reqs = [Request([11], 2, 0.0, (Turn([12, 13], 1), Turn([14], 2))), Request([15], 3, 0.0)]
+    clock = _Clock()
+    eng = _FakeEngine(clock)
+    prompts = {}
+    add = eng.add_request
+
+    def recording(prompt, params, request_id):
+        prompts[request_id] = list(prompt)
+        return add(prompt, params, request_id)
+
+    eng.add_request = recording
+    m = run_workload(eng, reqs, clock=clock, sleep=clock.sleep)
+    # conversation 0: turn 0 ends at +0.5, turn 1 (one token) at +0.75, turn 2 at +1.25; request 1 ends at +0.75
+    assert eng.added_at == {"serve-0": 64.0, "serve-1": 64.0, "serve-0.1": 64.5, "serve-0.2": 64.75}
+    assert prompts["serve-0.1"] == [11, 0, 0, 12, 13] and prompts["serve-0.2"] == [11, 0, 0, 12, 13, 0, 14]
+    assert m.num_requests == 4 and m.output_tokens == 8 and m.duration_s == 1.25
+    assert [r["input_len"] for r in m.requests] == [1, 1, 5, 7]
+    assert [r["ttft_ms"] for r in m.requests] == pytest.approx([250, 250, 250, 250]), "a turn's TTFT counts from when it was sent"
+    assert eng.requests == {}
+
+
+def test_check_fits_counts_every_turn():
+    from ingot.bench.serve import Request, Turn, check_fits
+
+    conv = Request([1] * 10, 5, 0.0, (Turn([2] * 10, 5),))
+    check_fits([conv], 30)
+    with pytest.raises(WorkloadError, match="30 tokens"):
+        check_fits([conv], 29)
+
+
+def test_cli_shared_prefix_caching_on_and_off(tiny, tmp_path, capsys):
+    doc = _serve(tiny, tmp_path, "--num-requests", "6", "--shared-prefix-len", "40", "--prefix-caching", "on,off",
+                 "--max-num-seqs", "2")
+    assert doc["workload"]["shared_prefix_len"] == 40
+    on, off = doc["results"]
+    assert (on["prefix_caching"], off["prefix_caching"]) == ("on", "off")
+    _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5, shared_prefix_len=40))
+    # two run at a time: the first two compute the prefix, the other four reuse its 2 full blocks of 16
+    assert on["prefix_cache_queries"] == on["input_tokens"] and on["prefix_cache_hits"] == 4 * 32
+    assert on["prefix_cache_hit_rate"] == pytest.approx(128 / on["input_tokens"])
+    assert sorted(q["cached_tokens"] for q in on["requests"]) == [0, 0, 32, 32, 32, 32]
+    assert off["prefix_cache_hit_rate"] is None and off["prefix_cache_queries"] == 0
+    assert all(q["cached_tokens"] == 0 for q in off["requests"])
+    out = capsys.readouterr().out
+    assert "prefix cache hit rate" in out and f"{on['prefix_cache_hit_rate']:.1%}" in out and "shared 40-token prefix" in out
+
+
+def test_cli_no_prefix_caching_flag():
+    from ingot.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["bench", "serve"]).prefix_caching == ["on"]
+    assert parse(["bench", "serve", "--no-prefix-caching"]).prefix_caching == ["off"]
+    assert parse(["bench", "serve", "--prefix-caching", "off,on"]).prefix_caching == ["off", "on"]
+    assert parse(["generate", "hi", "--no-prefix-caching"]).no_prefix_caching
+
+
+def test_cli_multi_turn(tiny, tmp_path):
+    doc = _serve(tiny, tmp_path, "--num-requests", "3", "--workload", "multi-turn", "--turns", "2-3",
+                 "--shared-prefix-len", "16")
+    w = Workload(3, (8, 32), (8, 32), seed=5, shared_prefix_len=16, kind="multi-turn", turns=(2, 3))
+    convs = make_requests(w, TINY["vocab_size"])
+    (r,) = doc["results"]
+    assert doc["workload"]["kind"] == "multi-turn" and doc["workload"]["turns"] == [2, 3]
+    assert r["num_requests"] == sum(1 + len(c.next_turns) for c in convs)
+    assert r["output_tokens"] == sum(c.output_len + sum(t.output_len for t in c.next_turns) for c in convs)
+    # a later turn resends the previous turn's prompt and reply: its full blocks are cached
+    later = [q for q in r["requests"] if q["input_len"] > 16 + 32]
+    assert later and all(q["cached_tokens"] >= 16 for q in later)
+    assert r["prefix_cache_hit_rate"] > 0.3
+
+
+def test_cli_turns_need_multi_turn(tiny, capsys):
+    argv = ["bench", "serve", "--model", str(tiny), "--device", "cpu", "--turns", "2-3", "--quiet"]
+    assert main(argv) == 2
+    assert "multi-turn" in capsys.readouterr().err
+
+
+def test_cli_multi_turn_needs_a_local_engine(capsys):
+    argv = ["bench", "serve", "--url", "http://127.0.0.1:9", "--workload", "multi-turn", "--quiet"]
+    assert main(argv) == 2
+    assert "local engine" in capsys.readouterr().err

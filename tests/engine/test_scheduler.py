@@ -84,7 +84,7 @@ def test_preemption_evicts_newest_and_recomputes():
     assert [x.request_id for x in batch.seqs] == ["a"]
     assert b.status is Status.WAITING and b.num_computed_tokens == 0 and list(b.block_ids) == []
     assert b.output_token_ids == [7], "generated tokens are kept and recomputed, never dropped"
-    assert sched.waiting[0] is b and sched.num_preemptions == 1
+    assert sched.waiting[0] is b and sched.stats.num_preemptions == 1
     advance(batch)
     sched.finish(a)
     batch = sched.schedule()
@@ -98,3 +98,28 @@ def test_tokens_slices_prompt_and_output_without_joining():
     whole = s.prompt_token_ids + s.output_token_ids
     for start, end in [(0, 5), (2, 5), (5, 8), (7, 8), (3, 7), (0, 8)]:
         assert s.tokens(start, end) == whole[start:end]
+
+
+def test_a_prompt_that_cannot_fit_yet_waits_instead_of_starving_decodes():
+    """8 usable blocks of 4; a (20 tokens) is decoding in 6 blocks, b (20 tokens) needs 5 more.
+    b is not admitted on its first chunk alone: it waits until a ends, and a keeps decoding
+    (admitted, b used to run out of blocks mid-prompt, preempt itself and be re-admitted,
+    in prefill steps that always go first, forever)."""
+    sched = Scheduler(BlockManager(9, 4), max_num_seqs=4, max_num_batched_tokens=3)
+    a, b = seq(20, "a"), seq(20, "b")
+    a.params = SamplingParams(max_tokens=6)
+    sched.add(a)
+    while not a.output_token_ids:
+        advance(sched.schedule())
+    sched.add(b)
+    kinds = []
+    while not a.finished:
+        batch = sched.schedule()
+        assert batch.seqs == [a] and not batch.is_prefill and b.status is Status.WAITING
+        advance(batch)
+        kinds.append(batch.is_prefill)
+        if len(a.output_token_ids) == a.params.max_tokens:
+            sched.finish(a)
+    assert len(kinds) == 5 and sched.stats.num_preemptions == 0
+    batch = sched.schedule()
+    assert batch.seqs == [b] and batch.num_new_tokens == [3]
