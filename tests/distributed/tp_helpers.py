@@ -51,8 +51,7 @@ def teacher_forced_logits(engine: Engine, prompts: list[list[int]], steps: int,
         inputs = engine.runner.stage(batch)
         logits = engine.runner.logits_of(None, inputs).float().cpu()
         out.append(logits)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
+        engine.scheduler.on_step_done(batch)  # counts the computed tokens (and caches full blocks)
         for k, row in enumerate(inputs.sample_rows):
             seq = batch.seqs[row]
             i = index[id(seq)]
