@@ -265,6 +265,7 @@ class TensorParallelRunner:
         if self._closed:
             return
         self._closed = True
+        self.workers.expect_exit()
         if graceful:
             try:
                 self.state.channel.send(Kind.STOP)

@@ -97,29 +97,33 @@ class WorkerGroup:
                 if what == "wake":
                     return
                 if what == "status":
-                    try:
-                        msg = obj.recv()
-                    except (EOFError, OSError):
+                    if not self._read(rank):
                         del waiting[obj]
-                        continue
-                    if msg[0] == "error":
-                        self._fail(f"tensor-parallel worker {rank} failed:\n{msg[2]}")
-                    else:
-                        with self._cv:
-                            self._seen.setdefault(msg[0], set()).add(rank)
-                            self._cv.notify_all()
-                else:
-                    del waiting[obj]
-                    status = self.status[rank]
-                    while status.poll():  # read what it said before it exited (its error) first
-                        try:
-                            msg = status.recv()
-                        except (EOFError, OSError):
-                            break
-                        if msg[0] == "error":
-                            self._fail(f"tensor-parallel worker {rank} failed:\n{msg[2]}")
-                    if not self._closing:
-                        self._fail(f"tensor-parallel worker {rank} exited unexpectedly (exit code {self.procs[rank].exitcode})")
+                    continue
+                del waiting[obj]
+                while self.status[rank].poll() and self._read(rank):  # what it said before it exited first
+                    pass
+                if rank not in self._seen.get("stopped", ()):
+                    self._fail(f"tensor-parallel worker {rank} exited unexpectedly (exit code {self.procs[rank].exitcode})")
+
+    def _read(self, rank: int) -> bool:
+        """Handle one message of worker ``rank``; False once its pipe is closed."""
+        try:
+            msg = self.status[rank].recv()
+        except (EOFError, OSError):
+            return False
+        if msg[0] == "error":
+            self._fail(f"tensor-parallel worker {rank} failed:\n{msg[2]}")
+        else:
+            with self._cv:
+                self._seen.setdefault(msg[0], set()).add(rank)
+                self._cv.notify_all()
+        return True
+
+    def expect_exit(self) -> None:
+        """The driver is about to stop the workers: their exits are no failures."""
+        with self._cv:
+            self._closing = True
 
     def _fail(self, message: str) -> None:
         with self._cv:
@@ -138,8 +142,7 @@ class WorkerGroup:
     def stop(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the workers to exit on their own, then end them; no process
         outlives this call. Closing the lifelines makes any worker still running exit."""
-        with self._cv:
-            self._closing = True
+        self.expect_exit()
         deadline = time.monotonic() + timeout
         for proc in self.procs.values():
             proc.join(max(0.0, deadline - time.monotonic()))

@@ -31,11 +31,13 @@ def tiny(tmp_path_factory) -> str:
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tp_cuda") / "qwen2", "qwen2"))
 
 
-def test_tp2_decode_graphs_give_tp1_greedy_tokens(tiny):
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_moe"])
+def test_tp2_decode_graphs_give_tp1_greedy_tokens(tmp_path, arch):
+    path = str(write_tiny_checkpoint(tmp_path / arch, arch))
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     tokens = {}
     for size in (1, 2):
-        with LLM(tiny, tensor_parallel_size=size, **ENGINE) as llm:
+        with LLM(path, tensor_parallel_size=size, **ENGINE) as llm:
             graphs = llm.engine.runner.graphs
             assert graphs is not None and sorted(graphs.entries) == [1, 2, 4, 8]
             assert all(e.graph is not None for e in graphs.entries.values())  # real captures, NCCL inside
