@@ -47,9 +47,12 @@ def test_tp2_logits_equal_tp1(tmp_path, arch):
             assert _rel_err(g, r) < 1e-5
 
 
-def test_tp2_sampling_and_logprobs_equal_tp1(tmp_path):
+def test_tp2_sampling_and_logprobs_equal_tp1(tmp_path, monkeypatch):
     """Through LLM: seeded sampling on the driver, sampled and prompt logprobs (the prompt-logprob
-    spans run on every rank), chunked prefill; the worker is gone after shutdown."""
+    spans run on every rank), chunked prefill; the worker runs with NVLink multicast off and is
+    gone after shutdown."""
+    for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
+        monkeypatch.delenv(name, raising=False)
     path = str(write_tiny_checkpoint(tmp_path / "qwen2", "qwen2"))
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=12, logprobs=2, prompt_logprobs=2)
     results = {}
@@ -57,6 +60,10 @@ def test_tp2_sampling_and_logprobs_equal_tp1(tmp_path):
         with LLM(path, device="cpu", dtype="float32", show_progress=False, tensor_parallel_size=size, **ENGINE) as llm:
             results[size] = llm.generate([list(range(3, 30)), [5, 6, 7]], params, use_tqdm=False)
             pids = llm.engine.runner.worker_pids if size > 1 else []
+            for pid in pids:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+                assert b"NCCL_NVLS_ENABLE=0" in environ and b"TORCH_SYMM_MEM_DISABLE_MULTICAST=1" in environ
     assert pids and not any(alive(p) for p in pids)
     for a, b in zip(results[1], results[2]):
         assert b.error is None
