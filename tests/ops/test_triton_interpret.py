@@ -300,19 +300,7 @@ def test_rotary(K, t, hq, hkv, d):
 
 def _prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype=torch.bfloat16):
     """Packed new tokens whose k/v are already stored; returns the op's arguments."""
-    k_cache, v_cache, table = paged(ctx_lens, page, hkv, d, dtype, gen)
-    t = sum(q_lens)
-    q = torch.randn(t, hq, d, generator=gen).to(dtype)
-    k = torch.randn(t, hkv, d, generator=gen).to(dtype)
-    v = torch.randn(t, hkv, d, generator=gen).to(dtype)
-    slots = []
-    for b, (n, total) in enumerate(zip(q_lens, ctx_lens)):
-        for pos in range(total - n, total):
-            slots.append(int(table[b, pos // page]) * page + pos % page)
-    ref.store_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64))
-    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32)
-    return q, k, v, k_cache, v_cache, cu, seq_lens, table
+    return prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype)
 
 
 PREFILL_CASES = [

@@ -138,9 +138,12 @@ def _load_rows(ptrs, row_mask, d_mask, EVEN_D: tl.constexpr):
     """A [rows, BLOCK_D] tile; ``row_mask`` None when every row is in range."""
     if row_mask is None:
         if EVEN_D:
-            return tl.load(ptrs)
-        return tl.load(ptrs, mask=d_mask[None, :], other=0.0)
-    return tl.load(ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=d_mask[None, :], other=0.0)
+    else:
+        x = tl.load(ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    return x
 
 
 # runtime sizes that vary per step: not specialized (no recompiles mid-serving)
@@ -157,6 +160,7 @@ def _prefill_kernel(
     PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_CTX: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     h = tl.program_id(0)
     t = num_tiles_ub - 1 - tl.program_id(1)  # heaviest tiles first
     total = tl.load(tile_starts_ptr + num_seqs)
@@ -175,7 +179,6 @@ def _prefill_kernel(
         q_len = tl.load(cu_q_ptr + b + 1).to(tl.int32) - q_start
         prefix = tl.load(seq_lens_ptr + b).to(tl.int32) - q_len
         kvh = h // GROUP
-        EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
 
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
@@ -241,6 +244,7 @@ def _context_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LSE_GLOBAL_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
 ):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     h = tl.program_id(0)
     b = tl.program_id(1) // tiles_per_seq  # the tiles of one sequence (one prefix) are neighbours
     m0 = (tl.program_id(1) % tiles_per_seq) * BLOCK_M
@@ -249,7 +253,6 @@ def _context_kernel(
     prefix = tl.load(seq_lens_ptr + b).to(tl.int32) - q_len
     if (m0 < q_len) & (prefix > 0):
         kvh = h // GROUP
-        EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         m_mask = offs_m < q_len

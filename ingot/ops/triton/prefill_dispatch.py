@@ -81,12 +81,16 @@ def flash_available() -> bool:
     return built and "cum_seq_q" in _aten_args("_flash_attention_forward")
 
 
+CUDNN_MIN_VERSION = 91501  # PyTorch prefers cuDNN's attention from 9.15.1 (fixed lengths not a multiple of 128)
+
+
 def cudnn_available() -> bool:
-    """cuDNN 9+ (its fused attention) and PyTorch's dense cuDNN attention op."""
+    """PyTorch's dense cuDNN attention op, on a cuDNN recent enough that PyTorch's own SDPA
+    prefers it (``check_prefer_cudnn_attention`` in PyTorch's sdp_utils.cpp)."""
     if not torch.backends.cudnn.is_available() or "attn_bias" not in _aten_args("_scaled_dot_product_cudnn_attention"):
         return False
     version = torch.backends.cudnn.version()
-    return version is not None and version >= 90000
+    return version is not None and version >= CUDNN_MIN_VERSION
 
 
 def path_supported(
