@@ -1,20 +1,26 @@
 """Benchmark the Triton kernels against the GPU's ceilings and the PyTorch references.
 
-    python -m benchmarks.kernels [--out PATH] [--no-ref] [--sweep [decode|skinny|skinny7b|elementwise|prefill|all]]
+    python -m benchmarks.kernels [--out PATH] [--no-ref] [--only prefill] [--sweep [decode|skinny|skinny7b|elementwise|prefill|all]]
 
 Ceilings (measured here, median of triton.testing.do_bench after warm-up, L2
 flushed between runs): device-to-device copy bandwidth (bytes read + written)
 and bf16 matmul TFLOP/s at 8192^3. Then each kernel with its default launch
 configuration (each module's ``launch_config``): its achieved GB/s or TFLOP/s,
 the % of the matching ceiling, the target, and the reference implementation's
-time. Then the skinny GEMM per projection against cuBLAS, and what each fused
-prologue costs. Writes JSON (default benchmarks/results/kernels-<date>.json)
-with the GPU name, torch/triton versions and the date.
+time. Prefill attention: the op as dispatched, each of its paths (the fused
+Triton kernel; PyTorch's flash or cuDNN attention plus the Triton context
+kernel; a KV gather plus flash) and PyTorch's own attention on the same
+shapes, with a verdict line per shape (``--only prefill``: only these). Then the
+skinny GEMM per projection against cuBLAS, and what each fused prologue costs.
+Writes JSON (default benchmarks/results/kernels-<date>.json) with the GPU name,
+torch/triton versions and the date.
 
 ``--sweep`` also times each kernel over a grid of launch configurations, passed
 to the kernel as its ``config`` argument, to retune a ``launch_config`` table:
 decode attention (tiles, warps, stages, waves), the skinny GEMM (1.5B or 7B
-projections), RMSNorm and rotary (``elementwise``), prefill attention.
+projections), RMSNorm and rotary (``elementwise``), prefill attention (tiles of
+the fused and context kernels, every path on a grid of shapes, and the launch
+rule fitted to those timings).
 
 The GPU is kept busy for a second before the ceilings (clocks ramp up). Kernel
 rows are timed from CUDA graphs on a cold L2 (``bench_flushed_graph``: no host
@@ -239,7 +245,7 @@ def run(args) -> dict:
     if args.only == "prefill":
         _repeat(rows, pending)
         return dict(header, results=rows, prefill_verdicts=_prefill_verdicts(prefill_groups),
-                    prefill_sweep=_sweep_prefill(tf) if args.sweep in ("prefill", "all") else None)
+                    prefill_sweep=_sweep_prefill(tf, prefill_groups) if args.sweep in ("prefill", "all") else None)
 
     # decode attention
     for hq, hkv in ((12, 2), (28, 4)):
@@ -294,7 +300,7 @@ def run(args) -> dict:
     prologues = _prologue_rows()
     elementwise = _sweep_elementwise(bw) if args.sweep in ("elementwise", "all") else None
     sweep = _sweep_decode() if args.sweep in ("decode", "all") else None
-    prefill_sweep = _sweep_prefill(tf) if args.sweep in ("prefill", "all") else None
+    prefill_sweep = _sweep_prefill(tf, prefill_groups) if args.sweep in ("prefill", "all") else None
     skinny_sweep = _sweep_skinny() if args.sweep in ("skinny", "all") else None
     if args.sweep in ("skinny7b", "all"):
         skinny_sweep = (skinny_sweep or []) + _sweep_skinny("7b")
@@ -517,9 +523,15 @@ def _sweep_decode() -> list:
 
 # ----------------------------------------------------------------------------- prefill
 PREFILL_PATHS = ("triton", "flash", "cudnn", "gather")  # ingot/ops/triton/prefill_dispatch.py
-# tiles of the fused and the context kernel that --sweep prefill times (128-row query tiles):
-# (key tile, warps, stages, key tile over the cached prefix; None: the key tile)
-PREFILL_SWEEP = [(64, 8, 3, None), (128, 8, 3, None), (64, 4, 3, None), (128, 8, 2, None), (128, 8, 3, 64), (64, 8, 3, 128)]
+# tiles of the fused and the context kernel that --sweep prefill times, by head dim (128-row query
+# tiles): (key tile, warps, stages, key tile over the cached prefix, stages of the cached-prefix
+# loop; None: as the new tokens'). Its block-id load takes a stage: at 3 stages one K/V tile is in
+# flight there, at 5 two (as in the new-token loops at 3); all fit the H200's 227 KiB of shared memory.
+PREFILL_SWEEP = {
+    128: [(128, 8, 3, None, None), (64, 8, 3, None, None), (128, 8, 2, None, None), (128, 8, 3, None, 5),
+          (128, 8, 3, 64, 5), (64, 8, 3, 128, 5), (64, 8, 3, None, 5)],
+    64: [(64, 4, 3, None, None), (64, 4, 3, None, 5), (128, 8, 3, None, None), (128, 8, 3, None, 5)],
+}
 # the kernel rows' shapes (q_lens, ctx_lens, Hq, Hkv, D): one 4096-token prompt; 8 chunks of 512
 # new tokens after 1536 cached ones; 8 prompts of 512
 PREFILL_SHAPES = {
@@ -712,20 +724,21 @@ def _prefill_verdicts(groups: list) -> list:
     return out
 
 
-def _sweep_prefill(matmul_tflops: float) -> dict:
-    return dict(tiles=_sweep_prefill_tiles(matmul_tflops), **_sweep_prefill_paths())
+def _sweep_prefill(matmul_tflops: float, groups: list) -> dict:
+    tiles = _sweep_prefill_tiles(matmul_tflops)
+    best = _prefill_best_verdicts(groups, tiles)
+    return dict(tiles=tiles, verdicts_best_tiles=best, **_sweep_prefill_paths())
 
 
 def _sweep_prefill_tiles(matmul_tflops: float) -> list:
-    """PREFILL_SWEEP's tiles in the fused kernel (a 4096-token prompt at head dims 128 and 64,
-    and the chunked shape) and in the context kernel (the chunked shape, flash path)."""
+    """PREFILL_SWEEP's tiles in the fused kernel (the PREFILL_SHAPES shapes, and the 4096-token
+    prompt at head dim 64) and in the context kernel (the chunked shape, through the flash path)."""
     from ingot.ops.triton import prefill_attention as kernels
     from ingot.ops.triton import prefill_dispatch as pd
 
-    print("\n# prefill tile sweep: case, kernel, BLOCK_N warps stages BLOCK_N_CTX -> ms, % of bf16 matmul")
-    cases = [("T4096 d128", ([4096], [4096], 28, 4, 128), ("triton",)),
-             ("T4096 d64", ([4096], [4096], 28, 4, 64), ("triton",)),
-             ("8x(512 | 2048) d128", ([512] * 8, [2048] * 8, 28, 4, 128), ("triton", "flash"))]
+    print("\n# prefill tile sweep: case, kernel, BLOCK_N warps stages BLOCK_N_CTX CTX_STAGES -> ms, % of bf16 matmul")
+    cases = [(label, shape, ("triton", "flash") if shape[0] != shape[1] else ("triton",)) for label, shape in PREFILL_SHAPES.items()]
+    cases.append(("T4096 causal 28/4 d64", ([4096], [4096], 28, 4, 64), ("triton",)))
     out = []
     for label, shape, paths in cases:
         call, flops = prefill_call(*shape)
@@ -734,23 +747,43 @@ def _sweep_prefill_tiles(matmul_tflops: float) -> list:
             if not pd.path_supported(path, *_prefill_shape_args(call)):
                 continue
             kernel = "fused" if path == "triton" else "context"
-            for block_n, warps, stages, block_n_ctx in PREFILL_SWEEP:
-                cfg = kernels.PrefillConfig(128, block_n, warps, stages, block_n_ctx)
+            for block_n, warps, stages, block_n_ctx, ctx_stages in PREFILL_SWEEP[shape[4]]:
+                cfg = kernels.PrefillConfig(128, block_n, warps, stages, block_n_ctx, ctx_stages)
+                head = f"  {label:<28} {kernel:<8} {block_n:4d} {warps:2d} {stages:2d} {block_n_ctx!s:>4} {ctx_stages!s:>4}"
                 try:
                     ms = time_row(lambda: pd.prefill_attention(*call, path=path, config=cfg))[0]
                 except Exception as exc:  # out of shared memory, ...
-                    out.append(dict(case=label, kernel=kernel, config=str(cfg), error=type(exc).__name__))
-                    print(f"  {label:<20} {kernel:<8} {block_n:4d} {warps:2d} {stages:2d} {block_n_ctx!s:>4}  {type(exc).__name__}")
+                    out.append(dict(case=label, kernel=kernel, path=path, config=str(cfg), error=type(exc).__name__))
+                    print(f"{head}  {type(exc).__name__}")
                     continue
                 pct = 100 * flops / (ms * 1e-3) / 1e12 / matmul_tflops
-                out.append(dict(case=label, kernel=kernel, config=str(cfg), default=cfg == default, ms=ms, pct_of_matmul=pct))
-                print(f"  {label:<20} {kernel:<8} {block_n:4d} {warps:2d} {stages:2d} {block_n_ctx!s:>4}  {ms:8.4f} ms "
-                      f"{pct:6.1f}%{'  (default)' if cfg == default else ''}")
+                out.append(dict(case=label, kernel=kernel, path=path, config=str(cfg), default=cfg == default, ms=ms,
+                                pct_of_matmul=pct))
+                print(f"{head}  {ms:8.4f} ms {pct:6.1f}%{'  (default)' if cfg == default else ''}")
             ok = [r for r in out if "error" not in r and r["case"] == label and r["kernel"] == kernel]
             if ok:
                 print(f"# best {kernel} tiles on {label}: {min(ok, key=lambda r: r['ms'])}")
         del call
         torch.cuda.empty_cache()
+    return out
+
+
+def _prefill_best_verdicts(groups: list, tiles: list) -> list:
+    """The verdicts again with the tile sweep's timings counted in: per shape the fastest of the
+    paths' rows and the swept tiles (one timing each, not a median of three), against the same
+    PyTorch row."""
+    print("\n# prefill verdicts with the swept tiles ('AT OR ABOVE' = no slower than the PyTorch row)")
+    out = []
+    for g in groups:
+        sdpa = g["compare"]
+        options = [(f"[{p}] default tiles", r["ms"]) for p, r in g["paths"].items()]
+        options += [(f"[{t['path']}] {t['config']}", t["ms"]) for t in tiles if t["case"] == g["shape"] and "ms" in t]
+        if sdpa is None or not options:
+            continue
+        how, ms = min(options, key=lambda o: o[1])
+        state = "AT OR ABOVE" if ms <= sdpa["ms"] else "BELOW"
+        print(f"# verdict {g['shape']}: fastest {how} {ms:.4f} ms {state} ({sdpa['ms'] / ms:.3f}x) {sdpa['kernel']} {sdpa['ms']:.4f} ms")
+        out.append(dict(shape=g["shape"], fastest=how, ms=ms, sdpa_row=sdpa["kernel"], sdpa_ms=sdpa["ms"], at_or_above=ms <= sdpa["ms"]))
     return out
 
 

@@ -205,3 +205,45 @@ def test_empty_batch():
     out = pd.prefill_attention(q, kv, kv, cache, cache, torch.zeros(1, dtype=torch.int32),
                                torch.empty(0, dtype=torch.int32), torch.empty(0, 1, dtype=torch.int32), 0.125)
     assert out.shape == (0, 4, 64)
+
+
+# ----------------------------------------------------------------------------- fitting the rule
+def test_fit_prefill_rules_from_timings():
+    """The benchmark's fit (benchmarks/kernels.py): per class the path and threshold with the
+    least time relative to the fused kernel; host time counts when it exceeds the kernel's;
+    ties keep the fused kernel and the highest threshold; a class without shapes keeps it."""
+    from benchmarks.kernels import fit_prefill_rules
+
+    def entry(cls, tokens, seqs, times, host=None):
+        return dict(cls=list(cls), tokens=tokens, seqs=seqs, times=times, host_us=host or {p: 10.0 for p in times})
+
+    entries = [
+        entry((True, True), 256, 1, {"triton": 1.0, "cudnn": 1.2, "flash": 1.5}),
+        entry((True, True), 1024, 1, {"triton": 4.0, "cudnn": 3.0, "flash": 4.5}),
+        entry((True, True), 4096, 1, {"triton": 16.0, "cudnn": 12.0, "flash": 17.0}),
+        entry((False, False), 4096, 8, {"triton": 3.0, "flash": 3.3, "gather": 3.1}),
+        entry((False, True), 4096, 8, {"triton": 3.0, "flash": 3.0, "gather": 2.0}, host={"triton": 50, "flash": 60, "gather": 9000}),
+    ]
+    fitted = fit_prefill_rules(entries)
+    assert (fitted[(True, True)]["path"], fitted[(True, True)]["min_tokens_per_seq"]) == ("cudnn", 1024)
+    assert fitted[(True, True)]["cost"] == pytest.approx(1 + 0.75 + 0.75)
+    assert fitted[(False, False)]["path"] == "triton"
+    assert fitted[(False, True)]["path"] == "triton"  # gather's 9 ms launch outweighs its kernel; flash only ties
+    assert fitted[(True, False)] == dict(path="triton", min_tokens_per_seq=0, cost=None, shapes=0)
+    assert set(fitted) == set(pd.PREFILL_RULES)
+
+
+def test_no_context_kernel_when_nothing_can_be_cached(monkeypatch):
+    """When the new tokens fill every block-table row (B x capacity == T) no sequence has a
+    cached prefix: the flash path returns flash's output without launching the context kernel."""
+    from ingot.ops.triton import prefill_attention as kernels
+
+    monkeypatch.setattr(pd, "flash_varlen", varlen_attention_reference)
+    monkeypatch.setattr(kernels, "merge_cached_context", lambda *a, **kw: pytest.fail("context kernel launched"))
+    gen = torch.Generator().manual_seed(21)
+    args = prefill_case([32, 48], [32, 48], 4, 2, 64, 16, gen, BF16, extra_cols=0)  # capacity 48: T = 80 < 2 x 48
+    with pytest.raises(pytest.fail.Exception, match="context kernel launched"):
+        pd.prefill_attention(*args, 0.125, path="flash")
+    args = prefill_case([48, 48], [48, 48], 4, 2, 64, 16, gen, BF16, extra_cols=0)
+    out = pd.prefill_attention(*args, 0.125, path="flash")
+    assert rel_err(out, ref.prefill_attention(*fp32(args), 0.125)) < 1e-2

@@ -343,7 +343,7 @@ def test_prefill_attention_wide_context_tiles(K):
     args = _prefill_case([20, 9, 70, 1], [150, 40, 70, 17], 4, 2, 32, 16, gen)
     expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
     for cfg in (K.prefill_attention.PrefillConfig(64, 32, 4, 2, block_n_ctx=128),
-                K.prefill_attention.PrefillConfig(64, 64, 4, 2, block_n_ctx=16)):
+                K.prefill_attention.PrefillConfig(64, 64, 4, 2, block_n_ctx=16, ctx_stages=5)):
         out = K.prefill_attention.prefill_attention(*args, 32**-0.5, cfg)
         assert rel_err(out, expected) < 1e-2, cfg
 
@@ -369,6 +369,23 @@ def test_prefill_paths(K, monkeypatch, path, batch, max_new, max_ctx, hq, hkv, d
     out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path=path)
     expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], d**-0.5)
     assert out.dtype == args[0].dtype
+    assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.parametrize("sms", [1, 7])
+def test_context_kernel_programs_take_several_tiles(K, monkeypatch, sms):
+    """A batch of mostly new tokens gets one wave of context programs, each taking every
+    ``groups``-th query tile of its sequence (16-row tiles here: several per program)."""
+    monkeypatch.setattr(K.prefill_dispatch, "flash_varlen", varlen_attention_reference)
+    monkeypatch.setattr(K.prefill_attention, "num_sms", lambda device: sms)
+    gen = torch.Generator().manual_seed(40 + sms)
+    # capacity 80 tokens: 2 x 153 new >= 3 x 80, "mostly new"; two sequences with a short prefix
+    args = prefill_case([70, 50, 33], [74, 50, 40], 2, 1, 32, 16, gen, extra_cols=0)
+    cfg = K.prefill_attention.PrefillConfig(16, 16, 4, 2)
+    groups = K.prefill_attention.context_tile_groups(80, 3, 2, 16, 1, args[0].device)
+    assert groups == (1 if sms == 1 else 2) and K.prefill_attention.context_tile_groups(80, 3, 2, 16, None, args[0].device) == 5
+    expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
+    out = K.prefill_dispatch.prefill_attention(*args, 32**-0.5, path="flash", config=cfg)
     assert rel_err(out, expected) < 1e-2
 
 

@@ -469,8 +469,8 @@ def test_prefill_attention_sweep_configs(K, hq, hkv, d):
     gen = torch.Generator().manual_seed(9 + d)
     args = prefill_case([200, 31, 1], [260, 31, 90], hq, hkv, d, 16, gen)
     expected = ref.prefill_attention(*fp32(args), d**-0.5)
-    for block_n, warps, stages, block_n_ctx in PREFILL_SWEEP:
-        cfg = K.prefill_attention.PrefillConfig(128, block_n, warps, stages, block_n_ctx)
+    for block_n, warps, stages, block_n_ctx, ctx_stages in PREFILL_SWEEP[d]:
+        cfg = K.prefill_attention.PrefillConfig(128, block_n, warps, stages, block_n_ctx, ctx_stages)
         out = K.prefill_attention.prefill_attention(*args, d**-0.5, cfg)
         assert rel_err(out, expected) < TOL, cfg
         if K.prefill_dispatch.path_supported("flash", 232, 3, args[7].shape[1] * 16, hq, hkv, d, BF16, args[0].device):
@@ -481,10 +481,10 @@ def test_prefill_attention_sweep_configs(K, hq, hkv, d):
 # (batch, max new tokens, max cached tokens, Hq, Hkv, D)
 PREFILL_PATH_CASES = [
     (6, 300, 700, 8, 8, 128),  # GQA ratio 1
-    (7, 200, 1200, 28, 4, 128),  # ratio 7/1 of the 7B shape: 4
-    (5, 150, 400, 14, 2, 64),  # ratio 7
-    (3, 700, 300, 16, 4, 64),
-    (9, 64, 2000, 12, 2, 128),  # the 1.5B shape, short chunks after long prefixes
+    (7, 200, 1200, 28, 4, 128),  # ratio 7 (the 7B shape)
+    (5, 150, 400, 14, 2, 64),  # ratio 7, head dim 64
+    (3, 700, 300, 16, 4, 64),  # ratio 4
+    (9, 64, 2000, 12, 2, 128),  # ratio 6 (the 1.5B shape), short chunks after long prefixes
 ]
 
 
@@ -508,6 +508,23 @@ def test_prefill_paths(K, path, batch, max_new, max_ctx, hq, hkv, d):
         pytest.skip(f"{path} cannot run here (prefill_dispatch.path_supported)")
     out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path=path)
     assert out.dtype == BF16 and out.shape == args[0].shape
+    assert rel_err(out, ref.prefill_attention(*fp32(args), d**-0.5)) < TOL
+
+
+@gpu
+@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (12, 2, 64)])
+def test_prefill_flash_path_mostly_new_batch(K, hq, hkv, d):
+    """Mostly new tokens with a few short cached prefixes: the context kernel runs one wave of
+    programs, each looping over several query tiles (its LOOP variant)."""
+    gen = torch.Generator().manual_seed(hq + d)
+    args = prefill_case([900, 700, 1000, 500], [900, 716, 1000, 600], hq, hkv, d, 16, gen)
+    cap = args[7].shape[1] * 16
+    assert 2 * 3100 >= 4 * cap  # "mostly new": PREFILL_RULES' class, and the context kernel's one wave
+    groups = K.prefill_attention.context_tile_groups(min(3100, cap), 4, hq, 128, 1, args[0].device)
+    assert groups < -(-min(3100, cap) // 128)  # programs take several tiles
+    if not _supported(K, "flash", args):
+        pytest.skip("flash cannot run here (prefill_dispatch.path_supported)")
+    out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path="flash")
     assert rel_err(out, ref.prefill_attention(*fp32(args), d**-0.5)) < TOL
 
 

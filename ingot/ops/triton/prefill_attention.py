@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import capability, cdiv, interpreting, last_dim_contiguous, next_pow2
+from ingot.ops.triton._common import capability, cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms
 
 _LOG2E = 1.4426950408889634
 
@@ -56,10 +56,15 @@ class PrefillConfig:
     num_warps: int
     num_stages: int
     block_n_ctx: Optional[int] = None  # key rows per tile over the cached prefix (None: block_n)
+    ctx_stages: Optional[int] = None  # pipeline stages of the cached-prefix loop (None: num_stages)
 
     @property
     def ctx_tile(self) -> int:
         return self.block_n_ctx or self.block_n
+
+    @property
+    def ctx_pipeline(self) -> int:
+        return self.ctx_stages or self.num_stages
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
@@ -97,14 +102,15 @@ def _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, MASKED: tl.constexpr
 def _fold_cached_prefix(
     q, m_i, l_i, acc, kc_head, vc_head, bt_row, prefix, stride_cb, stride_cs, scale_log2,
     offs_d, d_mask,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, DOT_F32: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """Attend to a sequence's first ``prefix`` tokens, read from the paged cache: every
     query row sees all of them, so full tiles need no mask; one masked tail tile. The K
-    and V caches share their strides (one row offset serves both)."""
+    and V caches share their strides (one row offset serves both). The block-id load that
+    each tile's addresses wait for takes one of the loop's ``STAGES`` pipeline stages."""
     offs_n = tl.arange(0, BLOCK_N)
     n_full = (prefix // BLOCK_N) * BLOCK_N
-    for n0 in range(0, n_full, BLOCK_N):
+    for n0 in tl.range(0, n_full, BLOCK_N, num_stages=STAGES):
         pos = n0 + offs_n
         blk = tl.load(bt_row + pos // PAGE).to(tl.int64)
         rows = blk * stride_cb + (pos % PAGE) * stride_cs
@@ -158,7 +164,7 @@ def _prefill_kernel(
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_CTX: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    CTX_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     h = tl.program_id(0)
@@ -198,7 +204,7 @@ def _prefill_kernel(
         m_i, l_i, acc = _fold_cached_prefix(
             q, m_i, l_i, acc, k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch,
             block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2,
-            offs_d, d_mask, PAGE, BLOCK_N_CTX, EVEN_D, DOT_F32,
+            offs_d, d_mask, PAGE, BLOCK_N_CTX, CTX_STAGES, EVEN_D, DOT_F32,
         )
 
         # 2) new tokens before this query tile: fully visible (BLOCK_M % BLOCK_N == 0)
@@ -235,50 +241,77 @@ def _prefill_kernel(
         )
 
 
-@triton.jit(do_not_specialize=["tiles_per_seq", "stride_bt", "stride_lb", "stride_lh", "stride_lt"])
+@triton.jit
+def _context_tile(
+    m0, b, h, q_start, q_len, prefix, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, lse_ptr, scale_log2,
+    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CTX_STAGES: tl.constexpr, LSE_GLOBAL_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Query tile ``m0`` of sequence ``b``, head ``h``: fold the cached prefix into ``out``."""
+    kvh = h // GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = _load_rows(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], m_mask, d_mask, EVEN_D)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    # the new-token part as an online-softmax state: max = its log-sum-exp, sum = 1
+    out_rows = out_ptr + q_rows * stride_ot + h * stride_oh
+    acc = _load_rows(out_rows[:, None] + offs_d[None, :], m_mask, d_mask, EVEN_D).to(tl.float32)
+    if LSE_GLOBAL_ROWS:
+        lse_rows = q_start + offs_m
+    else:
+        lse_rows = offs_m
+    lse = tl.load(lse_ptr + b.to(tl.int64) * stride_lb + h * stride_lh + lse_rows.to(tl.int64) * stride_lt,
+                  mask=m_mask, other=0.0)
+    m_i = lse * 1.4426950408889634
+    l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    m_i, l_i, acc = _fold_cached_prefix(
+        q, m_i, l_i, acc, k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch,
+        block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2,
+        offs_d, d_mask, PAGE, BLOCK_N, CTX_STAGES, EVEN_D, DOT_F32,
+    )
+    o = acc / l_i[:, None]
+    tl.store(out_rows[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["tile_groups", "stride_bt", "stride_lb", "stride_lh", "stride_lt"])
 def _context_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_q_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, lse_ptr,
-    scale_log2, tiles_per_seq,
+    scale_log2, tile_groups,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
     stride_lb, stride_lh, stride_lt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LSE_GLOBAL_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CTX_STAGES: tl.constexpr, LSE_GLOBAL_ROWS: tl.constexpr,
+    LOOP: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     h = tl.program_id(0)
-    b = tl.program_id(1) // tiles_per_seq  # the tiles of one sequence (one prefix) are neighbours
-    m0 = (tl.program_id(1) % tiles_per_seq) * BLOCK_M
+    b = tl.program_id(1) // tile_groups  # the programs of one sequence (one prefix) are neighbours
+    group = tl.program_id(1) % tile_groups  # takes query tiles group, group + tile_groups, ...
     q_start = tl.load(cu_q_ptr + b).to(tl.int32)
     q_len = tl.load(cu_q_ptr + b + 1).to(tl.int32) - q_start
     prefix = tl.load(seq_lens_ptr + b).to(tl.int32) - q_len
-    if (m0 < q_len) & (prefix > 0):
-        kvh = h // GROUP
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        m_mask = offs_m < q_len
-        d_mask = offs_d < HEAD_DIM
-        q_rows = (q_start + offs_m).to(tl.int64)
-        q = _load_rows(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], m_mask, d_mask, EVEN_D)
-        if DOT_F32:
-            q = q.to(tl.float32)
-        out_ptrs = out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
-        # the new-token part as an online-softmax state: max = its log-sum-exp, sum = 1
-        acc = _load_rows(out_ptrs, m_mask, d_mask, EVEN_D).to(tl.float32)
-        if LSE_GLOBAL_ROWS:
-            lse_rows = q_start + offs_m
-        else:
-            lse_rows = offs_m
-        lse = tl.load(lse_ptr + b.to(tl.int64) * stride_lb + h * stride_lh + lse_rows.to(tl.int64) * stride_lt,
-                      mask=m_mask, other=0.0)
-        m_i = lse * 1.4426950408889634
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        m_i, l_i, acc = _fold_cached_prefix(
-            q, m_i, l_i, acc, k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch,
-            block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2,
-            offs_d, d_mask, PAGE, BLOCK_N, EVEN_D, DOT_F32,
-        )
-        o = acc / l_i[:, None]
-        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    if prefix > 0:
+        if LOOP:  # (a loop around the tile costs registers: only when programs take several tiles)
+            for m0 in range(group * BLOCK_M, q_len, tile_groups * BLOCK_M):
+                _context_tile(
+                    m0, b, h, q_start, q_len, prefix, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr,
+                    lse_ptr, scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot,
+                    stride_oh, stride_lb, stride_lh, stride_lt, GROUP, HEAD_DIM, BLOCK_D, PAGE, BLOCK_M, BLOCK_N,
+                    CTX_STAGES, LSE_GLOBAL_ROWS, EVEN_D, DOT_F32,
+                )
+        elif group * BLOCK_M < q_len:
+            _context_tile(
+                group * BLOCK_M, b, h, q_start, q_len, prefix, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
+                out_ptr, lse_ptr, scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+                stride_ot, stride_oh, stride_lb, stride_lh, stride_lt, GROUP, HEAD_DIM, BLOCK_D, PAGE, BLOCK_M,
+                BLOCK_N, CTX_STAGES, LSE_GLOBAL_ROWS, EVEN_D, DOT_F32,
+            )
 
 
 def launch_config(head_dim: int, device: torch.device) -> PrefillConfig:
@@ -359,9 +392,22 @@ def prefill_attention(
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_N_CTX=cfg.ctx_tile,
-        DOT_F32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        CTX_STAGES=cfg.ctx_pipeline, DOT_F32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+def context_tile_groups(max_new_tokens: int, num_seqs: int, num_q_heads: int, block_m: int, waves: Optional[int],
+                        device: torch.device) -> int:
+    """Programs per (sequence, query head) of the context kernel, each taking every
+    ``groups``-th query tile of its sequence: one per tile (``waves`` None), or enough for
+    ``waves`` programs per SM (one program fills an SM's shared memory at 128-row tiles).
+    A program whose sequence has no cached prefix exits at once, but a wave of them still
+    costs microseconds, so few programs where little cached context is expected."""
+    tiles = cdiv(max(1, max_new_tokens), block_m)
+    if waves is None:
+        return tiles
+    return max(1, min(tiles, cdiv(waves * num_sms(device), num_q_heads * num_seqs)))
 
 
 def merge_cached_context(
@@ -378,6 +424,7 @@ def merge_cached_context(
     max_new_tokens: int,
     scale: float,
     config: Optional[PrefillConfig] = None,
+    waves: Optional[int] = None,
 ) -> torch.Tensor:
     """Fold each sequence's cached prefix into ``out`` [T, Hq, D] (in place, returned).
 
@@ -386,7 +433,7 @@ def merge_cached_context(
     ``h`` and query row ``r`` sits at ``b * lse_strides[0] + h * lse_strides[1] + row *
     lse_strides[2]``, where ``row`` is the packed row ``cu_seqlens_q[b] + r`` when
     ``lse_global_rows``, else ``r``. ``max_new_tokens`` bounds every sequence's new
-    tokens (from shapes: no host sync)."""
+    tokens (from shapes: no host sync); ``waves``: see ``context_tile_groups``."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
@@ -399,18 +446,22 @@ def merge_cached_context(
     num_kv_heads = k_cache.shape[2]
     assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
     cfg = config or context_launch_config(head_dim, q.device)
-    tiles_per_seq = cdiv(max(1, min(max_new_tokens, num_tokens)), cfg.block_m)
-    grid = (num_q_heads, num_seqs * tiles_per_seq)
+    tiles = cdiv(max(1, min(max_new_tokens, num_tokens)), cfg.block_m)
+    groups = context_tile_groups(min(max_new_tokens, num_tokens), num_seqs, num_q_heads, cfg.block_m, waves, q.device)
+    grid = (num_q_heads, num_seqs * groups)
     _context_kernel[grid](
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out, lse,
-        float(scale) * _LOG2E, tiles_per_seq,
+        float(scale) * _LOG2E, groups,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1), *lse_strides,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
-        PAGE=k_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.ctx_tile, LSE_GLOBAL_ROWS=lse_global_rows,
-        DOT_F32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PAGE=k_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.ctx_tile, CTX_STAGES=cfg.ctx_pipeline,
+        LSE_GLOBAL_ROWS=lse_global_rows, LOOP=groups < tiles, DOT_F32=interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
-__all__ = ["prefill_attention", "merge_cached_context", "launch_config", "context_launch_config", "PrefillConfig"]
+__all__ = [
+    "prefill_attention", "merge_cached_context", "context_tile_groups", "launch_config", "context_launch_config", "PrefillConfig",
+]

@@ -228,11 +228,16 @@ def prefill_attention(
         out, lse = cudnn_dense(q, k, v, scale)
     else:
         raise ValueError(f"unknown prefill path {path!r}; expected one of {PATHS}")
+    if num_seqs * capacity == num_tokens:
+        return out  # each sequence's new tokens fill its whole table row: nothing is cached
     from ingot.ops.triton import prefill_attention as kernels
 
     strides, global_rows = lse_layout(lse)
+    # mostly new tokens: little cached context expected, so one wave of context programs (each
+    # that finds no prefix still occupies an SM for a moment); else one program per query tile
+    waves = 1 if prefill_class(num_tokens, num_seqs, capacity)[1] else None
     return kernels.merge_cached_context(
-        q, k_cache, v_cache, cu_q, seq_lens, block_tables, out, lse, strides, global_rows, max_q, scale, config,
+        q, k_cache, v_cache, cu_q, seq_lens, block_tables, out, lse, strides, global_rows, max_q, scale, config, waves,
     )
 
 
