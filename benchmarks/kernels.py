@@ -541,9 +541,11 @@ PREFILL_SHAPES = {
 }
 # the launch rule's measurements (q_lens, ctx_lens), head dim 128, at both head counts below
 PREFILL_GRID = [
-    # no cached prefix
-    ([256], [256]), ([1024], [1024]), ([4096], [4096]), ([8192], [8192]),
-    ([1024] * 4, [1024] * 4), ([512] * 8, [512] * 8), ([128] * 32, [128] * 32), ([32] * 128, [32] * 128),
+    # no cached prefix; prompts of a multiple of the 16-token block fill their table rows, which
+    # tells the op that nothing is cached (no context kernel, no log-sum-exp), the others do not
+    ([256], [256]), ([1000], [1000]), ([4096], [4096]), ([4001], [4001]), ([8192], [8192]),
+    ([1000] * 4, [1000] * 4), ([512] * 8, [512] * 8), ([500] * 8, [500] * 8), ([128] * 32, [128] * 32),
+    ([30] * 128, [30] * 128),
     # after a cached prefix (chunked prefill, prefix cache)
     ([512], [4096]), ([2048], [8192]), ([64], [2048]),
     ([512] * 8, [2048] * 8), ([128] * 32, [1024] * 32), ([16] * 64, [1024] * 64),

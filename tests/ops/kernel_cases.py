@@ -207,10 +207,10 @@ def varlen_attention_reference(q, k, v, cu_q, cu_k, max_q, max_k, scale, seqused
     return out, (padded if padded_lse else lse)
 
 
-def cudnn_sdpa_reference(q, k, v, scale):
+def cudnn_sdpa_reference(q, k, v, scale, lse=True):
     """A CPU stand-in for PyTorch's dense cuDNN attention (``prefill_dispatch.cudnn_sdpa``):
     q [B, Hq, S, D], k/v [B, Hkv, S, D], causal; (out laid out like q, natural-log
-    log-sum-exp ``[B, Hq, S, 1]``)."""
+    log-sum-exp ``[B, Hq, S, 1]``, or an empty tensor without ``lse``, as cuDNN returns)."""
     hq, hkv, s_len = q.shape[1], k.shape[1], q.shape[2]
     ks = k.float().repeat_interleave(hq // hkv, 1)
     vs = v.float().repeat_interleave(hq // hkv, 1)
@@ -219,4 +219,4 @@ def cudnn_sdpa_reference(q, k, v, scale):
     s = s.masked_fill(~visible, float("-inf"))
     out = torch.empty_like(q)
     out.copy_(torch.softmax(s, -1) @ vs)
-    return out, torch.logsumexp(s, -1).unsqueeze(-1)
+    return out, (torch.logsumexp(s, -1).unsqueeze(-1) if lse else torch.empty(0))

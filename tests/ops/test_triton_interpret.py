@@ -403,13 +403,14 @@ def test_context_kernel_reads_padded_lse(K, monkeypatch):
     assert rel_err(out, expected) < 1e-2
 
 
-@pytest.mark.parametrize("q_len,ctx_len", [(50, 50), (40, 170), (2, 33)])
-def test_prefill_cudnn_path(K, monkeypatch, q_len, ctx_len):
+@pytest.mark.parametrize("q_len,ctx_len,extra_cols", [(50, 50, 1), (40, 170, 1), (2, 33, 1), (48, 48, 0)])
+def test_prefill_cudnn_path(K, monkeypatch, q_len, ctx_len, extra_cols):
     """One sequence: PyTorch's cuDNN attention (a CPU stand-in here) over the new tokens,
-    then the context kernel over the cached prefix, if any."""
+    then the context kernel over the cached prefix, if any (none can be cached when the new
+    tokens fill the block-table row: then no log-sum-exp is asked for)."""
     monkeypatch.setattr(K.prefill_dispatch, "cudnn_sdpa", cudnn_sdpa_reference)
     gen = torch.Generator().manual_seed(q_len + ctx_len)
-    args = prefill_case([q_len], [ctx_len], 8, 2, 32, 16, gen)
+    args = prefill_case([q_len], [ctx_len], 8, 2, 32, 16, gen, extra_cols=extra_cols)
     out = K.prefill_dispatch.prefill_attention(*args, 32**-0.5, path="cudnn")
     expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
     assert rel_err(out, expected) < 1e-2

@@ -460,7 +460,7 @@ def test_prefill_attention(K, q_lens, ctx_lens, hq, hkv, d):
 
 
 @gpu
-@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (16, 2, 64)])
+@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (28, 4, 64)])  # the sweep's shapes (its compiled kernels)
 def test_prefill_attention_sweep_configs(K, hq, hkv, d):
     """Every tile configuration the prefill sweep times (the tables' entries among them) is
     correct, in the fused kernel and in the context kernel."""
@@ -529,13 +529,15 @@ def test_prefill_flash_path_mostly_new_batch(K, hq, hkv, d):
 
 
 @gpu
-@pytest.mark.parametrize("q_len,ctx_len", [(1000, 1000), (300, 2000), (2, 100), (129, 129), (512, 4096)])
+@pytest.mark.parametrize("q_len,ctx_len,extra_cols", [(1000, 1000, 2), (300, 2000, 2), (2, 100, 2), (129, 129, 2),
+                                                      (512, 4096, 2), (1024, 1024, 0)])
 @pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (8, 8, 64), (7, 1, 128)])
-def test_prefill_cudnn_path(K, q_len, ctx_len, hq, hkv, d):
+def test_prefill_cudnn_path(K, q_len, ctx_len, extra_cols, hq, hkv, d):
     """One sequence through PyTorch's cuDNN attention (then the context kernel), with and
-    without a cached prefix."""
+    without a cached prefix; and a prompt filling its block-table row (nothing can be
+    cached: cuDNN's inference kernel, no context kernel)."""
     gen = torch.Generator().manual_seed(q_len + ctx_len + hq)
-    args = prefill_case([q_len], [ctx_len], hq, hkv, d, 16, gen)
+    args = _prefill_case([q_len], [ctx_len], hq, hkv, d, 16, gen, BF16, device="cuda", extra_cols=extra_cols)
     if not _supported(K, "cudnn", args):
         pytest.skip("cuDNN attention cannot run here (prefill_dispatch.path_supported)")
     out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path="cudnn")

@@ -22,7 +22,9 @@ from the GPU (no host sync: the engine launches steps ahead of the GPU).
   sequence lengths).
 
 Lengths are bounded from shapes: no sequence has more new tokens than the step
-(``T``) or than its block-table row holds (``capacity`` = table width x page).
+(``T``) or than its block-table row holds (``capacity`` = table width x page). When
+``B x capacity == T`` every sequence's new tokens fill its row, so nothing is cached:
+the flash and cuDNN paths then skip the context kernel (and cuDNN its log-sum-exp).
 """
 
 from __future__ import annotations
@@ -143,20 +145,25 @@ def flash_varlen(
     return res[0], res[1]
 
 
-def cudnn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [B, Hq, S, D], log-sum-exp [B, Hq, S(, 1)]): PyTorch's cuDNN attention on dense
-    ``[B, H, S, D]`` tensors, causal (top-left: query ``i`` sees keys ``<= i``)."""
-    res = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
+def cudnn_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, Hq, S, D], log-sum-exp [B, Hq, S(, 1)], if asked for): PyTorch's cuDNN
+    attention on dense ``[B, H, S, D]`` tensors, causal (top-left: query ``i`` sees keys
+    ``<= i``). Without the log-sum-exp cuDNN runs its inference kernel, as SDPA does."""
+    res = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, lse, 0.0, True, False, scale=scale)
     return res[0], res[1]
 
 
-def cudnn_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def cudnn_dense(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [T, Hq, D], log-sum-exp [1, Hq, T(, 1)]): ``cudnn_sdpa`` over one sequence's
     packed tokens, as ``[1, H, T, D]`` views of contiguous ``[T, H, D]`` tensors (the
     layout PyTorch's SDPA hands cuDNN; q/k/v are copied when they are not contiguous)."""
     qd, kd, vd = (t.contiguous().transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    out, lse = cudnn_sdpa(qd, kd, vd, scale)
-    return out[0].transpose(0, 1), lse
+    out, stats = cudnn_sdpa(qd, kd, vd, scale, lse)
+    return out[0].transpose(0, 1), stats
 
 
 def lse_layout(lse: torch.Tensor) -> tuple[tuple[int, int, int], bool]:
@@ -221,15 +228,17 @@ def prefill_attention(
     if path == "gather":
         k_all, v_all, cu_k = gather_paged_kv(k_cache, v_cache, block_tables)
         return flash_varlen(q, k_all, v_all, cu_q, cu_k, max_q, capacity, scale, seqused_k=seq_lens)[0]
+    # each sequence's new tokens fill its whole table row: nothing is cached, no context to fold
+    no_context = num_seqs * capacity == num_tokens
     if path == "flash":
         out, lse = flash_varlen(q, k, v, cu_q, cu_q, max_q, max_q, scale)
     elif path == "cudnn":
         assert num_seqs == 1, "the cuDNN path takes one sequence"
-        out, lse = cudnn_dense(q, k, v, scale)
+        out, lse = cudnn_dense(q, k, v, scale, lse=not no_context)
     else:
         raise ValueError(f"unknown prefill path {path!r}; expected one of {PATHS}")
-    if num_seqs * capacity == num_tokens:
-        return out  # each sequence's new tokens fill its whole table row: nothing is cached
+    if no_context:
+        return out
     from ingot.ops.triton import prefill_attention as kernels
 
     strides, global_rows = lse_layout(lse)
