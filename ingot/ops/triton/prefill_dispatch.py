@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ingot.ops.triton._common import capability
+
+if TYPE_CHECKING:  # the Triton kernels are imported when a path needs them (CPU installs have no Triton)
+    from ingot.ops.triton.prefill_attention import PrefillConfig
 
 PATHS = ("triton", "flash", "cudnn", "gather")
 GATHER_MAX_BYTES = 256 << 20  # the gathered K and V together; beyond it the copy costs memory the pool sizing never saw
@@ -205,7 +208,7 @@ def prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     path: Optional[str] = None,
-    config=None,
+    config: Optional["PrefillConfig"] = None,
 ) -> torch.Tensor:
     """CUDA implementation of ``torch.ops.ingot.prefill_attention`` (see reference.py):
     ``path`` (default: ``choose_prefill_path``) and ``config`` (the Triton kernels'
