@@ -523,14 +523,16 @@ def _sweep_decode() -> list:
 
 # ----------------------------------------------------------------------------- prefill
 PREFILL_PATHS = ("triton", "flash", "cudnn", "gather")  # ingot/ops/triton/prefill_dispatch.py
-# tiles of the fused and the context kernel that --sweep prefill times, by head dim (128-row query
-# tiles): (key tile, warps, stages, key tile over the cached prefix, stages of the cached-prefix
-# loop; None: as the new tokens'). Its block-id load takes a stage: at 3 stages one K/V tile is in
-# flight there, at 5 two (as in the new-token loops at 3); all fit the H200's 227 KiB of shared memory.
+# tiles of the fused and the context kernel that --sweep prefill times, by head dim: (query tile,
+# key tile, warps, stages, key tile over the cached prefix, stages of the cached-prefix loop; None:
+# as the new tokens'). That loop's block-id load takes a stage: at 3 stages one K/V tile is in flight
+# there, at 5 two (as in the new-token loops at 3). All fit the H200's 227 KiB of shared memory
+# (compiled for sm90): 128-row tiles one program per SM, 64 x 64 at 4 warps two.
 PREFILL_SWEEP = {
-    128: [(128, 8, 3, None, None), (64, 8, 3, None, None), (128, 8, 2, None, None), (128, 8, 3, None, 5),
-          (128, 8, 3, 64, 5), (64, 8, 3, 128, 5), (64, 8, 3, None, 5)],
-    64: [(64, 4, 3, None, None), (64, 4, 3, None, 5), (128, 8, 3, None, None), (128, 8, 3, None, 5)],
+    128: [(128, 128, 8, 3, None, None), (128, 64, 8, 3, None, None), (128, 128, 8, 2, None, None),
+          (128, 128, 8, 3, None, 5), (128, 128, 8, 3, 64, 5), (128, 64, 8, 3, 128, 5), (128, 64, 8, 3, None, 5),
+          (64, 64, 4, 3, None, None), (64, 64, 4, 3, None, 5)],
+    64: [(128, 64, 4, 3, None, None), (128, 64, 4, 3, None, 5), (128, 128, 8, 3, None, None), (128, 128, 8, 3, None, 5)],
 }
 # the kernel rows' shapes (q_lens, ctx_lens, Hq, Hkv, D): one 4096-token prompt; 8 chunks of 512
 # new tokens after 1536 cached ones; 8 prompts of 512
@@ -738,7 +740,7 @@ def _sweep_prefill_tiles(matmul_tflops: float) -> list:
     from ingot.ops.triton import prefill_attention as kernels
     from ingot.ops.triton import prefill_dispatch as pd
 
-    print("\n# prefill tile sweep: case, kernel, BLOCK_N warps stages BLOCK_N_CTX CTX_STAGES -> ms, % of bf16 matmul")
+    print("\n# prefill tile sweep: case, kernel, BLOCK_M BLOCK_N warps stages BLOCK_N_CTX CTX_STAGES -> ms, % of bf16 matmul")
     cases = [(label, shape, ("triton", "flash") if shape[0] != shape[1] else ("triton",)) for label, shape in PREFILL_SHAPES.items()]
     cases.append(("T4096 causal 28/4 d64", ([4096], [4096], 28, 4, 64), ("triton",)))
     out = []
@@ -749,11 +751,11 @@ def _sweep_prefill_tiles(matmul_tflops: float) -> list:
             if not pd.path_supported(path, *_prefill_shape_args(call)):
                 continue
             kernel = "fused" if path == "triton" else "context"
-            for block_n, warps, stages, block_n_ctx, ctx_stages in PREFILL_SWEEP[shape[4]]:
-                cfg = kernels.PrefillConfig(128, block_n, warps, stages, block_n_ctx, ctx_stages)
-                head = f"  {label:<28} {kernel:<8} {block_n:4d} {warps:2d} {stages:2d} {block_n_ctx!s:>4} {ctx_stages!s:>4}"
+            for tiles in PREFILL_SWEEP[shape[4]]:
+                cfg = kernels.PrefillConfig(*tiles)
+                head = f"  {label:<28} {kernel:<8} " + " ".join(f"{t!s:>4}" for t in tiles)
                 try:
-                    ms = time_row(lambda: pd.prefill_attention(*call, path=path, config=cfg))[0]
+                    ms = time_row(lambda c=call, p=path, k=cfg: pd.prefill_attention(*c, path=p, config=k))[0]
                 except Exception as exc:  # out of shared memory, ...
                     out.append(dict(case=label, kernel=kernel, path=path, config=str(cfg), error=type(exc).__name__))
                     print(f"{head}  {type(exc).__name__}")

@@ -469,8 +469,8 @@ def test_prefill_attention_sweep_configs(K, hq, hkv, d):
     gen = torch.Generator().manual_seed(9 + d)
     args = prefill_case([200, 31, 1], [260, 31, 90], hq, hkv, d, 16, gen)
     expected = ref.prefill_attention(*fp32(args), d**-0.5)
-    for block_n, warps, stages, block_n_ctx, ctx_stages in PREFILL_SWEEP[d]:
-        cfg = K.prefill_attention.PrefillConfig(128, block_n, warps, stages, block_n_ctx, ctx_stages)
+    for tiles in PREFILL_SWEEP[d]:
+        cfg = K.prefill_attention.PrefillConfig(*tiles)
         out = K.prefill_attention.prefill_attention(*args, d**-0.5, cfg)
         assert rel_err(out, expected) < TOL, cfg
         if K.prefill_dispatch.path_supported("flash", 232, 3, args[7].shape[1] * 16, hq, hkv, d, BF16, args[0].device):
