@@ -36,8 +36,9 @@ def test_prefill_class():
     assert pd.prefill_class(1024, 8, 256) == (False, True)  # half the capacity: still "new"
 
 
-def test_default_rule_keeps_the_fused_kernel():
-    """Until a measurement fills PREFILL_RULES, every prefill runs the fused kernel."""
+def test_measured_rule_keeps_the_fused_kernel_for_long_prompts_and_cached_context():
+    """One prompt, cached context, and mostly-new prompts of 256 tokens or more on average
+    run the fused kernel (the measured rule sends only shorter ones to flash)."""
     for shape in ((4096, 1, 4096), (512, 1, 2048), (4096, 8, 2048), (4096, 8, 512), (1, 1, 16)):
         assert pd.choose_prefill_path(*shape, 28, 4, 128, BF16, CUDA) == "triton"
 
@@ -247,3 +248,13 @@ def test_no_context_kernel_when_nothing_can_be_cached(monkeypatch):
     args = prefill_case([48, 48], [48, 48], 4, 2, 64, 16, gen, BF16, extra_cols=0)
     out = pd.prefill_attention(*args, 0.125, path="flash")
     assert rel_err(out, ref.prefill_attention(*fp32(args), 0.125)) < 1e-2
+
+
+def test_mostly_new_batches_take_flash_only_below_the_measured_length(everything_supported):
+    """The measured rule: several mostly-new prompts averaging under 256 tokens run PyTorch's
+    varlen flash, longer ones the fused kernel (kernels-prefill-2026-12-01.json)."""
+    for tokens, seqs, want in ((32 * 128, 32, "flash"), (128 * 30, 128, "flash"), (8 * 255, 8, "flash"),
+                               (8 * 256, 8, "triton"), (8 * 512, 8, "triton"), (4 * 1000, 4, "triton")):
+        cap = 16 * -(-tokens // seqs // 16)  # block-table capacity of the longest prompt
+        assert pd.prefill_class(tokens, seqs, cap) == (False, True)
+        assert pd.choose_prefill_path(tokens, seqs, cap, 28, 4, 128, BF16, CUDA) == want

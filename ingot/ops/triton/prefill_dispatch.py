@@ -46,22 +46,29 @@ GATHER_MAX_BYTES = 256 << 20  # the gathered K and V together; beyond it the cop
 
 @dataclass(frozen=True)
 class PathRule:
-    """The path for one class of prefill, and the mean new tokens per sequence below
-    which the fused kernel runs instead (launch overheads outweigh the kernel there)."""
+    """The path for one class of prefill, used while the mean new tokens per sequence is in
+    ``[min_tokens_per_seq, max_tokens_per_seq)``; outside it the fused kernel runs."""
 
     path: str = "triton"
     min_tokens_per_seq: int = 0
+    max_tokens_per_seq: Optional[int] = None
 
 
 # The launch rule, by (one sequence?, mostly new tokens?), where "mostly new" means the new
 # tokens fill at least half of the batch's block-table capacity (2 T >= B x capacity: no or
-# a short cached prefix). Measured with `python -m benchmarks.kernels --sweep prefill`, which
-# prints this table fitted to its timings; until a measurement says otherwise every class
-# keeps the fused kernel.
+# a short cached prefix). From `python -m benchmarks.kernels --sweep prefill` on the H200
+# (2026-12-01, torch 2.11, kernels-prefill-2026-12-01.json), 34 shapes, 28/4 and 12/2 heads:
+# - several mostly-new prompts averaging under 256 tokens: PyTorch's varlen flash (32 x 128
+#   tokens 0.050 vs 0.082 ms, 128 x 30 tokens 0.097 vs 0.256 ms); from 500 tokens on the
+#   fused kernel wins (8 x 500: 0.100 vs 0.112 ms; 4 x 1000: 0.129 vs 0.168 ms);
+# - one long prompt: cuDNN is fastest (4096 tokens 0.229 vs 0.304 ms) but its first call at
+#   a length it has not seen took 45 ms, which serving's ever-new prompt lengths would pay
+#   again and again: the fused kernel stays;
+# - cached context: the fused kernel, everywhere.
 PREFILL_RULES: dict[tuple[bool, bool], PathRule] = {
     (True, True): PathRule("triton"),
     (True, False): PathRule("triton"),
-    (False, True): PathRule("triton"),
+    (False, True): PathRule("flash", max_tokens_per_seq=256),
     (False, False): PathRule("triton"),
 }
 
@@ -130,6 +137,8 @@ def choose_prefill_path(
     new tokens per sequence, or the fused kernel where that path cannot run."""
     rule = (rules or PREFILL_RULES)[prefill_class(num_tokens, num_seqs, context_capacity)]
     if num_tokens < rule.min_tokens_per_seq * num_seqs:
+        return "triton"
+    if rule.max_tokens_per_seq is not None and num_tokens >= rule.max_tokens_per_seq * num_seqs:
         return "triton"
     args = (num_tokens, num_seqs, context_capacity, num_q_heads, num_kv_heads, head_dim, dtype, device)
     return rule.path if path_supported(rule.path, *args) else "triton"
