@@ -1,20 +1,26 @@
 """Benchmark the Triton kernels against the GPU's ceilings and the PyTorch references.
 
-    python -m benchmarks.kernels [--out PATH] [--no-ref] [--sweep [decode|skinny|skinny7b|elementwise|prefill|all]]
+    python -m benchmarks.kernels [--out PATH] [--no-ref] [--only prefill] [--sweep [decode|skinny|skinny7b|elementwise|prefill|all]]
 
 Ceilings (measured here, median of triton.testing.do_bench after warm-up, L2
 flushed between runs): device-to-device copy bandwidth (bytes read + written)
 and bf16 matmul TFLOP/s at 8192^3. Then each kernel with its default launch
 configuration (each module's ``launch_config``): its achieved GB/s or TFLOP/s,
 the % of the matching ceiling, the target, and the reference implementation's
-time. Then the skinny GEMM per projection against cuBLAS, and what each fused
-prologue costs. Writes JSON (default benchmarks/results/kernels-<date>.json)
-with the GPU name, torch/triton versions and the date.
+time. Prefill attention: the op as dispatched, each of its paths (the fused
+Triton kernel; PyTorch's flash or cuDNN attention plus the Triton context
+kernel; a KV gather plus flash) and PyTorch's own attention on the same
+shapes, with a verdict line per shape (``--only prefill``: only these). Then the
+skinny GEMM per projection against cuBLAS, and what each fused prologue costs.
+Writes JSON (default benchmarks/results/kernels-<date>.json) with the GPU name,
+torch/triton versions and the date.
 
 ``--sweep`` also times each kernel over a grid of launch configurations, passed
 to the kernel as its ``config`` argument, to retune a ``launch_config`` table:
 decode attention (tiles, warps, stages, waves), the skinny GEMM (1.5B or 7B
-projections), RMSNorm and rotary (``elementwise``), prefill attention.
+projections), RMSNorm and rotary (``elementwise``), prefill attention (tiles of
+the fused and context kernels, every path on a grid of shapes, and the launch
+rule fitted to those timings).
 
 The GPU is kept busy for a second before the ceilings (clocks ramp up). Kernel
 rows are timed from CUDA graphs on a cold L2 (``bench_flushed_graph``: no host
@@ -154,19 +160,6 @@ def decode_case(batch, ctx, hq, hkv, d):
     return (q, k_cache, v_cache, table, seq_lens, d**-0.5), nbytes
 
 
-def prefill_case(tokens, hq, hkv, d, page=16):
-    k_cache, v_cache, table = paged_cache(1, tokens, hkv, d, page)
-    q = torch.randn(tokens, hq, d, dtype=BF16, device=DEV)
-    k = torch.randn(tokens, hkv, d, dtype=BF16, device=DEV)
-    v = torch.randn(tokens, hkv, d, dtype=BF16, device=DEV)
-    slots = (table[0].long()[:, None] * page + torch.arange(page, device=DEV)).view(-1)[:tokens]
-    ref.store_kv(k, v, k_cache, v_cache, slots)
-    cu = torch.tensor([0, tokens], dtype=torch.int32, device=DEV)
-    seq_lens = torch.tensor([tokens], dtype=torch.int32, device=DEV)
-    flops = 4 * tokens * tokens / 2 * hq * d
-    return (q, k, v, k_cache, v_cache, cu, seq_lens, table, d**-0.5), flops
-
-
 def elementwise_cases(t: int, h: int) -> dict:
     """RMSNorm, fused add + RMSNorm and rotary at ``t`` tokens x hidden ``h`` (rotary: 28/4
     heads, d128, q/k strided slices of a fused qkv): per case the call (taking an optional
@@ -198,7 +191,7 @@ def elementwise_cases(t: int, h: int) -> dict:
 def run(args) -> dict:
     import triton
 
-    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention
+    from ingot.ops.triton import activation, decode_attention, kv_store
 
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name()
@@ -211,7 +204,7 @@ def run(args) -> dict:
     rows = []
     pending = []  # (row, fn): re-timed at the end, so each row's repeats are apart in time
 
-    def record(name, shape, fn, ref_fn, *, nbytes=None, flops=None, target=None):
+    def record(name, shape, fn, ref_fn, *, nbytes=None, flops=None, target=None, host=False):
         ms_do_bench = bench(fn)  # the method of the earlier runs, for comparison
         ms, method = time_row(fn)
         ref_ms = None
@@ -231,15 +224,28 @@ def run(args) -> dict:
                    ref_ms=ref_ms, speedup_vs_ref=None if ref_ms is None else ref_ms / ms,
                    ms_runs=[ms], method=method, ms_do_bench=ms_do_bench,
                    amount=nbytes if nbytes is not None else flops, ceiling=ceiling)
+        if host:
+            row["host_us"] = host_us(fn)
         rows.append(row)
         pending.append((row, fn))
         ref_s = f"{ref_ms:9.3f}" if ref_ms is not None else "        -"
         tgt = f"{target:>3d}%" if target is not None else "   -"
         mark = "" if target is None else ("  ok" if pct >= target else "  BELOW")
+        host_s = f"  host {row['host_us']:.0f} us/call" if host else ""
         print(f"{name:<22} {shape:<30} {ms:9.4f} {rate:10.1f} {unit:<7} {pct:6.1f}% {tgt} {ref_s}{mark}"
-              f"  (do_bench {ms_do_bench:.4f})")
+              f"  (do_bench {ms_do_bench:.4f}){host_s}")
+        return row
 
     print(f"{'kernel':<22} {'shape':<30} {'ms':>9} {'rate':>10} {'':<7} {'%ceil':>7} {'tgt':>4} {'ref ms':>9}")
+
+    # prefill attention: each path of the op and PyTorch's attention on the same shapes
+    prefill_groups = _prefill_rows(record)
+    header = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                  date=dt.datetime.now().isoformat(timespec="seconds"), ceilings=dict(copy_gbps=bw, matmul_bf16_tflops=tf))
+    if args.only == "prefill":
+        _repeat(rows, pending)
+        return dict(header, results=rows, prefill_verdicts=_prefill_verdicts(prefill_groups),
+                    prefill_sweep=_sweep_prefill(tf, prefill_groups) if args.sweep in ("prefill", "all") else None)
 
     # decode attention
     for hq, hkv in ((12, 2), (28, 4)):
@@ -288,46 +294,21 @@ def run(args) -> dict:
                lambda g=g: ref.silu_and_mul(g), nbytes=3 * t * inter * 2, target=70)
     torch.cuda.empty_cache()
 
-    # prefill attention: 4096-token causal, 28/4 heads, d128
-    call, flops = prefill_case(4096, 28, 4, 128)
-    record("prefill_attention", "T4096 causal 28/4 d128",
-           lambda: prefill_attention.prefill_attention(*call),
-           lambda: ref.prefill_attention(*call), flops=flops, target=35)
-    print(f"# prefill config: {prefill_attention.launch_config(128, call[0].device)}")
-
-    # torch SDPA (flash) on the same shape, for context (not a reference impl)
-    q, k, v = call[0], call[1], call[2]
-    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    try:
-        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)  # noqa: E731
-        record("torch sdpa (context)", "T4096 causal 28/4 d128", sdpa, None, flops=flops)
-    except Exception as exc:  # older torch without enable_gqa
-        print(f"# sdpa skipped: {exc}")
-
-    # chunked prefill: 8 sequences of 512 new tokens after 1536 cached ones
-    gen_q = [512] * 8
-    call2, _ = _chunked_case(gen_q, [2048] * 8, 28, 4, 128)
-    flops2 = sum(4 * n * (c - n) + 4 * n * n / 2 for n, c in zip(gen_q, [2048] * 8)) * 28 * 128
-    record("prefill_attention", "8x(512 new | 2048 ctx) 28/4", lambda: prefill_attention.prefill_attention(*call2),
-           lambda: ref.prefill_attention(*call2), flops=flops2)
-    torch.cuda.empty_cache()
-
     _repeat(rows, pending)
+    prefill_verdicts = _prefill_verdicts(prefill_groups)
     skinny = _skinny_rows()
     prologues = _prologue_rows()
     elementwise = _sweep_elementwise(bw) if args.sweep in ("elementwise", "all") else None
     sweep = _sweep_decode() if args.sweep in ("decode", "all") else None
-    prefill_sweep = _sweep_prefill(tf) if args.sweep in ("prefill", "all") else None
+    prefill_sweep = _sweep_prefill(tf, prefill_groups) if args.sweep in ("prefill", "all") else None
     skinny_sweep = _sweep_skinny() if args.sweep in ("skinny", "all") else None
     if args.sweep in ("skinny7b", "all"):
         skinny_sweep = (skinny_sweep or []) + _sweep_skinny("7b")
 
     return dict(
-        gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-        date=dt.datetime.now().isoformat(timespec="seconds"),
-        ceilings=dict(copy_gbps=bw, matmul_bf16_tflops=tf),
-        results=rows, decode_sweep=sweep, skinny_gemm=skinny, skinny_sweep=skinny_sweep,
+        header, results=rows, decode_sweep=sweep, skinny_gemm=skinny, skinny_sweep=skinny_sweep,
         skinny_prologues=prologues, elementwise_sweep=elementwise, prefill_sweep=prefill_sweep,
+        prefill_verdicts=prefill_verdicts,
     )
 
 
@@ -350,19 +331,6 @@ def _repeat(rows: list, pending: list) -> None:
         runs = " ".join(f"{m:.4f}" for m in row["ms_runs"])
         mark = "" if target is None else ("  ok" if pct >= target else "  BELOW")
         print(f"{row['kernel']:<22} {row['shape']:<30} {ms:9.4f} {rate:10.1f} {row['unit']:<7} {pct:6.1f}%  [{runs}]{mark}")
-
-
-def _chunked_case(q_lens, ctx_lens, hq, hkv, d, page=16):
-    b = len(q_lens)
-    blocks = max(-(-c // page) for c in ctx_lens)
-    k_cache, v_cache, table = paged_cache(b, blocks * page, hkv, d, page)
-    t = sum(q_lens)
-    q = torch.randn(t, hq, d, dtype=BF16, device=DEV)
-    k = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
-    v = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
-    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
-    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEV)
-    return (q, k, v, k_cache, v_cache, cu, seq_lens, table, d**-0.5), None
 
 
 def rope_decode_case(batch, ctx, hq, hkv, d):
@@ -553,37 +521,415 @@ def _sweep_decode() -> list:
     return out
 
 
-def _sweep_prefill(matmul_tflops: float) -> list:
-    """Key tile widths, warps and stages of prefill attention (128-row query tiles): the
-    candidates Triton's autotuner chose from, on a 4096-token causal prefill with 28/4
-    heads at head dim 128 and 64."""
-    from ingot.ops.triton import prefill_attention as mod
+# ----------------------------------------------------------------------------- prefill
+PREFILL_PATHS = ("triton", "flash", "cudnn", "gather")  # ingot/ops/triton/prefill_dispatch.py
+# tiles of the fused and the context kernel that --sweep prefill times, by head dim: (query tile,
+# key tile, warps, stages, key tile over the cached prefix, stages of the cached-prefix loop; None:
+# as the new tokens'). That loop's block-id load takes a stage: at 3 stages one K/V tile is in flight
+# there, at 5 two (as in the new-token loops at 3). All fit the H200's 227 KiB of shared memory
+# (compiled for sm90): 128-row tiles one program per SM, 64 x 64 at 4 warps two.
+PREFILL_SWEEP = {
+    128: [(128, 128, 8, 3, None, None), (128, 64, 8, 3, None, None), (128, 128, 8, 2, None, None),
+          (128, 128, 8, 3, None, 5), (128, 128, 8, 3, 64, 5), (128, 64, 8, 3, 128, 5), (128, 64, 8, 3, None, 5),
+          (64, 64, 4, 3, None, None), (64, 64, 4, 3, None, 5)],
+    64: [(128, 64, 4, 3, None, None), (128, 64, 4, 3, None, 5), (128, 128, 8, 3, None, None), (128, 128, 8, 3, None, 5)],
+}
+# the kernel rows' shapes (q_lens, ctx_lens, Hq, Hkv, D): one 4096-token prompt; 8 chunks of 512
+# new tokens after 1536 cached ones; 8 prompts of 512
+PREFILL_SHAPES = {
+    "T4096 causal 28/4 d128": ([4096], [4096], 28, 4, 128),
+    "8x(512 new | 2048 ctx) 28/4": ([512] * 8, [2048] * 8, 28, 4, 128),
+    "8x512 causal 28/4 d128": ([512] * 8, [512] * 8, 28, 4, 128),
+}
+# the launch rule's measurements (q_lens, ctx_lens), head dim 128, at both head counts below
+PREFILL_GRID = [
+    # no cached prefix; prompts of a multiple of the 16-token block fill their table rows, which
+    # tells the op that nothing is cached (no context kernel, no log-sum-exp), the others do not
+    ([256], [256]), ([1000], [1000]), ([4096], [4096]), ([4001], [4001]), ([8192], [8192]),
+    ([1000] * 4, [1000] * 4), ([512] * 8, [512] * 8), ([500] * 8, [500] * 8), ([128] * 32, [128] * 32),
+    ([30] * 128, [30] * 128),
+    # after a cached prefix (chunked prefill, prefix cache)
+    ([512], [4096]), ([2048], [8192]), ([64], [2048]),
+    ([512] * 8, [2048] * 8), ([128] * 32, [1024] * 32), ([16] * 64, [1024] * 64),
+    # both in one batch
+    ([700, 300, 2000, 50], [700, 1300, 2000, 1050]),
+]
+PREFILL_GRID_HEADS = ((28, 4), (12, 2))  # the 7B and the 1.5B shapes
+RULE_THRESHOLDS = (0, 32, 64, 128, 256, 512, 1024, 2048)  # mean new tokens per sequence
 
-    print("\n# prefill sweep: head dim, BLOCK_N warps stages -> ms, % of bf16 matmul")
-    out = []
-    for d in (128, 64):
-        call, flops = prefill_case(4096, 28, 4, d)
-        default = mod.launch_config(d, call[0].device)
-        for block_n, warps, stages in ((64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3)):
-            cfg = mod.PrefillConfig(128, block_n, warps, stages)
-            try:
-                ms = time_row(lambda: mod.prefill_attention(*call, cfg))[0]
-            except Exception as exc:  # out of shared memory, ...
-                out.append(dict(head_dim=d, config=str(cfg), error=type(exc).__name__))
+
+def prefill_call(q_lens, ctx_lens, hq, hkv, d, page=16):
+    """(the op's arguments, FLOPs): sequence ``b`` holds ``ctx_lens[b]`` tokens, its last
+    ``q_lens[b]`` new (random K/V, also stored in the cache where the model stores them)."""
+    batch = len(q_lens)
+    k_cache, v_cache, table = paged_cache(batch, max(ctx_lens), hkv, d, page)
+    t = sum(q_lens)
+    q = torch.randn(t, hq, d, dtype=BF16, device=DEV)
+    k = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
+    v = torch.randn(t, hkv, d, dtype=BF16, device=DEV)
+    pos = torch.cat([torch.arange(c - n, c) for n, c in zip(q_lens, ctx_lens)]).to(DEV)
+    seq = torch.repeat_interleave(torch.arange(batch), torch.tensor(q_lens)).to(DEV)
+    ref.store_kv(k, v, k_cache, v_cache, table[seq, pos // page].long() * page + pos % page)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEV)
+    flops = sum(4 * n * (c - n) + 2 * n * n for n, c in zip(q_lens, ctx_lens)) * hq * d
+    return (q, k, v, k_cache, v_cache, cu, seq_lens, table, d**-0.5), flops
+
+
+def _prefill_shape_args(call) -> tuple:
+    """(tokens, sequences, capacity, Hq, Hkv, D, dtype, device): what the launch rule sees."""
+    q, k, k_cache, table = call[0], call[1], call[3], call[7]
+    return q.shape[0], table.shape[0], table.shape[1] * k_cache.shape[1], q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device
+
+
+def host_us(fn, calls: int = 20) -> float:
+    """Host microseconds per call of ``fn`` (launching only, the GPU runs behind): what a path
+    costs the engine's thread, which graph timing does not see."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def _try_record(record, name, shape, fn, flops):
+    """``record`` a row (with host time) unless ``fn`` fails, as for a backend this torch or
+    GPU lacks: None then."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a missing backend must not end the run
+        print(f"# {name} skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        return None
+    return record(name, shape, fn, None, flops=flops, host=True)
+
+
+def _prefill_rows(record) -> list:
+    """Per PREFILL_SHAPES shape: the op as dispatched (``prefill_attention``), each path it can
+    take (``prefill [path]``), and PyTorch's attention on the same shape."""
+    from ingot.ops.triton import prefill_attention as kernels
+    from ingot.ops.triton import prefill_dispatch as pd
+
+    groups = []
+    for label, (q_lens, ctx_lens, hq, hkv, d) in PREFILL_SHAPES.items():
+        call, flops = prefill_call(q_lens, ctx_lens, hq, hkv, d)
+        shape_args = _prefill_shape_args(call)
+        chosen = pd.choose_prefill_path(*shape_args)
+        print(f"# {label}: the op runs [{chosen}] (PREFILL_RULES[{pd.prefill_class(*shape_args[:3])}]); "
+              f"fused kernel tiles {kernels.launch_config(d, call[0].device)}")
+        op = record("prefill_attention", label, lambda c=call: pd.prefill_attention(*c),
+                    lambda c=call: ref.prefill_attention(*c), flops=flops, target=35 if len(q_lens) == 1 else None, host=True)
+        paths = {}
+        for path in PREFILL_PATHS:
+            if not pd.path_supported(path, *shape_args):
+                print(f"# prefill [{path}] cannot run {label} here (prefill_dispatch.path_supported)")
                 continue
-            pct = 100 * flops / (ms * 1e-3) / 1e12 / matmul_tflops
-            out.append(dict(head_dim=d, config=str(cfg), default=cfg == default, ms=ms, pct_of_matmul=pct))
-            print(f"  d{d:<4} {block_n:4d} {warps:2d} {stages:2d}  {ms:8.4f} ms {pct:6.1f}%{'  (default)' if cfg == default else ''}")
-        ok = [r for r in out if "error" not in r and r["head_dim"] == d]
-        if ok:
-            print(f"# best prefill config at head dim {d}: {min(ok, key=lambda r: r['ms'])}")
+            row = _try_record(record, f"prefill [{path}]", label, lambda c=call, p=path: pd.prefill_attention(*c, path=p), flops)
+            if row is not None:
+                paths[path] = row
+        groups.append(dict(shape=label, chosen=chosen, op=op, paths=paths, **_sdpa_rows(record, label, call, q_lens, ctx_lens, flops)))
+        del call
+        torch.cuda.empty_cache()
+    return groups
+
+
+def _sdpa_backend(q, k, v, scale) -> str:
+    """The backend ``scaled_dot_product_attention`` picks for these causal GQA inputs."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale, enable_gqa=True)).name
+    except Exception as exc:  # noqa: BLE001 - informative only
+        return f"unknown ({type(exc).__name__})"
+
+
+def _sdpa_rows(record, label, call, q_lens, ctx_lens, flops) -> dict:
+    """PyTorch's attention on a PREFILL_SHAPES shape (equal lengths). Without a cached prefix:
+    ``scaled_dot_product_attention`` on ``[B, H, n, D]`` views of the packed tokens with the
+    backend PyTorch picks (``torch sdpa (context)``, the row the verdict compares against),
+    then each backend forced. With a cached
+    prefix: SDPA over contiguous K/V with a lower-right causal mask (``causal_lower_right``,
+    the row compared against), and flash's varlen forward over the same contiguous K/V."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa_fn = torch.nn.functional.scaled_dot_product_attention
+    q, k, v, cu, scale = call[0], call[1], call[2], call[5], call[8]
+    batch, n, hq, hkv, d = len(q_lens), q_lens[0], q.shape[1], k.shape[1], q.shape[2]
+    assert len(set(q_lens)) == 1 and len(set(ctx_lens)) == 1, "the SDPA rows take equal lengths"
+    if q_lens == ctx_lens:
+        qd, kd, vd = (t.view(batch, n, t.shape[1], d).transpose(1, 2) for t in (q, k, v))
+
+        def sdpa():
+            return sdpa_fn(qd, kd, vd, is_causal=True, scale=scale, enable_gqa=True)
+
+        print(f"# torch sdpa picks {_sdpa_backend(qd, kd, vd, scale)} for {label}")
+        compare = _try_record(record, "torch sdpa (context)", label, sdpa, flops)
+        for backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"):
+            def forced(b=getattr(SDPBackend, backend)):
+                with sdpa_kernel(b):
+                    return sdpa()
+
+            _try_record(record, f"torch sdpa [{backend.split('_')[0].lower()}]", label, forced, flops)
+        return dict(compare=compare)
+    from torch.nn.attention.bias import causal_lower_right
+
+    ctx = ctx_lens[0]
+    qd = torch.randn(batch, hq, n, d, dtype=BF16, device=DEV)
+    kd = torch.randn(batch, hkv, ctx, d, dtype=BF16, device=DEV)
+    vd = torch.randn(batch, hkv, ctx, d, dtype=BF16, device=DEV)
+    bias = causal_lower_right(n, ctx)
+
+    def lower_right():
+        return sdpa_fn(qd, kd, vd, attn_mask=bias, scale=scale, enable_gqa=True)
+
+    compare = _try_record(record, "torch sdpa lower-right", label, lower_right, flops)
+    if compare is None:  # a torch whose CausalBias dispatch takes no enable_gqa
+        ke, ve = kd.repeat_interleave(hq // hkv, 1), vd.repeat_interleave(hq // hkv, 1)
+        compare = _try_record(record, "torch sdpa lower-right (K/V repeated)", label,
+                              lambda: sdpa_fn(qd, ke, ve, attn_mask=bias, scale=scale), flops)
+    kp, vp = (t.transpose(1, 2).reshape(batch * ctx, hkv, d) for t in (kd, vd))
+    cu_k = torch.arange(0, (batch + 1) * ctx, ctx, dtype=torch.int32, device=DEV)
+
+    def flash_varlen():
+        return torch.ops.aten._flash_attention_forward(q, kp, vp, cu, cu_k, n, ctx, 0.0, True, False, scale=scale)
+
+    _try_record(record, "torch flash varlen", label, flash_varlen, flops)
+    return dict(compare=compare)
+
+
+def _prefill_verdicts(groups: list) -> list:
+    """One line per PREFILL_SHAPES shape, on the rows' median times: what the op runs and the
+    fastest path, each against PyTorch's row ('at or above' = no slower)."""
+    print("\n# prefill verdicts (medians; 'AT OR ABOVE' = no slower than the PyTorch row of the same shape)")
+    out = []
+    for g in groups:
+        op, sdpa = g["op"], g["compare"]
+        best_path, best = min(g["paths"].items(), key=lambda kv: kv[1]["ms"]) if g["paths"] else (g["chosen"], op)
+        if sdpa is None:
+            print(f"# verdict {g['shape']}: no PyTorch row ran; the op [{g['chosen']}] {op['ms']:.4f} ms, "
+                  f"fastest path [{best_path}] {best['ms']:.4f} ms")
+            out.append(dict(shape=g["shape"], op_path=g["chosen"], op_ms=op["ms"], best_path=best_path, best_ms=best["ms"]))
+            continue
+
+        def state(row):
+            return ("AT OR ABOVE" if row["ms"] <= sdpa["ms"] else "BELOW") + f" ({sdpa['ms'] / row['ms']:.3f}x)"
+
+        print(f"# verdict {g['shape']}: the op [{g['chosen']}] {op['ms']:.4f} ms ({op['pct_of_ceiling']:.1f}% of matmul) "
+              f"{state(op)} {sdpa['kernel']} {sdpa['ms']:.4f} ms ({sdpa['pct_of_ceiling']:.1f}%); "
+              f"fastest path [{best_path}] {best['ms']:.4f} ms {state(best)}")
+        out.append(dict(shape=g["shape"], op_path=g["chosen"], op_ms=op["ms"], sdpa_row=sdpa["kernel"], sdpa_ms=sdpa["ms"],
+                        best_path=best_path, best_ms=best["ms"], op_at_or_above=op["ms"] <= sdpa["ms"],
+                        best_at_or_above=best["ms"] <= sdpa["ms"]))
     return out
+
+
+def _sweep_prefill(matmul_tflops: float, groups: list) -> dict:
+    tiles = _sweep_prefill_tiles(matmul_tflops)
+    best = _prefill_best_verdicts(groups, tiles)
+    return dict(tiles=tiles, verdicts_best_tiles=best, **_sweep_prefill_paths())
+
+
+def _sweep_prefill_tiles(matmul_tflops: float) -> list:
+    """PREFILL_SWEEP's tiles in the fused kernel (the PREFILL_SHAPES shapes, and the 4096-token
+    prompt at head dim 64) and in the context kernel (the chunked shape, through the flash path)."""
+    from ingot.ops.triton import prefill_attention as kernels
+    from ingot.ops.triton import prefill_dispatch as pd
+
+    print("\n# prefill tile sweep: case, kernel, BLOCK_M BLOCK_N warps stages BLOCK_N_CTX CTX_STAGES -> ms, % of bf16 matmul")
+    cases = [(label, shape, ("triton", "flash") if shape[0] != shape[1] else ("triton",)) for label, shape in PREFILL_SHAPES.items()]
+    cases.append(("T4096 causal 28/4 d64", ([4096], [4096], 28, 4, 64), ("triton",)))
+    out = []
+    for label, shape, paths in cases:
+        call, flops = prefill_call(*shape)
+        default = kernels.launch_config(shape[4], call[0].device)
+        for path in paths:
+            if not pd.path_supported(path, *_prefill_shape_args(call)):
+                continue
+            kernel = "fused" if path == "triton" else "context"
+            for tiles in PREFILL_SWEEP[shape[4]]:
+                cfg = kernels.PrefillConfig(*tiles)
+                head = f"  {label:<28} {kernel:<8} " + " ".join(f"{t!s:>4}" for t in tiles)
+                try:
+                    ms = time_row(lambda c=call, p=path, k=cfg: pd.prefill_attention(*c, path=p, config=k))[0]
+                except Exception as exc:  # out of shared memory, ...
+                    out.append(dict(case=label, kernel=kernel, path=path, config=str(cfg), error=type(exc).__name__))
+                    print(f"{head}  {type(exc).__name__}")
+                    continue
+                pct = 100 * flops / (ms * 1e-3) / 1e12 / matmul_tflops
+                out.append(dict(case=label, kernel=kernel, path=path, config=str(cfg), default=cfg == default, ms=ms,
+                                pct_of_matmul=pct))
+                print(f"{head}  {ms:8.4f} ms {pct:6.1f}%{'  (default)' if cfg == default else ''}")
+            ok = [r for r in out if "error" not in r and r["case"] == label and r["kernel"] == kernel]
+            if ok:
+                print(f"# best {kernel} tiles on {label}: {min(ok, key=lambda r: r['ms'])}")
+        del call
+        torch.cuda.empty_cache()
+    return out
+
+
+def _prefill_best_verdicts(groups: list, tiles: list) -> list:
+    """The verdicts again with the tile sweep's timings counted in: per shape the fastest of the
+    paths' rows and the swept tiles (one timing each, not a median of three), against the same
+    PyTorch row."""
+    print("\n# prefill verdicts with the swept tiles ('AT OR ABOVE' = no slower than the PyTorch row)")
+    out = []
+    for g in groups:
+        sdpa = g["compare"]
+        options = [(f"[{p}] default tiles", r["ms"]) for p, r in g["paths"].items()]
+        options += [(f"[{t['path']}] {t['config']}", t["ms"]) for t in tiles if t["case"] == g["shape"] and "ms" in t]
+        if sdpa is None or not options:
+            continue
+        how, ms = min(options, key=lambda o: o[1])
+        state = "AT OR ABOVE" if ms <= sdpa["ms"] else "BELOW"
+        print(f"# verdict {g['shape']}: fastest {how} {ms:.4f} ms {state} ({sdpa['ms'] / ms:.3f}x) {sdpa['kernel']} {sdpa['ms']:.4f} ms")
+        out.append(dict(shape=g["shape"], fastest=how, ms=ms, sdpa_row=sdpa["kernel"], sdpa_ms=sdpa["ms"], at_or_above=ms <= sdpa["ms"]))
+    return out
+
+
+def _lens_label(q_lens, ctx_lens) -> str:
+    if len(set(q_lens)) == 1 and len(set(ctx_lens)) == 1:
+        return f"{len(q_lens)}x({q_lens[0]} | {ctx_lens[0]})"
+    return "mixed " + " ".join(f"{n}|{c}" for n, c in zip(q_lens, ctx_lens))
+
+
+def _sweep_prefill_paths() -> dict:
+    """Every path of the op on PREFILL_GRID at PREFILL_GRID_HEADS (head dim 128): GPU ms from
+    graphs and host us per call; then the launch rule fitted to them, printed as the
+    ``PREFILL_RULES`` table to paste into prefill_dispatch.py."""
+    from ingot.ops.triton import prefill_dispatch as pd
+
+    print("\n# prefill paths: heads, sequences x (new | total tokens), class (one seq, mostly new) -> "
+          "ms per path (host us per call); fastest")
+    entries = []
+    for hq, hkv in PREFILL_GRID_HEADS:
+        for q_lens, ctx_lens in PREFILL_GRID:
+            call, _ = prefill_call(q_lens, ctx_lens, hq, hkv, 128)
+            args = _prefill_shape_args(call)
+            entry = dict(heads=f"{hq}/{hkv}", shape=_lens_label(q_lens, ctx_lens), tokens=args[0], seqs=args[1],
+                         capacity=args[2], cls=list(pd.prefill_class(*args[:3])), times={}, host_us={})
+            for path in PREFILL_PATHS:
+                if not pd.path_supported(path, *args):
+                    continue
+                fn = lambda c=call, p=path: pd.prefill_attention(*c, path=p)  # noqa: E731
+                try:
+                    entry["times"][path] = time_row(fn)[0]
+                    entry["host_us"][path] = host_us(fn)
+                except Exception as exc:  # noqa: BLE001 - one failing path must not end the sweep
+                    print(f"  {path} failed on {entry['shape']}: {type(exc).__name__}: {exc}")
+            entries.append(entry)
+            fastest = min(entry["times"], key=entry["times"].get) if entry["times"] else "-"
+            cells = "  ".join(f"{p} {ms:.4f} ({entry['host_us'][p]:.0f})" for p, ms in entry["times"].items())
+            print(f"  {entry['heads']:<5} {entry['shape']:<34} {str(tuple(entry['cls'])):<14} {cells}  -> {fastest}")
+            del call
+            torch.cuda.empty_cache()
+    fitted = fit_prefill_rules(entries)
+    print("\n# launch rule fitted to these timings (paste into ingot/ops/triton/prefill_dispatch.py); per class:")
+    print("# shapes measured, sum over them of (time / fused-kernel time), the fused kernel's own sum")
+    print("PREFILL_RULES: dict[tuple[bool, bool], PathRule] = {")
+    for cls, f in fitted.items():
+        cost = "no shapes" if f["cost"] is None else f"{f['shapes']} shapes: {f['cost']:.2f} vs {f['shapes']:.0f}"
+        print(f"    {cls}: PathRule({f['path']!r}, min_tokens_per_seq={f['min_tokens_per_seq']}),  # {cost}")
+    print("}")
+    return dict(path_grid=entries, fitted_rules={str(cls): f for cls, f in fitted.items()},
+                cudnn_new_length=_cudnn_new_length_cost(), cudnn_varlen=_cudnn_varlen_probe())
+
+
+def fit_prefill_rules(entries: list, thresholds=RULE_THRESHOLDS) -> dict:
+    """Per class of ``PREFILL_RULES``: the (path, min tokens per sequence) minimizing the sum,
+    over the class's measured shapes, of each shape's time relative to the fused kernel (every
+    shape weighs the same). A shape's time on a path is the larger of its GPU time and its host
+    time per call (a launch slower than its kernel starves the GPU); a shape below the
+    threshold, or that the path cannot run, counts the fused kernel's time, as
+    ``choose_prefill_path`` falls back. Ties keep the fused kernel, then the higher threshold
+    (a path is chosen only where it was measured to win)."""
+    fitted = {}
+    for cls in ((True, True), (True, False), (False, True), (False, False)):
+        members = [e for e in entries if tuple(e["cls"]) == cls and "triton" in e["times"]]
+        if not members:
+            fitted[cls] = dict(path="triton", min_tokens_per_seq=0, cost=None, shapes=0)
+            continue
+
+        def time_of(e, path):
+            return max(e["times"][path], e["host_us"].get(path, 0.0) / 1e3)
+
+        def cost(path, threshold):
+            total = 0.0
+            for e in members:
+                use = path if path in e["times"] and e["tokens"] >= threshold * e["seqs"] else "triton"
+                total += time_of(e, use) / time_of(e, "triton")
+            return total
+
+        best = ("triton", 0, cost("triton", 0))
+        for path in PREFILL_PATHS[1:]:
+            for threshold in sorted(thresholds, reverse=True):
+                c = cost(path, threshold)
+                if c < best[2] - 1e-9:
+                    best = (path, threshold, c)
+        fitted[cls] = dict(path=best[0], min_tokens_per_seq=best[1], cost=best[2], shapes=len(members))
+    return fitted
+
+
+def _cudnn_varlen_probe():
+    """PyTorch's cuDNN varlen forward (``aten._cudnn_attention_forward`` with offsets, what
+    ``torch.nn.attention.varlen`` and nested tensors run) on 8 packed 512-token prompts,
+    28/4 heads: do_bench ms (host in the loop; PyTorch 2.13's source builds its cuDNN
+    plan on every such call, so no graph is captured) and host us per call, against the
+    flash path of the op on the same tokens."""
+    from ingot.ops.triton import prefill_dispatch as pd
+
+    call, _ = prefill_call([512] * 8, [512] * 8, 28, 4, 128)
+    q, k, v, cu, scale = call[0].contiguous(), call[1].contiguous(), call[2].contiguous(), call[5], call[8]
+
+    def cudnn_varlen():
+        return torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, 512, 512, False, 0.0, True, False, scale=scale)
+
+    try:
+        cudnn_varlen()
+        torch.cuda.synchronize()
+        res = dict(do_bench_ms=bench(cudnn_varlen), host_us=host_us(cudnn_varlen))
+    except Exception as exc:  # noqa: BLE001 - informative only
+        print(f"# cuDNN varlen (8x512, 28/4): {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        return None
+    if pd.path_supported("flash", *_prefill_shape_args(call)):
+        res["flash_path_do_bench_ms"] = bench(lambda: pd.prefill_attention(*call, path="flash"))
+    print(f"# cuDNN varlen (8x512, 28/4): {res}")
+    return res
+
+
+def _cudnn_new_length_cost():
+    """Host + GPU ms of the cuDNN path's first call at a prompt length it has not seen
+    (PyTorch builds and caches one cuDNN execution plan per shape) and of the next call."""
+    import time
+
+    from ingot.ops.triton import prefill_dispatch as pd
+
+    call, _ = prefill_call([3001], [3001], 12, 2, 128)
+    if not pd.path_supported("cudnn", *_prefill_shape_args(call)):
+        return None
+
+    def once() -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        pd.prefill_attention(*call, path="cudnn")
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+    first, again = once(), once()
+    print(f"# cuDNN path at a length it has not seen (T3001, 12/2): first call {first:.1f} ms, next {again:.2f} ms")
+    return dict(first_ms=first, again_ms=again)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/kernels-<date>.json)")
     parser.add_argument("--no-ref", action="store_true", help="skip timing the PyTorch reference implementations")
+    parser.add_argument("--only", choices=("prefill",), default=None,
+                        help="only the prefill rows (and the prefill sweep, if asked for)")
     parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "skinny7b", "elementwise", "prefill", "all"),
                         help="also sweep launch configurations of the decode kernel, the skinny GEMM (1.5B "
                              "or 7B projections), RMSNorm and rotary, prefill attention, or all")

@@ -158,3 +158,18 @@ def test_unsupported_features_say_so(path):
         llm.generate("hi", lora_request=object())
     assert not math.isnan(llm.config.gpu_memory_utilization)
     llm.shutdown()
+
+
+def test_n_samples_share_the_prompt_blocks(llm):
+    """Samples 2..n reuse sample 1's cached prompt blocks: only the last partial block
+    (at least the last token) is computed again."""
+    ids = list(range(5, 5 + 40))  # 2 full blocks of 16 and 8 tokens more
+    before = llm.engine.stats()
+    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(n=4, temperature=0.9, seed=1, max_tokens=4))[0]
+    after = llm.engine.stats()
+    assert len(out.outputs) == 4
+    assert after.prefix_cache_hits - before.prefix_cache_hits == 3 * 32
+    salted = [llm.generate({"prompt_token_ids": ids, "cache_salt": salt}, SamplingParams(max_tokens=1))[0] for salt in ("a", "b")]
+    assert [o.num_cached_tokens for o in salted] == [0, 0]  # another tenant's blocks never match
+    again = llm.generate({"prompt_token_ids": ids, "cache_salt": "a"}, SamplingParams(max_tokens=1))[0]
+    assert again.num_cached_tokens == 32

@@ -80,8 +80,6 @@ class Engine:
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
-        # requests whose samples 2..n wait until sample 1 has computed the shared prompt
-        self._held: list[RequestState] = []
         # False: outputs carry only what changed since the previous one (engine_process.py)
         self.cumulative_outputs = True
         self.prompt_tokens = 0  # admitted, since start
@@ -143,16 +141,17 @@ class Engine:
         for i in range(p.n):
             gen = make_generator((p.seed + i * _GOLDEN), self.device) if p.seed is not None else None
             detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens)
-            seq = Sequence(request.request_id, request.prompt, request.prompt_token_ids, p, detok, gen, index=i)
+            # samples 2..n wait until sample 1 has computed (and cached) the shared prompt
+            seq = Sequence(request.request_id, request.prompt, request.prompt_token_ids, p, detok, gen, index=i,
+                           cache_salt=request.cache_salt, wait_for=seqs[0] if seqs else None)
             seq.arrival_time = request.arrival_time
             seq.lazy_text = not request.stream and not p.stop
             seqs.append(seq)
         state = RequestState(request, seqs)
         self.requests[request.request_id] = state
         self.prompt_tokens += len(request.prompt_token_ids)
-        self.scheduler.add(seqs[0])
-        if len(seqs) > 1:
-            self._held.append(state)
+        for seq in seqs:
+            self.scheduler.add(seq)
         return state
 
     def abort(self, request_id: str) -> Optional[RequestOutput]:
@@ -198,8 +197,6 @@ class Engine:
                 seq.error = error
             self.scheduler.finish(seq)
         self._flush_text(ending)
-        if state in self._held:
-            self._held.remove(state)
         return self._retire(state)
 
     def _retire(self, state: RequestState) -> RequestOutput:
@@ -210,7 +207,6 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one model step; the outputs of the requests it advanced (streaming requests:
         each one that got a token; the others: only when they finish)."""
-        self._release_held()
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -291,19 +287,6 @@ class Engine:
             elif state.request.stream:
                 outputs.append(build_output(state, self.tokenizer, self.cumulative_outputs))
         return outputs
-
-    def _release_held(self) -> None:
-        """Queue samples 2..n of requests whose first sample has computed the prompt (their
-        prompt blocks are then cached, so they prefill only what is left)."""
-        if not self._held:
-            return
-        for state in list(self._held):
-            first = state.seqs[0]
-            if first.finished or not first.is_prefill and first.num_computed_tokens > 0:
-                for seq in state.seqs[1:]:
-                    if not seq.finished:
-                        self.scheduler.add(seq)
-                self._held.remove(state)
 
     @staticmethod
     def _flush_text(finished: list[Sequence]) -> None:

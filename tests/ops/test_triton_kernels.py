@@ -24,7 +24,7 @@ import torch
 from ingot.ops import reference as ref
 from ingot.ops.triton._common import next_pow2
 from tests.ops.kernel_cases import check_prologue_linear, check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table
-from tests.ops.kernel_cases import paged as _paged
+from tests.ops.kernel_cases import mixed_prefill_lens, paged as _paged, prefill_case as _prefill_case
 
 
 def paged(lens, page, hkv, d, dtype, gen, extra_cols=2, device="cuda"):
@@ -67,10 +67,13 @@ class PoisonTorch:
 @pytest.fixture
 def K(monkeypatch):
     """The kernel modules with poisoned allocations."""
-    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary, skinny_gemm
+    from ingot.ops.triton import (
+        activation, decode_attention, kv_store, prefill_attention, prefill_dispatch, rms_norm, rotary, skinny_gemm,
+    )
 
     mods = dict(activation=activation, decode_attention=decode_attention, kv_store=kv_store,
-                prefill_attention=prefill_attention, rms_norm=rms_norm, rotary=rotary, skinny_gemm=skinny_gemm)
+                prefill_attention=prefill_attention, prefill_dispatch=prefill_dispatch, rms_norm=rms_norm,
+                rotary=rotary, skinny_gemm=skinny_gemm)
     poison = PoisonTorch()
     for mod in mods.values():
         monkeypatch.setattr(mod, "torch", poison)
@@ -98,20 +101,7 @@ def random_lens(batch, max_len, gen):
 
 def prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype=BF16):
     """Packed new tokens whose k/v are already stored in the cache; the op's arguments."""
-    k_cache, v_cache, table = paged(ctx_lens, page, hkv, d, dtype, gen)
-    t = sum(q_lens)
-    q = torch.randn(t, hq, d, generator=gen).to(dtype).cuda()
-    k = torch.randn(t, hkv, d, generator=gen).to(dtype).cuda()
-    v = torch.randn(t, hkv, d, generator=gen).to(dtype).cuda()
-    tab = table.cpu()
-    slots = []
-    for b, (n, total) in enumerate(zip(q_lens, ctx_lens)):
-        for pos in range(total - n, total):
-            slots.append(int(tab[b, pos // page]) * page + pos % page)
-    ref.store_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64, device="cuda"))
-    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32, device="cuda")
-    return q, k, v, k_cache, v_cache, cu, seq_lens, table
+    return _prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype, device="cuda", extra_cols=2)
 
 
 def fp32(args):
@@ -469,20 +459,114 @@ def test_prefill_attention(K, q_lens, ctx_lens, hq, hkv, d):
     assert rel_err(out, expected) < TOL
 
 
-PREFILL_SWEEP = [(64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 3)]  # kernels.py --sweep prefill
-
-
 @gpu
-@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (16, 2, 64)])
+@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (28, 4, 64)])  # the sweep's shapes (its compiled kernels)
 def test_prefill_attention_sweep_configs(K, hq, hkv, d):
-    """Every tile configuration the prefill sweep times (the table's entries among them) is correct."""
+    """Every tile configuration the prefill sweep times (the tables' entries among them) is
+    correct, in the fused kernel and in the context kernel."""
+    from benchmarks.kernels import PREFILL_SWEEP
+
     gen = torch.Generator().manual_seed(9 + d)
     args = prefill_case([200, 31, 1], [260, 31, 90], hq, hkv, d, 16, gen)
     expected = ref.prefill_attention(*fp32(args), d**-0.5)
-    for block_n, warps, stages in PREFILL_SWEEP:
-        cfg = K.prefill_attention.PrefillConfig(128, block_n, warps, stages)
+    for tiles in PREFILL_SWEEP[d]:
+        cfg = K.prefill_attention.PrefillConfig(*tiles)
         out = K.prefill_attention.prefill_attention(*args, d**-0.5, cfg)
         assert rel_err(out, expected) < TOL, cfg
+        if K.prefill_dispatch.path_supported("flash", 232, 3, args[7].shape[1] * 16, hq, hkv, d, BF16, args[0].device):
+            out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path="flash", config=cfg)
+            assert rel_err(out, expected) < TOL, ("context kernel", cfg)
+
+
+# (batch, max new tokens, max cached tokens, Hq, Hkv, D)
+PREFILL_PATH_CASES = [
+    (6, 300, 700, 8, 8, 128),  # GQA ratio 1
+    (7, 200, 1200, 28, 4, 128),  # ratio 7 (the 7B shape)
+    (5, 150, 400, 14, 2, 64),  # ratio 7, head dim 64
+    (3, 700, 300, 16, 4, 64),  # ratio 4
+    (9, 64, 2000, 12, 2, 128),  # ratio 6 (the 1.5B shape), short chunks after long prefixes
+]
+
+
+def _supported(K, path, args):
+    q, k, cache, table = args[0], args[1], args[3], args[7]
+    return K.prefill_dispatch.path_supported(
+        path, q.shape[0], table.shape[0], table.shape[1] * cache.shape[1], q.shape[1], k.shape[1], q.shape[2], q.dtype, q.device,
+    )
+
+
+@gpu
+@pytest.mark.parametrize("path", ["triton", "flash", "gather"])
+@pytest.mark.parametrize("batch,max_new,max_ctx,hq,hkv,d", PREFILL_PATH_CASES)
+def test_prefill_paths(K, path, batch, max_new, max_ctx, hq, hkv, d):
+    """Each prefill path on random lengths, sequences with and without a cached prefix mixed
+    in one call (PyTorch's flash kernel for real; its log-sum-exp read by the context kernel)."""
+    gen = torch.Generator().manual_seed(batch * 1000 + max_new + hq + d)
+    q_lens, ctx_lens = mixed_prefill_lens(batch, max_new, max_ctx, gen)
+    args = prefill_case(q_lens, ctx_lens, hq, hkv, d, 16, gen)
+    if not _supported(K, path, args):
+        pytest.skip(f"{path} cannot run here (prefill_dispatch.path_supported)")
+    out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path=path)
+    assert out.dtype == BF16 and out.shape == args[0].shape
+    assert rel_err(out, ref.prefill_attention(*fp32(args), d**-0.5)) < TOL
+
+
+@gpu
+@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (12, 2, 64)])
+def test_prefill_flash_path_mostly_new_batch(K, hq, hkv, d):
+    """Mostly new tokens with a few short cached prefixes: the context kernel runs one wave of
+    programs, each looping over several query tiles (its LOOP variant)."""
+    gen = torch.Generator().manual_seed(hq + d)
+    args = prefill_case([900, 700, 1000, 500], [900, 716, 1000, 600], hq, hkv, d, 16, gen)
+    cap = args[7].shape[1] * 16
+    assert 2 * 3100 >= 4 * cap  # "mostly new": PREFILL_RULES' class, and the context kernel's one wave
+    groups = K.prefill_attention.context_tile_groups(min(3100, cap), 4, hq, 128, 1, args[0].device)
+    assert groups < -(-min(3100, cap) // 128)  # programs take several tiles
+    if not _supported(K, "flash", args):
+        pytest.skip("flash cannot run here (prefill_dispatch.path_supported)")
+    out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path="flash")
+    assert rel_err(out, ref.prefill_attention(*fp32(args), d**-0.5)) < TOL
+
+
+@gpu
+@pytest.mark.parametrize("q_len,ctx_len,extra_cols", [(1000, 1000, 2), (300, 2000, 2), (2, 100, 2), (129, 129, 2),
+                                                      (512, 4096, 2), (1024, 1024, 0)])
+@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (8, 8, 64), (7, 1, 128)])
+def test_prefill_cudnn_path(K, q_len, ctx_len, extra_cols, hq, hkv, d):
+    """One sequence through PyTorch's cuDNN attention (then the context kernel), with and
+    without a cached prefix; and a prompt filling its block-table row (nothing can be
+    cached: cuDNN's inference kernel, no context kernel)."""
+    gen = torch.Generator().manual_seed(q_len + ctx_len + hq)
+    args = _prefill_case([q_len], [ctx_len], hq, hkv, d, 16, gen, BF16, device="cuda", extra_cols=extra_cols)
+    if not _supported(K, "cudnn", args):
+        pytest.skip("cuDNN attention cannot run here (prefill_dispatch.path_supported)")
+    out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path="cudnn")
+    assert rel_err(out, ref.prefill_attention(*fp32(args), d**-0.5)) < TOL
+
+
+@gpu
+@pytest.mark.parametrize("path", ["triton", "flash", "cudnn", "gather"])
+def test_prefill_op_follows_the_rule(K, monkeypatch, path):
+    """torch.ops.ingot.prefill_attention runs the path PREFILL_RULES names (spied on)."""
+    from ingot.ops import library  # noqa: F401  (defines torch.ops.ingot.*)
+    from ingot.ops.triton import register_cuda_kernels
+
+    assert register_cuda_kernels() is True
+    pd = K.prefill_dispatch
+    gen = torch.Generator().manual_seed(77)
+    args = prefill_case([700], [900], 28, 4, 128, 16, gen)
+    if not _supported(K, path, args):
+        pytest.skip(f"{path} cannot run here")
+    monkeypatch.setattr(pd, "PREFILL_RULES", {key: pd.PathRule(path) for key in pd.PREFILL_RULES})
+    calls = []
+    for name in ("flash_varlen", "cudnn_sdpa", "gather_paged_kv"):
+        real = getattr(pd, name)
+        monkeypatch.setattr(pd, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    out = torch.ops.ingot.prefill_attention(*args, 128**-0.5)
+    expected_calls = {"triton": [], "flash": ["flash_varlen"], "cudnn": ["cudnn_sdpa"],
+                      "gather": ["gather_paged_kv", "flash_varlen"]}[path]
+    assert calls == expected_calls
+    assert rel_err(out, ref.prefill_attention(*fp32(args), 128**-0.5)) < TOL
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -13,6 +13,8 @@ rms_norm, rotary, activation, skinny_gemm (also rms_norm_linear, silu_mul_linear
 function with its op's signature; the tuned ones also a ``launch_config(...)`` that picks the
 launch parameters from shapes and device (a frozen config the function accepts as an optional
 last argument, for sweeps and tests). rounding.py holds the bf16 rounding they share.
+prefill_dispatch.py is the prefill op's CUDA implementation: it picks, from shapes, the fused
+prefill kernel or PyTorch's flash / cuDNN attention paired with the context kernel.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def register_cuda_kernels() -> bool:
         return False
 
     from ingot.ops import library
-    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_attention, rms_norm, rotary, skinny_gemm
+    from ingot.ops.triton import activation, decode_attention, kv_store, prefill_dispatch, rms_norm, rotary, skinny_gemm
     from ingot.ops.triton import fused_moe
 
     try:  # one tiny kernel: a broken toolchain (no C compiler for the launcher, ...) shows here
@@ -70,7 +72,7 @@ def register_cuda_kernels() -> bool:
     library.skinny_linear.register_kernel("cuda")(skinny_gemm.skinny_linear)
     library.rms_norm_linear.register_kernel("cuda")(skinny_gemm.rms_norm_linear)
     library.silu_mul_linear.register_kernel("cuda")(skinny_gemm.silu_mul_linear)
-    library.prefill_attention.register_kernel("cuda")(_prefill_op(prefill_attention.prefill_attention))
+    library.prefill_attention.register_kernel("cuda")(_prefill_op(prefill_dispatch.prefill_attention))
     library.fused_moe.register_kernel("cuda")(fused_moe.fused_moe)
     _registered = True
     return True

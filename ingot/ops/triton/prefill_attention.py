@@ -1,26 +1,35 @@
-"""Causal varlen prefill attention over packed tokens, with a paged context.
+"""Causal varlen prefill attention over packed tokens, with a paged context: two Triton kernels.
 
 Sequence ``b`` owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``n_b``
 of them), the last ``n_b`` of its ``seq_lens[b]`` tokens. Its first ``p_b =
-seq_lens[b] - n_b`` tokens (earlier chunks, chunked prefill) are read from the
-paged cache through the block table; the new tokens' keys and values are read
-directly from ``k``/``v`` (they are also in the cache, but the packed tensors
-need no block-table gather).
+seq_lens[b] - n_b`` tokens (earlier chunks, chunked prefill, or a cached
+prefix) are read from the paged cache through the block table; the new
+tokens' keys and values are read directly from ``k``/``v`` (they are also in
+the cache, but the packed tensors need no block-table gather).
 
-Work is cut into query tiles of ``BLOCK_M`` rows per sequence. A tiny kernel
-builds ``tile_starts`` (prefix sums of the tiles per sequence) on the device;
-the main kernel gets an upper bound of the tile count from shapes (no host
-sync) and finds its sequence by binary search; programs past the real count
-exit at once. Grid ``(Hq, tiles)``: the query heads of one tile are neighbours
-in launch order, so a GQA group's K/V tiles come from L2. Tiles run
-heaviest-first (reverse order) to even out the causal triangle.
+``prefill_attention`` (the fused kernel) does all of it. Work is cut into
+query tiles of ``BLOCK_M`` rows per sequence. A tiny kernel builds
+``tile_starts`` (prefix sums of the tiles per sequence) on the device; the
+main kernel gets an upper bound of the tile count from shapes (no host sync)
+and finds its sequence by binary search; programs past the real count exit at
+once. Grid ``(Hq, tiles)``: the query heads of one tile are neighbours in
+launch order, so a GQA group's K/V tiles come from L2. Tiles run
+heaviest-first (reverse order) to even out the causal triangle. Per program:
+flash attention with online softmax in base 2, fp32 statistics and
+accumulator, in three loops: the cached prefix (full ``BLOCK_N_CTX``-wide key
+tiles without a mask, then one bounds-masked tail), the fully visible
+new-token tiles before the query tile (no mask), and the diagonal tiles
+(causal mask).
 
-Per program: flash attention with online softmax in base 2, fp32 statistics
-and accumulator, in three loops — the cached prefix (bounds mask only), the
-fully visible new-token tiles before the query tile (no mask), and the
-diagonal tiles (causal mask). The tile shape comes from a fixed table
-(``launch_config``), so a call never autotunes or compiles a variant it did
-not already use.
+``merge_cached_context`` (the context kernel) does only the cached prefix, for
+a prefill whose new-token part someone else computed: it starts each query
+row's online softmax from that part's normalized output and log-sum-exp
+(natural log, as PyTorch's flash and cuDNN attention return it) and folds the
+cached keys in, writing the output in place. Sequences without a cached prefix
+exit at once. ``prefill_dispatch.py`` pairs it with PyTorch's attention.
+
+Tile shapes come from fixed tables (``launch_config``, ``context_launch_config``),
+so a call never autotunes or compiles a variant it did not already use.
 """
 
 from __future__ import annotations
@@ -32,19 +41,30 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import capability, interpreting, last_dim_contiguous, next_pow2
+from ingot.ops.triton._common import capability, cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms
 
 _LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    """Launch parameters of the prefill kernel (``launch_config`` picks them; sweeps and tests pass their own)."""
+    """Launch parameters of the prefill kernels (the ``*launch_config`` tables pick them;
+    sweeps and tests pass their own)."""
 
     block_m: int  # query rows per tile
-    block_n: int  # key rows per tile; divides block_m
+    block_n: int  # key rows per tile over the new tokens; divides block_m
     num_warps: int
     num_stages: int
+    block_n_ctx: Optional[int] = None  # key rows per tile over the cached prefix (None: block_n)
+    ctx_stages: Optional[int] = None  # pipeline stages of the cached-prefix loop (None: num_stages)
+
+    @property
+    def ctx_tile(self) -> int:
+        return self.block_n_ctx or self.block_n
+
+    @property
+    def ctx_pipeline(self) -> int:
+        return self.ctx_stages or self.num_stages
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
@@ -63,17 +83,73 @@ def _tile_starts_kernel(cu_ptr, out_ptr, num_seqs, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, m_i, l_i, acc, valid, scale_log2, MASKED: tl.constexpr):
-    """One K/V tile of flash attention; ``valid`` [BM, BN] is used when MASKED."""
-    s = tl.dot(q, tl.trans(k)) * scale_log2
+def _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, MASKED: tl.constexpr):
+    """One K/V tile of flash attention (base-2 online softmax); ``valid`` [BM, BN] is used
+    when MASKED. The scale is applied with the max subtraction (one fused multiply-add)."""
+    s = tl.dot(q, tl.trans(k))
     if MASKED:
         s = tl.where(valid, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
+    p = tl.exp2(s * scale_log2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _fold_cached_prefix(
+    q, m_i, l_i, acc, kc_head, vc_head, bt_row, prefix, stride_cb, stride_cs, scale_log2,
+    offs_d, d_mask,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Attend to a sequence's first ``prefix`` tokens, read from the paged cache: every
+    query row sees all of them, so full tiles need no mask; one masked tail tile. The K
+    and V caches share their strides (one row offset serves both). The block-id load that
+    each tile's addresses wait for takes one of the loop's ``STAGES`` pipeline stages."""
+    offs_n = tl.arange(0, BLOCK_N)
+    n_full = (prefix // BLOCK_N) * BLOCK_N
+    for n0 in tl.range(0, n_full, BLOCK_N, num_stages=STAGES):
+        pos = n0 + offs_n
+        blk = tl.load(bt_row + pos // PAGE).to(tl.int64)
+        rows = blk * stride_cb + (pos % PAGE) * stride_cs
+        if EVEN_D:
+            k = tl.load(kc_head + rows[:, None] + offs_d[None, :])
+            v = tl.load(vc_head + rows[:, None] + offs_d[None, :])
+        else:
+            k = tl.load(kc_head + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+            v = tl.load(vc_head + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, None, scale_log2, False)
+    if n_full < prefix:
+        pos = n_full + offs_n
+        n_mask = pos < prefix
+        blk = tl.load(bt_row + pos // PAGE, mask=n_mask, other=0).to(tl.int64)
+        rows = blk * stride_cb + (pos % PAGE) * stride_cs
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(kc_head + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(vc_head + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, n_mask[None, :], scale_log2, True)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _load_rows(ptrs, row_mask, d_mask, EVEN_D: tl.constexpr):
+    """A [rows, BLOCK_D] tile; ``row_mask`` None when every row is in range."""
+    if row_mask is None:
+        if EVEN_D:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=d_mask[None, :], other=0.0)
+    else:
+        x = tl.load(ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    return x
 
 
 # runtime sizes that vary per step: not specialized (no recompiles mid-serving)
@@ -84,12 +160,13 @@ def _prefill_kernel(
     scale_log2,
     num_seqs, search_steps, num_tiles_ub,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_cb, stride_cs, stride_ch,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_CTX: tl.constexpr,
+    CTX_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
 ):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     h = tl.program_id(0)
     t = num_tiles_ub - 1 - tl.program_id(1)  # heaviest tiles first
     total = tl.load(tile_starts_ptr + num_seqs)
@@ -115,11 +192,7 @@ def _prefill_kernel(
         m_mask = offs_m < q_len
         d_mask = offs_d < HEAD_DIM
         q_rows = (q_start + offs_m).to(tl.int64)
-        q = tl.load(
-            q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-            mask=m_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
+        q = _load_rows(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], m_mask, d_mask, EVEN_D)
         if DOT_F32:
             q = q.to(tl.float32)
 
@@ -128,34 +201,23 @@ def _prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
         # 1) the cached prefix (earlier chunks): every query sees all of it
-        bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-        kc_head = k_cache_ptr + kvh * stride_kch
-        vc_head = v_cache_ptr + kvh * stride_vch
-        for n0 in range(0, prefix, BLOCK_N):
-            pos = n0 + offs_n
-            n_mask = pos < prefix
-            blk = tl.load(bt_row + pos // PAGE, mask=n_mask, other=0).to(tl.int64)
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(kc_head + (blk * stride_kcb + (pos % PAGE) * stride_kcs)[:, None] + offs_d[None, :],
-                        mask=kv_mask, other=0.0)
-            v = tl.load(vc_head + (blk * stride_vcb + (pos % PAGE) * stride_vcs)[:, None] + offs_d[None, :],
-                        mask=kv_mask, other=0.0)
-            if DOT_F32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, n_mask[None, :], scale_log2, True)
+        m_i, l_i, acc = _fold_cached_prefix(
+            q, m_i, l_i, acc, k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch,
+            block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2,
+            offs_d, d_mask, PAGE, BLOCK_N_CTX, CTX_STAGES, EVEN_D, DOT_F32,
+        )
 
         # 2) new tokens before this query tile: fully visible (BLOCK_M % BLOCK_N == 0)
         k_head = k_ptr + kvh * stride_kh
         v_head = v_ptr + kvh * stride_vh
         for n0 in range(0, m0, BLOCK_N):
             rows = (q_start + n0 + offs_n).to(tl.int64)
-            k = tl.load(k_head + rows[:, None] * stride_kt + offs_d[None, :], mask=d_mask[None, :], other=0.0)
-            v = tl.load(v_head + rows[:, None] * stride_vt + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+            k = _load_rows(k_head + rows[:, None] * stride_kt + offs_d[None, :], None, d_mask, EVEN_D)
+            v = _load_rows(v_head + rows[:, None] * stride_vt + offs_d[None, :], None, d_mask, EVEN_D)
             if DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, m_mask[:, None], scale_log2, False)
+            m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, None, scale_log2, False)
 
         # 3) the diagonal: causal mask
         n_end = tl.minimum(m0 + BLOCK_M, q_len)
@@ -163,14 +225,13 @@ def _prefill_kernel(
             pos = n0 + offs_n
             n_mask = pos < q_len
             rows = (q_start + pos).to(tl.int64)
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_head + rows[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_head + rows[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
+            k = _load_rows(k_head + rows[:, None] * stride_kt + offs_d[None, :], n_mask, d_mask, EVEN_D)
+            v = _load_rows(v_head + rows[:, None] * stride_vt + offs_d[None, :], n_mask, d_mask, EVEN_D)
             if DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             valid = (pos[None, :] <= offs_m[:, None]) & n_mask[None, :]
-            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, valid, scale_log2, True)
+            m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, True)
 
         o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
@@ -180,21 +241,107 @@ def _prefill_kernel(
         )
 
 
+@triton.jit
+def _context_tile(
+    m0, b, h, q_start, q_len, prefix, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, lse_ptr, scale_log2,
+    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CTX_STAGES: tl.constexpr, LSE_GLOBAL_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Query tile ``m0`` of sequence ``b``, head ``h``: fold the cached prefix into ``out``."""
+    kvh = h // GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = _load_rows(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], m_mask, d_mask, EVEN_D)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    # the new-token part as an online-softmax state: max = its log-sum-exp, sum = 1
+    out_rows = out_ptr + q_rows * stride_ot + h * stride_oh
+    acc = _load_rows(out_rows[:, None] + offs_d[None, :], m_mask, d_mask, EVEN_D).to(tl.float32)
+    if LSE_GLOBAL_ROWS:
+        lse_rows = q_start + offs_m
+    else:
+        lse_rows = offs_m
+    lse = tl.load(lse_ptr + b.to(tl.int64) * stride_lb + h * stride_lh + lse_rows.to(tl.int64) * stride_lt,
+                  mask=m_mask, other=0.0)
+    m_i = lse * 1.4426950408889634
+    l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    m_i, l_i, acc = _fold_cached_prefix(
+        q, m_i, l_i, acc, k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch,
+        block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2,
+        offs_d, d_mask, PAGE, BLOCK_N, CTX_STAGES, EVEN_D, DOT_F32,
+    )
+    o = acc / l_i[:, None]
+    tl.store(out_rows[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["tile_groups", "stride_bt", "stride_lb", "stride_lh", "stride_lt"])
+def _context_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, cu_q_ptr, seq_lens_ptr, block_tables_ptr, out_ptr, lse_ptr,
+    scale_log2, tile_groups,
+    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
+    stride_lb, stride_lh, stride_lt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CTX_STAGES: tl.constexpr, LSE_GLOBAL_ROWS: tl.constexpr,
+    LOOP: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    h = tl.program_id(0)
+    b = tl.program_id(1) // tile_groups  # the programs of one sequence (one prefix) are neighbours
+    group = tl.program_id(1) % tile_groups  # takes query tiles group, group + tile_groups, ...
+    q_start = tl.load(cu_q_ptr + b).to(tl.int32)
+    q_len = tl.load(cu_q_ptr + b + 1).to(tl.int32) - q_start
+    prefix = tl.load(seq_lens_ptr + b).to(tl.int32) - q_len
+    if prefix > 0:
+        if LOOP:  # (a loop around the tile costs registers: only when programs take several tiles)
+            for m0 in range(group * BLOCK_M, q_len, tile_groups * BLOCK_M):
+                _context_tile(
+                    m0, b, h, q_start, q_len, prefix, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr,
+                    lse_ptr, scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot,
+                    stride_oh, stride_lb, stride_lh, stride_lt, GROUP, HEAD_DIM, BLOCK_D, PAGE, BLOCK_M, BLOCK_N,
+                    CTX_STAGES, LSE_GLOBAL_ROWS, EVEN_D, DOT_F32,
+                )
+        elif group * BLOCK_M < q_len:
+            _context_tile(
+                group * BLOCK_M, b, h, q_start, q_len, prefix, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
+                out_ptr, lse_ptr, scale_log2, stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+                stride_ot, stride_oh, stride_lb, stride_lh, stride_lt, GROUP, HEAD_DIM, BLOCK_D, PAGE, BLOCK_M,
+                BLOCK_N, CTX_STAGES, LSE_GLOBAL_ROWS, EVEN_D, DOT_F32,
+            )
+
+
 def launch_config(head_dim: int, device: torch.device) -> PrefillConfig:
-    """Tile shape by head dim. Head dim 128 on an H100/H200 (sm90): 128 x 128 tiles,
-    8 warps, 3 stages, what Triton's autotuner chose from five candidates in every
-    recorded H200 run (0.296 ms for a 4096-token causal prefill, 28/4 heads, against
-    0.298 ms with 64-wide key tiles, ``kernels-2026-12-01.json``; re-measure with
-    ``python -m benchmarks.kernels --sweep prefill``). Elsewhere 64-wide key tiles,
-    and smaller tiles above head dim 128 for shared memory."""
+    """Tile shape of the fused kernel by head dim. Head dim 128 on an H100/H200 (sm90):
+    128 x 128 tiles, 8 warps, 3 stages (5 over the cached prefix), what Triton's autotuner chose from five
+    candidates in every recorded H200 run (0.296 ms for a 4096-token causal prefill,
+    28/4 heads, against 0.298 ms with 64-wide key tiles, ``kernels-2026-12-01.json``;
+    re-measure with ``python -m benchmarks.kernels --sweep prefill``). Elsewhere 64-wide
+    key tiles, and smaller tiles above head dim 128 for shared memory."""
     block_d = next_pow2(head_dim)
     if block_d <= 64:
         return PrefillConfig(128, 64, 4, 3)
     if block_d <= 128:
         if capability(device) == (9, 0):
-            return PrefillConfig(128, 128, 8, 3)
+            # a 5-stage cached-prefix loop: 8 x (512 new | 2048 cached) 0.295 vs 0.310 ms
+            # (kernels-prefill-2026-12-01.json)
+            return PrefillConfig(128, 128, 8, 3, ctx_stages=5)
         return PrefillConfig(128, 64, 8, 3)
     return PrefillConfig(64, 32, 4, 2)
+
+
+def context_launch_config(head_dim: int, device: torch.device) -> PrefillConfig:
+    """Tile shape of the context kernel: the fused kernel's table (its prefix loop is the
+    same code); ``ctx_tile`` is the key tile."""
+    return launch_config(head_dim, device)
+
+
+def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV cache rows must be contiguous"
+    assert k_cache.stride() == v_cache.stride(), "K and V caches must share their layout"
 
 
 def prefill_attention(
@@ -209,7 +356,7 @@ def prefill_attention(
     scale: float,
     config: Optional[PrefillConfig] = None,
 ) -> torch.Tensor:
-    """Triton implementation of ``torch.ops.ingot.prefill_attention`` (see reference.py)."""
+    """The fused Triton kernel for ``torch.ops.ingot.prefill_attention`` (see reference.py)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     num_seqs = seq_lens.shape[0]
@@ -217,7 +364,7 @@ def prefill_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV cache rows must be contiguous"
+    _check_caches(k_cache, v_cache)
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
@@ -244,13 +391,79 @@ def prefill_attention(
         num_seqs, search_steps, num_tiles_ub,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=cfg.block_n, DOT_F32=interpreting(),
+        PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_N_CTX=cfg.ctx_tile,
+        CTX_STAGES=cfg.ctx_pipeline, DOT_F32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def context_tile_groups(max_new_tokens: int, num_seqs: int, num_q_heads: int, block_m: int, waves: Optional[int],
+                        device: torch.device) -> int:
+    """Programs per (sequence, query head) of the context kernel, each taking every
+    ``groups``-th query tile of its sequence: one per tile (``waves`` None), or enough for
+    ``waves`` programs per SM (one program fills an SM's shared memory at 128-row tiles).
+    A program whose sequence has no cached prefix exits at once, but a wave of them still
+    costs microseconds, so few programs where little cached context is expected."""
+    tiles = cdiv(max(1, max_new_tokens), block_m)
+    if waves is None:
+        return tiles
+    return max(1, min(tiles, cdiv(waves * num_sms(device), num_q_heads * num_seqs)))
+
+
+def merge_cached_context(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    lse_strides: tuple[int, int, int],
+    lse_global_rows: bool,
+    max_new_tokens: int,
+    scale: float,
+    config: Optional[PrefillConfig] = None,
+    waves: Optional[int] = None,
+) -> torch.Tensor:
+    """Fold each sequence's cached prefix into ``out`` [T, Hq, D] (in place, returned).
+
+    ``out`` holds the causal attention of the new tokens among themselves (normalized)
+    and ``lse`` its natural-log log-sum-exp: the element of sequence ``b``, query head
+    ``h`` and query row ``r`` sits at ``b * lse_strides[0] + h * lse_strides[1] + row *
+    lse_strides[2]``, where ``row`` is the packed row ``cu_seqlens_q[b] + r`` when
+    ``lse_global_rows``, else ``r``. ``max_new_tokens`` bounds every sequence's new
+    tokens (from shapes: no host sync); ``waves``: see ``context_tile_groups``."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    assert out.stride(-1) == 1 and out.shape == q.shape
+    _check_caches(k_cache, v_cache)
+    q = last_dim_contiguous(q)
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    num_kv_heads = k_cache.shape[2]
+    assert num_q_heads % num_kv_heads == 0, "Hq must be a multiple of Hkv"
+    cfg = config or context_launch_config(head_dim, q.device)
+    tiles = cdiv(max(1, min(max_new_tokens, num_tokens)), cfg.block_m)
+    groups = context_tile_groups(min(max_new_tokens, num_tokens), num_seqs, num_q_heads, cfg.block_m, waves, q.device)
+    grid = (num_q_heads, num_seqs * groups)
+    _context_kernel[grid](
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out, lse,
+        float(scale) * _LOG2E, groups,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), *lse_strides,
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
+        PAGE=k_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.ctx_tile, CTX_STAGES=cfg.ctx_pipeline,
+        LSE_GLOBAL_ROWS=lse_global_rows, LOOP=groups < tiles, DOT_F32=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
-__all__ = ["prefill_attention", "launch_config", "PrefillConfig"]
+__all__ = [
+    "prefill_attention", "merge_cached_context", "context_tile_groups", "launch_config", "context_launch_config", "PrefillConfig",
+]
