@@ -82,9 +82,14 @@ def resolve_dtype(name: str, device: torch.device, model_dtype: Optional[torch.d
 
 
 def resolve_device(name: str) -> torch.device:
+    """The device of ``name``; a CUDA device always with its index (the current GPU when
+    ``name`` gives none), so that any thread can make it current."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda was requested but PyTorch sees no CUDA GPU")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda was requested but PyTorch sees no CUDA GPU")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     return device

@@ -142,3 +142,21 @@ def test_interrupted_generate_leaves_nothing_behind(llm):
     assert time.monotonic() - started < 60
     assert_clean(llm)
     assert tokens(llm.generate(["hello world", "the fox"], GREEDY)) == reference
+
+
+def test_an_engine_thread_that_cannot_start_fails_requests_instead_of_hanging(tmp_path, monkeypatch):
+    """If the loop thread dies before its first step (binding the GPU, say), the requests
+    waiting for it get an error output and later calls fail clearly; nothing hangs."""
+    from ingot.engine.engine_loop import EngineDeadError, EngineLoop
+
+    def broken(self):
+        raise RuntimeError("no such GPU")
+
+    monkeypatch.setattr(EngineLoop, "_bind_device", broken)
+    path = write_tiny_checkpoint(tmp_path / "llama", "llama")
+    llm = LLM(str(path), dtype="float32", device="cpu", show_progress=False)
+    (out,) = llm.generate("hello world", GREEDY)
+    assert out.error and "no such GPU" in out.error
+    with pytest.raises(EngineDeadError, match="no such GPU"):
+        llm.generate("hello world", GREEDY)
+    llm.shutdown()

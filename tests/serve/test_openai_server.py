@@ -4,6 +4,7 @@ client; every answer is checked against the offline engine on the same model."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 
@@ -219,12 +220,13 @@ def test_metrics_count_requests_and_latencies(server, client):
 
 
 def test_soak_with_disconnecting_clients(server, offline):
-    """300 concurrent requests of mixed lengths, 20% of the clients leave at random points:
-    every other request completes with offline greedy's text, no block leaks, still healthy."""
+    """300 concurrent requests of mixed lengths (INGOT_SOAK_REQUESTS: 2,000 on a GPU), 20% of
+    the clients leave at random points: every other request completes with offline greedy's
+    text, no block leaks, still healthy."""
     rng = random.Random(11)
     words = "the sea river mountain code python garden music history science light".split()
     jobs = []
-    for i in range(300):
+    for i in range(int(os.environ.get("INGOT_SOAK_REQUESTS", "300"))):
         prompt = " ".join(rng.choice(words) for _ in range(rng.randint(2, 40)))
         jobs.append((prompt, rng.randint(2, 24), rng.random() < 0.5, rng.random() < 0.2, rng.randint(1, 6)))
     expected = [o.outputs[0].text for o in offline.generate([j[0] for j in jobs], [greedy(j[1]) for j in jobs], use_tqdm=False)]
@@ -263,7 +265,7 @@ def test_soak_with_disconnecting_clients(server, offline):
     for t in threads:
         t.join(600)
     kept = [i for i, r in enumerate(results) if r != "left"]
-    assert len(kept) > 200
+    assert len(kept) > 0.65 * len(jobs)
     assert [results[i] for i in kept] == [expected[i] for i in kept]
     assert wait_until(lambda: idle(server), 60), metrics(server)
     assert raw(server, "GET", "/health", key=None).status_code == 200
