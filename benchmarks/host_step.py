@@ -48,7 +48,7 @@ def _timed(times: dict[str, float], name: str, fn: Callable[..., Any]) -> Callab
     return wrapper
 
 
-def measure(batch: int, steps: int, prompt_len: int = 64) -> dict[str, float]:
+def measure(batch: int, steps: int, prompt_len: int = 64, stream: bool = False) -> dict[str, float]:
     torch.manual_seed(0)
     cfg = ModelConfig.from_hf(TINY)
     model = init_random(build_model(cfg, torch.float32, torch.device("cpu"), 4096))
@@ -58,7 +58,7 @@ def measure(batch: int, steps: int, prompt_len: int = 64) -> dict[str, float]:
     engine = Engine(config, model, cfg, id_tokenizer(VOCAB), torch.device("cpu"), torch.float32, max_len)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 20, ignore_eos=True)
     for i in range(batch):
-        engine.add_request([(7 * i + j) % VOCAB for j in range(prompt_len)], params, str(i), stream=False)
+        engine.add_request([(7 * i + j) % VOCAB for j in range(prompt_len)], params, str(i), stream=stream)
     while engine.scheduler.waiting or any(s.is_prefill for s in engine.scheduler.running):
         engine.step()  # prefill
     logits = torch.randn(batch, VOCAB)
@@ -67,7 +67,7 @@ def measure(batch: int, steps: int, prompt_len: int = 64) -> dict[str, float]:
     phase: dict[str, float] = defaultdict(float)
     engine.scheduler.schedule = _timed(phase, "schedule", engine.scheduler.schedule)
     model_runner.build_step_inputs = _timed(phase, "step inputs", model_runner.build_step_inputs)
-    engine.runner.sampler = _timed(phase, "sampler", engine.runner.sampler)
+    engine.runner.sampler.sample = _timed(phase, "sampler", engine.runner.sampler.sample)
     totals: dict[str, list[float]] = defaultdict(list)
     for i in range(steps + 5):
         phase.clear()
@@ -87,13 +87,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--stream", action="store_true",
+                    help="requests read every step's output (a server's streams) instead of only the last")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     original = model_runner.build_step_inputs
     rows = []
     for b in (int(x) for x in args.batches.split(",")):
-        ms = measure(b, args.steps)
+        ms = measure(b, args.steps, stream=args.stream)
         model_runner.build_step_inputs = original
         rows.append(dict(batch=b, **ms))
     cols = ["total", "schedule", "step inputs", "sampler", "append, stop checks, rest"]

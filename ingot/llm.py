@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ingot.config import ConfigError, EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineLoop
+from ingot.engine.outputs import Accumulator
 from ingot.engine.request import EngineRequest, Prompt, RequestError
 from ingot.loading.tokenizer import Message, Tokenizer
 from ingot.outputs import CompletionOutput, RequestOutput
@@ -142,6 +143,7 @@ class LLM:
         params = _as_params_list(sampling_params, len(items))
         outputs: list[Optional[RequestOutput]] = [None] * len(items)
         sink: queue.SimpleQueue = queue.SimpleQueue()
+        totals = Accumulator()
         order: dict[str, int] = {}
         try:
             for i, ((prompt, chat), p) in enumerate(zip(items, params)):
@@ -155,7 +157,7 @@ class LLM:
             with tqdm(total=len(order), desc="Generating", unit=" req", disable=not show) as bar:
                 pending = len(order)
                 while pending:
-                    out = sink.get()
+                    out = totals.add(sink.get())
                     if out.finished:
                         outputs[order[out.request_id]] = out
                         pending -= 1
@@ -214,11 +216,12 @@ class LLM:
 
     def _stream(self, request: EngineRequest) -> Iterator[RequestOutput]:
         sink: queue.SimpleQueue = queue.SimpleQueue()
+        totals = Accumulator()
         self._loop.submit(request, sink)
         finished = False
         try:
             while not finished:
-                out = sink.get()
+                out = totals.add(sink.get())
                 finished = out.finished
                 yield out
         finally:

@@ -22,7 +22,7 @@ SampleLogprobs = list[dict[int, Logprob]]
 PromptLogprobs = list[Optional[dict[int, Logprob]]]  # None for the first prompt token
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     """One of a request's ``n`` samples."""
 
@@ -57,7 +57,7 @@ class RequestMetrics:
         return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: Optional[str]

@@ -23,6 +23,7 @@ from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineLoop
 from ingot.engine.engine_process import EngineFactory, EngineProcessClient
+from ingot.engine.outputs import Accumulator
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt
 from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.loading.tokenizer import Tokenizer
@@ -125,13 +126,15 @@ class RequestGroup:
 
     def __init__(self, backend: Backend, request_ids: list[str]) -> None:
         self._backend = backend
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()  # the engine's compact outputs
+        self._totals = Accumulator()
         self.unfinished = set(request_ids)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """Each request's cumulative output, as it advances."""
         try:
             while self.unfinished:
-                out = await self.queue.get()
+                out = self._totals.add(await self.queue.get())
                 if out.finished:
                     self.unfinished.discard(out.request_id)
                 yield out

@@ -80,8 +80,6 @@ class Engine:
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
-        # False: outputs carry only what changed since the previous one (engine_process.py)
-        self.cumulative_outputs = True
         self.prompt_tokens = 0  # admitted, since start
         self.generation_tokens = 0  # sampled, since start
 
@@ -201,7 +199,7 @@ class Engine:
 
     def _retire(self, state: RequestState) -> RequestOutput:
         self.requests.pop(state.request.request_id, None)
-        return build_output(state, self.tokenizer, self.cumulative_outputs)
+        return build_output(state, self.tokenizer)
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
@@ -278,14 +276,17 @@ class Engine:
         return outputs
 
     def _outputs(self, states: Iterable[RequestState]) -> list[RequestOutput]:
-        states = list(states)
-        self._flush_text([seq for state in states if state.finished for seq in state.seqs])  # one batched decode
+        done = []
         outputs = []
+        tokenizer = self.tokenizer
         for state in states:
             if state.finished:
-                outputs.append(self._retire(state))
+                done.append(state)
             elif state.request.stream:
-                outputs.append(build_output(state, self.tokenizer, self.cumulative_outputs))
+                outputs.append(build_output(state, tokenizer))
+        if done:
+            self._flush_text([seq for state in done for seq in state.seqs])  # one batched decode
+            outputs += [self._retire(state) for state in done]
         return outputs
 
     @staticmethod

@@ -5,8 +5,8 @@ The child builds the engine, runs an ``EngineLoop`` in it, reads commands
 step, every output of that step, encoded compactly (``wire.py``), to another.
 The client (``EngineProcessClient``, in the server's process) tokenizes and
 validates requests itself, sends them, and reads the outputs on its asyncio
-event loop (``add_reader``: no thread), turning them back into cumulative
-RequestOutputs. The child exits when the client closes its pipe (so it never
+event loop (``add_reader``: no thread), decoding them back into the engine's
+compact RequestOutputs (its caller adds them up). The child exits when the client closes its pipe (so it never
 outlives the server, even one that was killed); the client fails every request
 in flight if the child dies.
 """
@@ -26,7 +26,7 @@ from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineDeadError, EngineLoop
 from ingot.engine.request import EngineRequest
 from ingot.engine.stats import EngineInfo, EngineStats
-from ingot.engine.wire import Accumulator, encode, error_wire
+from ingot.engine.wire import decode, encode, error_wire
 from ingot.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,6 @@ def child_main(factory: EngineFactory, config: EngineConfig, commands: Any, outp
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         engine = factory(config)
-        engine.cumulative_outputs = False
     except BaseException:
         outputs.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
         return
@@ -133,7 +132,6 @@ class EngineProcessClient:
             raise EngineStartError(f"the engine process failed to start:\n{msg[1]}")
         self.info: EngineInfo = msg[1]
         self._stats = EngineStats()
-        self._acc = Accumulator()
         self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._dead: Optional[str] = None
@@ -209,10 +207,8 @@ class EngineProcessClient:
     def _dispatch(self, wire: tuple) -> None:
         rid, finished = wire[0], wire[1]
         deliver = self._sinks.pop(rid, None) if finished else self._sinks.get(rid)
-        if deliver is None:
-            self._acc.forget(rid)
-            return
-        deliver(self._acc.update(wire))
+        if deliver is not None:
+            deliver(decode(wire))
 
     def _die(self, reason: str) -> None:
         if self._dead is None:
@@ -225,4 +221,4 @@ class EngineProcessClient:
                 pass
         sinks, self._sinks = self._sinks, {}
         for rid, deliver in sinks.items():
-            deliver(self._acc.update(error_wire(rid, 1, reason)))
+            deliver(decode(error_wire(rid, 1, reason)))

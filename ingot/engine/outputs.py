@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ingot.engine.request import EngineRequest
-from ingot.engine.sequence import Sequence
+from ingot.engine.sequence import Sequence, Status
 from ingot.loading.tokenizer import Tokenizer
 from ingot.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
@@ -22,55 +22,98 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.seqs)
+        for s in self.seqs:  # a loop, not all(): read for every request on every step
+            if s.status is not Status.FINISHED:
+                return False
+        return True
 
 
-def build_output(state: RequestState, tokenizer: Tokenizer, cumulative: bool = True) -> RequestOutput:
-    """A snapshot of the request now: every sample's text and tokens so far, and what each
-    gained since the previous output of this request (``delta``, ``delta_token_ids``).
+def build_output(state: RequestState, tokenizer: Tokenizer) -> RequestOutput:
+    """What the request gained since its previous output: each sample's new text, token ids
+    and logprobs (in ``text``, ``token_ids``, ``logprobs`` and the same in ``delta`` /
+    ``delta_token_ids``), the prompt with the first output only, the metrics with the last.
 
-    ``cumulative=False``: ``text``, ``token_ids`` and ``logprobs`` hold only that gain too,
-    the prompt (ids and logprobs) comes only with the first output and the metrics only
-    with the last: the compact form a client accumulates (``engine/wire.py``), which costs
-    the same at every step instead of growing with the output."""
+    Compact on purpose: it costs the same at every step instead of growing with the output.
+    Whoever reads outputs adds them up (``Accumulator``): ``LLM`` and ``AsyncLLM`` in their
+    callers' threads, never the engine's.
+    """
     req = state.request
-    completions = [_completion(seq, tokenizer, cumulative) for seq in state.seqs]
-    errors = [s.error for s in state.seqs if s.error]
-    first = state.seqs[0]
-    head = cumulative or not state.emitted
+    seqs = state.seqs
+    completions = [_completion(seq, tokenizer) for seq in seqs]
+    first = seqs[0]
+    error = first.error if len(seqs) == 1 else next((s.error for s in seqs if s.error), None)
+    head = not state.emitted
     state.emitted = True
+    finished = state.finished
     return RequestOutput(
-        request_id=req.request_id,
-        prompt=req.prompt if head else None,
-        prompt_token_ids=req.prompt_token_ids if head else [],
-        outputs=completions,
-        finished=state.finished,
-        error=errors[0] if errors else None,
-        prompt_logprobs=_prompt_logprobs(first, tokenizer) if head else None,
-        metrics=_metrics(state) if cumulative or state.finished else None,
-        num_cached_tokens=first.num_cached_tokens,
+        req.request_id,
+        req.prompt if head else None,
+        req.prompt_token_ids if head else [],
+        completions,
+        finished,
+        error,
+        _prompt_logprobs(first, tokenizer) if head and first.prompt_logprobs is not None else None,
+        _metrics(state) if finished else None,
+        first.num_cached_tokens,
     )
 
 
-def _completion(seq: Sequence, tokenizer: Tokenizer, cumulative: bool) -> CompletionOutput:
+class Accumulator:
+    """Adds up a request's compact outputs into the cumulative RequestOutputs callers read
+    (each a new snapshot: a reader lagging behind never sees a later step's text)."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, RequestOutput] = {}
+
+    def add(self, delta: RequestOutput) -> RequestOutput:
+        prev = self._live.get(delta.request_id)
+        if prev is None:
+            prev = RequestOutput(delta.request_id, delta.prompt, list(delta.prompt_token_ids), [], False, None,
+                                 delta.prompt_logprobs)
+        samples: dict[int, CompletionOutput] = {c.index: c for c in prev.outputs}
+        for c in delta.outputs:
+            old = samples.get(c.index)
+            logprobs = c.logprobs
+            if logprobs is not None and old is not None and old.logprobs:
+                logprobs = old.logprobs + logprobs
+            samples[c.index] = CompletionOutput(
+                index=c.index,
+                text=old.text + c.delta if old else c.delta,
+                token_ids=old.token_ids + c.delta_token_ids if old else list(c.delta_token_ids),
+                cumulative_logprob=c.cumulative_logprob,
+                logprobs=logprobs,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+                delta=c.delta,
+                delta_token_ids=c.delta_token_ids,
+            )
+        out = RequestOutput(
+            request_id=delta.request_id,
+            prompt=prev.prompt,
+            prompt_token_ids=prev.prompt_token_ids,
+            outputs=[samples[i] for i in sorted(samples)],
+            finished=delta.finished,
+            error=delta.error,
+            prompt_logprobs=prev.prompt_logprobs if delta.prompt_logprobs is None else delta.prompt_logprobs,
+            metrics=delta.metrics,
+            num_cached_tokens=delta.num_cached_tokens,
+        )
+        if out.finished:
+            self._live.pop(out.request_id, None)
+        else:
+            self._live[out.request_id] = out
+        return out
+
+
+def _completion(seq: Sequence, tokenizer: Tokenizer) -> CompletionOutput:
     delta = seq.text[seq.emitted_text :]
     delta_ids = seq.output_token_ids[seq.emitted_tokens :]
     logprobs = None
     if seq.logprobs is not None:
-        entries = seq.logprobs if cumulative else seq.logprobs[seq.emitted_tokens :]
-        logprobs = [_logprob_dict(e, tokenizer) for e in entries]
+        logprobs = [_logprob_dict(e, tokenizer) for e in seq.logprobs[seq.emitted_tokens :]]
     seq.emitted_text, seq.emitted_tokens = len(seq.text), len(seq.output_token_ids)
-    return CompletionOutput(
-        index=seq.index,
-        text=seq.text if cumulative else delta,
-        token_ids=list(seq.output_token_ids) if cumulative else delta_ids,
-        cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
-        logprobs=logprobs,
-        finish_reason=seq.finish_reason,
-        stop_reason=seq.stop_reason,
-        delta=delta,
-        delta_token_ids=delta_ids,
-    )
+    return CompletionOutput(seq.index, delta, delta_ids, seq.cumulative_logprob if logprobs is not None else None,
+                            logprobs, seq.finish_reason, seq.stop_reason, delta, delta_ids)
 
 
 def _logprob_dict(entries: list[tuple[int, float, int]], tokenizer: Tokenizer) -> dict[int, Logprob]:

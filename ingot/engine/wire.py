@@ -1,10 +1,9 @@
 """RequestOutputs as plain tuples, for the pipe between the engine process and its client.
 
-The engine process builds compact outputs (``build_output(..., cumulative=False)``:
-each carries only what changed), ``encode`` turns one into nested tuples of
-plain values (pickling those is about ten times cheaper than pickling the
-dataclasses), and the client's ``Accumulator`` turns them back into the
-cumulative RequestOutputs that ``LLM`` and ``AsyncLLM`` callers read.
+The engine builds compact outputs (each carries only what changed), ``encode``
+turns one into nested tuples of plain values (pickling those is about ten times
+cheaper than pickling the dataclasses) and ``decode`` turns them back; the
+client then adds them up (``outputs.Accumulator``).
 """
 
 from __future__ import annotations
@@ -38,59 +37,15 @@ def encode(out: RequestOutput) -> Wire:
             _enc_positions(out.prompt_logprobs), metrics, seqs)
 
 
-def request_key(wire: Wire) -> tuple[str, bool]:
-    """(request id, finished) of an encoded output."""
-    return wire[0], wire[1]
-
-
-class Accumulator:
-    """Per request, the cumulative output the compact outputs add up to."""
-
-    def __init__(self) -> None:
-        self._live: dict[str, RequestOutput] = {}
-
-    def update(self, wire: Wire) -> RequestOutput:
-        rid, finished, error, cached, prompt, prompt_ids, prompt_lp, metrics, seqs = wire
-        prev = self._live.get(rid)
-        if prev is None:
-            prev = RequestOutput(rid, prompt, list(prompt_ids), [], False, None, _dec_positions(prompt_lp))
-        outputs: dict[int, CompletionOutput] = {c.index: c for c in prev.outputs}
-        for index, text, ids, reason, stop_reason, cum_lp, lps in seqs:
-            old = outputs.get(index)
-            new_lps = _dec_positions(lps)
-            outputs[index] = CompletionOutput(
-                index=index,
-                text=(old.text if old else "") + text,
-                token_ids=(old.token_ids if old else []) + list(ids),
-                cumulative_logprob=cum_lp,
-                logprobs=None if new_lps is None else ((old.logprobs or []) if old else []) + new_lps,
-                finish_reason=reason,
-                stop_reason=stop_reason,
-                delta=text,
-                delta_token_ids=list(ids),
-            )
-        out = RequestOutput(
-            request_id=rid,
-            prompt=prev.prompt,
-            prompt_token_ids=prev.prompt_token_ids,
-            outputs=[outputs[i] for i in sorted(outputs)],
-            finished=finished,
-            error=error,
-            prompt_logprobs=prev.prompt_logprobs if prompt_lp is None else _dec_positions(prompt_lp),
-            metrics=None if metrics is None else RequestMetrics(*metrics),
-            num_cached_tokens=cached,
-        )
-        if finished:
-            self._live.pop(rid, None)
-        else:
-            self._live[rid] = out
-        return out
-
-    def forget(self, request_id: str) -> None:
-        self._live.pop(request_id, None)
-
-    def __len__(self) -> int:
-        return len(self._live)
+def decode(wire: Wire) -> RequestOutput:
+    """The compact RequestOutput ``encode`` was given."""
+    rid, finished, error, cached, prompt, prompt_ids, prompt_lp, metrics, seqs = wire
+    outputs = []
+    for index, text, ids, reason, stop_reason, cum_lp, lps in seqs:
+        ids = list(ids)
+        outputs.append(CompletionOutput(index, text, ids, cum_lp, _dec_positions(lps), reason, stop_reason, text, ids))
+    return RequestOutput(rid, prompt, list(prompt_ids), outputs, finished, error, _dec_positions(prompt_lp),
+                         None if metrics is None else RequestMetrics(*metrics), cached)
 
 
 def error_wire(request_id: str, n: int, message: str, prompt: Any = None, prompt_ids: Optional[list] = None) -> Wire:
