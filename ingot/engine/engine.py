@@ -194,7 +194,7 @@ class Engine:
             if error is not None:
                 seq.error = error
             self.scheduler.finish(seq)
-        self._flush_text(ending)
+        self._flush_text(ending, ended_early=True)
         return self._retire(state)
 
     def _retire(self, state: RequestState) -> RequestOutput:
@@ -290,9 +290,11 @@ class Engine:
         return outputs
 
     @staticmethod
-    def _flush_text(finished: list[Sequence]) -> None:
-        """The deferred text of finished ``lazy_text`` sequences, in one batched decode."""
-        lazy = [seq for seq in finished if seq.lazy_text and not seq.text]
+    def _flush_text(finished: list[Sequence], ended_early: bool = False) -> None:
+        """The deferred text of finished ``lazy_text`` sequences, in one batched decode; with
+        ``ended_early`` (an abort or a failure: no stop string can still form), also the text
+        a streaming sequence held back, so its last output has every complete character."""
+        lazy = [seq for seq in finished if (seq.lazy_text and not seq.text) or (ended_early and not seq.lazy_text)]
         if lazy:
             try:
                 add_tokens([seq.detok for seq in lazy], [[] for _ in lazy], final=True)
@@ -303,7 +305,8 @@ class Engine:
                     except Exception as exc:
                         seq.error = seq.error or f"detokenizing failed: {type(exc).__name__}: {exc}"
             for seq in lazy:
-                seq.text = seq.delta = seq.detok.text
+                seq.delta = seq.detok.text[len(seq.text):] if not seq.lazy_text else seq.detok.text
+                seq.text = seq.detok.text
 
     def _append(self, seq: Sequence, token: int, logprobs, now: float) -> bool:
         """Record a sampled token (already detokenized into ``seq.detok``) at time ``now`` and

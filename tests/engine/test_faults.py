@@ -4,6 +4,7 @@ only their own requests, leave nothing registered and no KV block held, and the 
 from __future__ import annotations
 
 import _thread
+import queue
 import threading
 import time
 
@@ -130,18 +131,49 @@ def test_failing_model_step_fails_its_batch_and_the_engine_goes_on(llm, monkeypa
     assert [o.error for o in again] == [None, None] and all(len(t) == 8 for t in tokens(again))
 
 
-def test_interrupted_generate_leaves_nothing_behind(llm):
-    long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+def test_interrupted_generate_leaves_nothing_behind(llm, monkeypatch):
+    """Ctrl-C while generate waits (a KeyboardInterrupt raised by its wait for outputs, as the
+    signal does there) aborts its requests: nothing stays registered, no block held."""
+    import ingot.llm as llm_mod
+
     reference = tokens(llm.generate(["hello world", "the fox"], GREEDY))
-    timer = threading.Timer(0.3, _thread.interrupt_main)  # what Ctrl-C does
-    timer.start()
-    started = time.monotonic()
+
+    class Interrupted(queue.SimpleQueue):
+        waits = 0
+
+        def get(self, block=True, timeout=None):
+            Interrupted.waits += 1
+            if Interrupted.waits == 5:  # the fifth output: the requests are running
+                raise KeyboardInterrupt
+            return super().get(block, timeout)
+
+    monkeypatch.setattr(llm_mod.queue, "SimpleQueue", Interrupted)
     with pytest.raises(KeyboardInterrupt):
-        llm.generate(["lazy dog quick"] * 48, long)  # about 3 s on 2 cores: far past the 0.3 s timer
-    timer.join()
-    assert time.monotonic() - started < 60
+        llm.generate(["lazy dog quick"] * 12, SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True, stop=["x"]))
+    monkeypatch.undo()
+    assert Interrupted.waits > 5, "the abort was confirmed through the same queue"
     assert_clean(llm)
     assert tokens(llm.generate(["hello world", "the fox"], GREEDY)) == reference
+
+
+def test_ctrl_c_signal_during_generate_is_an_interrupt(llm):
+    """The real signal path: SIGINT's KeyboardInterrupt lands in generate's wait, which is
+    interruptible, and the call ends cleanly."""
+    timer = threading.Timer(0.3, _thread.interrupt_main)  # what Ctrl-C does
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    timer.start()
+    try:
+        llm.generate(["lazy dog quick"] * 48, params)  # seconds on 2 cores, far past the timer
+        finished = True
+    except KeyboardInterrupt:
+        finished = False
+    timer.join()
+    if finished:  # the machine was fast enough to finish first; the interrupt may still be pending
+        try:
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    assert_clean(llm)
 
 
 def test_an_engine_thread_that_cannot_start_fails_requests_instead_of_hanging(tmp_path, monkeypatch):
