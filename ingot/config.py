@@ -51,6 +51,10 @@ class EngineConfig:
     # scheduling
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 4096
+    # Queue step n+1 on the device before reading step n back (it takes step n's sampled
+    # tokens on the device; stops apply one step late, the extra token is dropped), so the
+    # host's scheduling and detokenizing overlap the GPU's step. Off until measured on a GPU.
+    overlap_scheduling: bool = False
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
     # Linear layers with at most this many rows (decode batches) use the Triton

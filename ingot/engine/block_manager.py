@@ -160,14 +160,15 @@ class BlockManager:
         seq.num_cached_blocks = len(hits)
         self.grow(seq, num_tokens)
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Make ``seq``'s blocks whose KV is now computed and full findable by hash.
+    def cache_full_blocks(self, seq: Sequence, computed: Optional[int] = None) -> None:
+        """Make ``seq``'s blocks whose KV is computed (its first ``computed`` tokens, default
+        all it has) and full findable by hash.
 
         Called after the step that computed them. A block whose hash is already
         cached (the same prefix computed twice in one step) stays uncached and is
         freed as a plain block.
         """
-        full = seq.num_computed_tokens // self.block_size
+        full = (seq.num_computed_tokens if computed is None else computed) // self.block_size
         for i in range(seq.num_cached_blocks, full):
             h = self._hash(seq, i)
             if h not in self.cached:

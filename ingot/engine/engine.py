@@ -13,7 +13,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from typing import Iterable, Optional, Union
 
 import torch
 
@@ -31,7 +32,7 @@ from ingot.models.loader import load_checkpoint, resolve_device, resolve_dtype
 from ingot.outputs import RequestOutput
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.kv_pool import blocks_for
-from ingot.runner.model_runner import ModelRunner
+from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
 from ingot.runner.model_source import CheckpointSource
 from ingot.runner.sampler import make_generator
 from ingot.sampling_params import SamplingParams
@@ -80,6 +81,7 @@ class Engine:
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
+        self._inflight: Optional[_InFlight] = None  # a step queued but not read back (overlap)
         self.prompt_tokens = 0  # admitted, since start
         self.generation_tokens = 0  # sampled, since start
 
@@ -162,9 +164,6 @@ class Engine:
         state = self.requests.get(request_id)
         return None if state is None else self._finish_request(state, "error", message)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.requests)
-
     def info(self) -> EngineInfo:
         blocks = self.scheduler.blocks
         return EngineInfo(self.max_model_len, self.model_config.vocab_size, self.config.max_num_seqs,
@@ -204,26 +203,79 @@ class Engine:
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
         """Run one model step; the outputs of the requests it advanced (streaming requests:
-        each one that got a token; the others: only when they finish)."""
+        each one that got a token; the others: only when they finish).
+
+        With ``overlap_scheduling`` a step is queued on the device before the previous one
+        is read back: the host schedules and prepares step n+1 while the GPU runs step n,
+        step n+1 reads the tokens step n sampled on the device, and this call returns step
+        n's outputs. A sequence that step n finished (a stop) has an extra token in step
+        n+1, dropped. A step whose sampling needs the host to know those tokens (penalties,
+        ``min_tokens``) waits for step n first.
+        """
+        prev, self._inflight = self._inflight, None
         batch = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        if prev is not None and (batch is None or not self.config.overlap_scheduling or _needs_history(batch)):
+            outputs += self._finish(prev)
+            prev = None
         if batch is None:
-            return []
+            return outputs
+        flight = self._launch(batch, prev)
+        if prev is not None:
+            outputs += self._finish(prev)
+        if isinstance(flight, list):  # the launch failed: those requests' outputs
+            return outputs + flight
+        if self.config.overlap_scheduling and flight.step.sample is not None:
+            self._inflight = flight
+        else:
+            outputs += self._finish(flight)
+        return outputs
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or self._inflight is not None
+
+    def _launch(self, batch: ScheduledBatch, prev: Optional["_InFlight"]) -> Union["_InFlight", list[RequestOutput]]:
+        """Queue ``batch`` on the device (its last tokens from ``prev`` where they are still
+        there); the step's record, or the failed requests' outputs."""
         now_wall = time.time()
         for seq in batch.seqs:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now_wall
+        feed = None
+        if prev is not None:
+            src = [prev.row_of.get(id(seq), -1) if seq.num_pending else -1 for seq in batch.seqs]
+            if any(i >= 0 for i in src):
+                feed = TokenFeed(prev.step.tokens, src)
         try:
-            rows, out = self.runner.execute(batch, self.eos_token_ids)
+            step = self.runner.launch(batch, self.eos_token_ids, feed)
         except Exception as exc:  # the forward itself failed: these requests fail, the engine goes on
             log.exception("a step of %d sequences failed", len(batch.seqs))
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
+        computed = self.scheduler.on_step_launched(batch)
+        sampled = [batch.seqs[row] for row in step.rows]
+        for seq in sampled:
+            seq.num_pending += 1
+            p = seq.params
+            seq.done_after_pending = (p.max_tokens is not None and len(seq.output_token_ids) + seq.num_pending >= p.max_tokens) \
+                or seq.num_tokens >= self.max_model_len
+        return _InFlight(batch, step, computed, sampled)
+
+    def _finish(self, flight: "_InFlight") -> list[RequestOutput]:
+        """Read a launched step back: its tokens, stop rules, outputs."""
+        batch, touched = flight.batch, flight.sampled
+        for seq in touched:
+            seq.num_pending -= 1
+        try:
+            out = flight.step.collect()
+        except Exception as exc:
+            log.exception("reading back a step of %d sequences failed", len(batch.seqs))
+            return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
         if out.prompt_logprobs:
-            _record_prompt_logprobs(batch, out.prompt_logprobs)
-        self.scheduler.on_step_done(batch)
-        touched = [batch.seqs[row] for row in rows]
+            _record_prompt_logprobs(batch, out.prompt_logprobs, flight.computed)
+        self.scheduler.on_step_done(batch, flight.computed)
         self.generation_tokens += len(touched)
         errors = out.errors or [None] * len(touched)
-        ok = [k for k, e in enumerate(errors) if e is None]
+        ok = [k for k, e in enumerate(errors) if e is None and not touched[k].finished]
         self._detokenize([touched[k] for k in ok], [out.token_ids[k] for k in ok], errors, ok)
         now = time.monotonic()
         changed: dict[str, RequestState] = {}
@@ -349,13 +401,38 @@ class Engine:
         return True
 
 
-def _record_prompt_logprobs(batch: ScheduledBatch, by_row: dict) -> None:
+@dataclass
+class _InFlight:
+    """A step queued on the device and not yet read back."""
+
+    batch: ScheduledBatch
+    step: LaunchedStep
+    computed: list[int]  # per row: computed tokens once launched (what on_step_done may cache)
+    sampled: list[Sequence]  # the rows that sample, in the order of the step's tokens
+
+    def __post_init__(self) -> None:
+        self.row_of = {id(seq): i for i, seq in enumerate(self.sampled)}
+
+
+def _needs_history(batch: ScheduledBatch) -> bool:
+    """Does sampling ``batch`` need tokens still pending on the device (penalties read the
+    output so far, ``min_tokens`` its length)?"""
+    for seq in batch.seqs:
+        if seq.num_pending:
+            p = seq.params
+            if p.min_tokens or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                return True
+    return False
+
+
+def _record_prompt_logprobs(batch: ScheduledBatch, by_row: dict, computed: list[int]) -> None:
     """Append each row's new prompt-token entries (a chunk recomputed after a preemption
-    repeats positions already recorded: those are skipped)."""
+    repeats positions already recorded: those are skipped). ``computed``: each row's
+    computed tokens once the step was launched."""
     for row, entries in by_row.items():
         seq = batch.seqs[row]
         done = len(seq.prompt_logprobs)  # prompt tokens covered so far (the first is None)
-        first = seq.num_computed_tokens + 1  # the prompt token the chunk's first entry is for
+        first = computed[row] - batch.num_new_tokens[row] + 1  # the prompt token the chunk's first entry is for
         seq.prompt_logprobs.extend(entries[max(0, done - first):])
 
 

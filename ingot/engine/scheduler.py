@@ -75,7 +75,7 @@ class Scheduler:
         # a decode-only step is the common case: find the (few) prefilling sequences without
         # calling Sequence.is_prefill per running sequence (this runs on every step)
         prefilling = [s for s in self.running
-                      if s.num_computed_tokens < len(s.prompt_token_ids) + len(s.output_token_ids) - 1]
+                      if s.num_computed_tokens < len(s.prompt_token_ids) + len(s.output_token_ids) + s.num_pending - 1]
         for seq in prefilling:
             if budget == 0:
                 break
@@ -95,7 +95,9 @@ class Scheduler:
         held_back: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.wait_for is not None and self._held_back(seq):
+            if (seq.wait_for is not None and self._held_back(seq)) or seq.num_pending:
+                # (a sequence preempted while a step in flight samples its next token waits
+                # for that token: its prefill must recompute it too)
                 held_back.append(self.waiting.popleft())
                 continue
             hits = self.blocks.match(seq)
@@ -136,8 +138,10 @@ class Scheduler:
         batch = ScheduledBatch([], False)
         block_size = self.blocks.block_size
         for seq in list(self.running):
-            n = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # seq.num_tokens, inlined
+            n = len(seq.prompt_token_ids) + len(seq.output_token_ids) + seq.num_pending  # seq.num_tokens, inlined
             if seq.status is not Status.RUNNING or seq.num_computed_tokens < n - 1:  # preempted, or prefill
+                continue
+            if seq.num_pending and seq.done_after_pending:  # its pending token ends it (overlap)
                 continue
             # most steps the new token still fits the last block: no allocation to try
             if n > len(seq.block_ids) * block_size and not self._make_room(seq, n):
@@ -166,28 +170,33 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
-    # ------------------------------------------------------------------ after the step
-    def on_step_done(self, batch: ScheduledBatch) -> None:
-        """The step ran: count each sequence's computed tokens and, with prefix caching,
-        register its blocks that just became full (their KV now exists).
+    # ------------------------------------------------------------------ around the step
+    def on_step_launched(self, batch: ScheduledBatch) -> list[int]:
+        """The step is queued on the device: count each sequence's computed tokens now (the
+        next schedule builds on them) and return them, per row, for ``on_step_done``."""
+        running = Status.RUNNING
+        computed = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if seq.status is running:
+                seq.num_computed_tokens += n
+            computed.append(seq.num_computed_tokens)
+        return computed
+
+    def on_step_done(self, batch: ScheduledBatch, computed: list[int]) -> None:
+        """The step ran: with prefix caching, register the blocks it filled, up to what it
+        computed (``computed``, from ``on_step_launched``: a later step may be in flight).
 
         A sequence ended or preempted since it was scheduled is skipped. Decode steps hash
         nothing unless a sequence's last block just filled up.
         """
-        running = Status.RUNNING
         if not self.blocks.caching:
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                if seq.status is running:
-                    seq.num_computed_tokens += n
             return
+        running = Status.RUNNING
         block_size = self.blocks.block_size
         register = self.blocks.cache_full_blocks
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            if seq.status is running:
-                computed = seq.num_computed_tokens + n
-                seq.num_computed_tokens = computed
-                if computed // block_size > seq.num_cached_blocks:
-                    register(seq)  # type: ignore[arg-type]
+        for seq, upto in zip(batch.seqs, computed):
+            if seq.status is running and upto // block_size > seq.num_cached_blocks:
+                register(seq, upto)  # type: ignore[arg-type]
 
     def finish(self, seq: Sequence) -> None:
         """Release a finished (or aborted) sequence wherever it is."""

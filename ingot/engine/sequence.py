@@ -64,6 +64,9 @@ class Sequence:
         self.wait_for = wait_for
         # chained hashes of this sequence's full blocks, in order (computed once: tokens never change)
         self.block_hashes: list[bytes] = []
+        # tokens sampled by a step still in flight (overlap scheduling): counted, not yet known
+        self.num_pending = 0
+        self.done_after_pending = False  # the pending token is its last (max_tokens, context)
         self.num_cached_blocks = 0  # leading block_ids that are in the prefix cache (hit or registered)
         self.status = Status.WAITING
         self.arrival_time = time.monotonic()
@@ -90,7 +93,8 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        """Prompt and output tokens, the ones still pending on the device included."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Tokens ``[start, end)`` of prompt + output, without joining the two lists.

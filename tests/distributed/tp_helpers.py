@@ -51,7 +51,7 @@ def teacher_forced_logits(engine: Engine, prompts: list[list[int]], steps: int,
         inputs = engine.runner.stage(batch)
         logits = engine.runner.logits_of(None, inputs).float().cpu()
         out.append(logits)
-        engine.scheduler.on_step_done(batch)  # counts the computed tokens (and caches full blocks)
+        engine.scheduler.on_step_done(batch, engine.scheduler.on_step_launched(batch))  # counts the computed tokens (and caches full blocks)
         for k, row in enumerate(inputs.sample_rows):
             seq = batch.seqs[row]
             i = index[id(seq)]

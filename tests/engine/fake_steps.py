@@ -72,7 +72,7 @@ class FakeKV:
 
 def finish_step(sched: Scheduler, batch: ScheduledBatch, sampled: list) -> list[Sequence]:
     """What the engine does after a step: on_step_done, append tokens, finish at max_tokens."""
-    sched.on_step_done(batch)
+    sched.on_step_done(batch, sched.on_step_launched(batch))
     done = []
     for seq, token in zip(batch.seqs, sampled):
         if token is None or seq.status is not Status.RUNNING:

@@ -113,16 +113,16 @@ def test_failing_sampler_row_fails_that_request_alone(llm, monkeypatch):
 
 def test_failing_model_step_fails_its_batch_and_the_engine_goes_on(llm, monkeypatch):
     runner = llm.engine.runner
-    real = runner.execute
+    real = runner.launch
     calls = {"n": 0}
 
-    def execute(batch, eos):
+    def launch(batch, eos, feed=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("device fell over")
-        return real(batch, eos)
+        return real(batch, eos, feed)
 
-    monkeypatch.setattr(runner, "execute", execute)
+    monkeypatch.setattr(runner, "launch", launch)
     outs = llm.generate(["hello world", "the fox"], GREEDY)
     assert all(o.error and "device fell over" in o.error for o in outs)
     assert_clean(llm)
