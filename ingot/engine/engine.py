@@ -10,6 +10,7 @@ goes on.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -253,18 +254,22 @@ class Engine:
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
         computed = self.scheduler.on_step_launched(batch)
         sampled = [batch.seqs[row] for row in step.rows]
-        for seq in sampled:
-            seq.num_pending += 1
-            p = seq.params
-            seq.done_after_pending = (p.max_tokens is not None and len(seq.output_token_ids) + seq.num_pending >= p.max_tokens) \
-                or seq.num_tokens >= self.max_model_len
-        return _InFlight(batch, step, computed, sampled)
+        pending = self.config.overlap_scheduling  # serially nothing is ever scheduled with a token pending
+        if pending:
+            max_len = self.max_model_len
+            for seq in sampled:
+                seq.num_pending += 1
+                p = seq.params
+                seq.done_after_pending = (p.max_tokens is not None and len(seq.output_token_ids) + seq.num_pending >= p.max_tokens) \
+                    or seq.num_tokens >= max_len
+        return _InFlight(batch, step, computed, sampled, pending)
 
     def _finish(self, flight: "_InFlight") -> list[RequestOutput]:
         """Read a launched step back: its tokens, stop rules, outputs."""
         batch, touched = flight.batch, flight.sampled
-        for seq in touched:
-            seq.num_pending -= 1
+        if flight.pending:
+            for seq in touched:
+                seq.num_pending -= 1
         try:
             out = flight.step.collect()
         except Exception as exc:
@@ -409,9 +414,12 @@ class _InFlight:
     step: LaunchedStep
     computed: list[int]  # per row: computed tokens once launched (what on_step_done may cache)
     sampled: list[Sequence]  # the rows that sample, in the order of the step's tokens
+    pending: bool  # their tokens were counted as pending (overlap scheduling)
 
-    def __post_init__(self) -> None:
-        self.row_of = {id(seq): i for i, seq in enumerate(self.sampled)}
+    @functools.cached_property
+    def row_of(self) -> dict[int, int]:
+        """Sequence (by id) -> its index in the step's sampled tokens (read when overlapping)."""
+        return {id(seq): i for i, seq in enumerate(self.sampled)}
 
 
 def _needs_history(batch: ScheduledBatch) -> bool:
