@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ingot.loading.tokenizer import Message, Tokenizer
-from ingot.sampling_params import SamplingError, SamplingParams
+from ingot.sampling_params import SamplingParams
 
 # What a prompt may be: text, token ids, or vLLM's prompt dicts.
 Prompt = Union[str, Sequence[int], Mapping[str, Any]]
@@ -115,12 +115,3 @@ class InputProcessor:
 
 def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_params(params: Any) -> SamplingParams:
-    """``params`` if it is SamplingParams (None: the defaults), else SamplingError."""
-    if params is None:
-        return SamplingParams()
-    if not isinstance(params, SamplingParams):
-        raise SamplingError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-    return params
