@@ -22,10 +22,10 @@ from tqdm.auto import tqdm
 from ingot.config import ConfigError, EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineLoop
-from ingot.engine.outputs import Accumulator
+from ingot.engine.outputs import Accumulator, failed_output
 from ingot.engine.request import EngineRequest, Prompt, RequestError
 from ingot.loading.tokenizer import Message, Tokenizer
-from ingot.outputs import CompletionOutput, RequestOutput
+from ingot.outputs import RequestOutput
 from ingot.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -276,13 +276,6 @@ def _rejected(request_id: str, prompt: Any, params: SamplingParams, message: str
     """The output of a request refused before it reached the engine."""
     text = prompt if isinstance(prompt, str) else None
     ids = list(prompt) if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt) else []
-    return RequestOutput(
-        request_id=request_id,
-        prompt=text,
-        prompt_token_ids=ids,
-        outputs=[CompletionOutput(i, "", [], finish_reason="error") for i in range(params.n)],
-        finished=True,
-        error=message,
-    )
+    return failed_output(request_id, text, ids, params.n, message)
 
 

@@ -25,7 +25,8 @@ import torch
 
 from ingot.engine.engine import Engine
 from ingot.engine.request import EngineRequest, RequestError
-from ingot.outputs import CompletionOutput, RequestOutput
+from ingot.engine.outputs import failed_output
+from ingot.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +40,8 @@ class EngineDeadError(RuntimeError):
 
 
 def error_output(request: EngineRequest, message: str) -> RequestOutput:
-    """The final output of a request that failed before or outside any step."""
-    return RequestOutput(
-        request_id=request.request_id,
-        prompt=request.prompt,
-        prompt_token_ids=request.prompt_token_ids,
-        outputs=[CompletionOutput(i, "", [], finish_reason="error") for i in range(request.params.n)],
-        finished=True,
-        error=message,
-    )
+    """The final output of an admitted-but-failed request."""
+    return failed_output(request.request_id, request.prompt, request.prompt_token_ids, request.params.n, message)
 
 
 class EngineLoop:

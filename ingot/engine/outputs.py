@@ -152,3 +152,15 @@ def _metrics(state: RequestState) -> RequestMetrics:
         finished_time=time.time() if state.finished else None,
         num_preemptions=sum(s.num_preemptions for s in seqs),
     )
+
+
+def failed_output(request_id: str, prompt: Optional[str], prompt_token_ids: list[int], n: int, message: str) -> RequestOutput:
+    """The final output of a request that failed before or outside any step (``n`` samples)."""
+    return RequestOutput(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=prompt_token_ids,
+        outputs=[CompletionOutput(i, "", [], finish_reason="error") for i in range(n)],
+        finished=True,
+        error=message,
+    )
