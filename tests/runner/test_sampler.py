@@ -492,7 +492,11 @@ def test_cuda_penalties_masks_and_logprobs():
     assert out.token_ids[:2] == [0, 0]
     assert out.token_ids[2] in (0, 3)
     ref = torch.log_softmax(torch.tensor(RAW), -1).tolist()
-    for i, lp in enumerate(out.logprobs):
-        assert out.token_ids[i] in lp
-        for t, v in lp.items():
+    ranked = sorted(range(len(ref)), key=lambda t: -ref[t])
+    for i, entries in enumerate(out.logprobs):
+        n = rows[i].params.logprobs
+        # the sampled token first with its rank, then the n most likely tokens (raw logits)
+        assert entries[0] == (out.token_ids[i], pytest.approx(ref[out.token_ids[i]], abs=1e-5), ranked.index(out.token_ids[i]) + 1)
+        assert [t for t, _, _ in entries[1:]] == ranked[:n]
+        for t, v, _ in entries:
             assert v == pytest.approx(ref[t], abs=1e-5)
