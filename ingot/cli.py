@@ -18,6 +18,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output); default: the model's")
     g.add_argument("--eager", "--enforce-eager", dest="eager", action="store_true", help="no decode CUDA graphs (debugging)")
     g.add_argument("--no-prefix-caching", action="store_true", help="recompute every prompt instead of reusing the KV of earlier identical prefixes")
+    g.add_argument("--no-overlap-scheduling", action="store_true",
+                   help="read each step back before queuing the next (default: the next step is queued first)")
     g.add_argument("--decode-compile", nargs="?", const="on", default=None, choices=["on", "off", "auto"],
                    help="torch.compile the decode step before graph capture (CUDA only): on, off, or auto = "
                         "per batch bucket, only where measured faster without drift (see docs/decode-compile.md)")
@@ -91,6 +93,8 @@ def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         extra["eager_mode"] = True
     if args.no_prefix_caching:
         extra["enable_prefix_caching"] = False
+    if args.no_overlap_scheduling:
+        extra["overlap_scheduling"] = False
     if args.decode_compile is not None:
         extra["decode_compile"] = {"on": True, "off": False, "auto": "auto"}[args.decode_compile]
     if args.tensor_parallel_size is not None:

@@ -103,7 +103,8 @@ def test_generate_detokenizes_once_at_the_end(llm, monkeypatch):
         llm.engine.step()
     assert seq.output_token_ids and seq.text == ""
     llm.engine.abort(seq.request_id)
-    assert seq.finish_reason == "abort" and seq.text == tok.decode(seq.output_token_ids)
+    # (the final text leaves out a trailing partial character, as streaming does)
+    assert seq.finish_reason == "abort" and seq.text == tok.decode(seq.output_token_ids).rstrip("\ufffd")
     llm.engine.requests.pop(seq.request_id, None)
 
 

@@ -102,6 +102,7 @@ def add_parser(subparsers, engine_args) -> None:
     g.add_argument("--prefix-caching", dest="prefix_caching", type=_names_arg(CACHING), default=["on"], metavar="MODES",
                    help="automatic prefix caching settings to run, comma-separated from on,off (default on; on,off compares both)")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=["off"], help="same as --prefix-caching off")
+    g.add_argument("--no-overlap-scheduling", action="store_true", help="read each step back before queuing the next")
     h = p.add_argument_group("over HTTP (--url)")
     h.add_argument("--url", default=None, help="send the workload to this OpenAI-compatible server (e.g. http://127.0.0.1:8000) "
                                               "instead of running an engine here")
@@ -139,6 +140,8 @@ def llm_kwargs(args: argparse.Namespace, decode_compile: Any, prefix_caching: bo
     """The one place that turns parsed options into ``LLM(...)`` keyword arguments."""
     kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile,
                           "enable_prefix_caching": prefix_caching}
+    if getattr(args, "no_overlap_scheduling", False):
+        kw["overlap_scheduling"] = False
     if getattr(args, "tokenizer", None):
         kw["tokenizer"] = args.tokenizer
     if args.max_model_len:

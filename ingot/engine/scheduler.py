@@ -124,12 +124,15 @@ class Scheduler:
     def _held_back(self, seq: Sequence) -> bool:
         """Must ``seq`` keep waiting for ``seq.wait_for`` to compute its prompt (and cache it)?
 
-        Not once that sequence has computed its prompt or has ended; never with
-        prefix caching off (there is nothing to wait for).
+        Not once that sequence's full prompt blocks are in the prefix cache (registered when
+        the step that computed them has been read back: with overlap scheduling, a step
+        later than it was launched) or it has ended; never with prefix caching off (there
+        is nothing to wait for).
         """
         first = seq.wait_for
         assert first is not None
-        if not self.blocks.caching or first.status is Status.FINISHED or first.num_computed_tokens >= len(first.prompt_token_ids):
+        full = len(first.prompt_token_ids) // self.blocks.block_size
+        if not self.blocks.caching or first.status is Status.FINISHED or first.num_cached_blocks >= full:
             seq.wait_for = None
             return False
         return True

@@ -5,6 +5,7 @@ apply one step late, preemption, aborts, n samples, prefix caching and the penal
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ingot import LLM, SamplingParams
 from tests.helpers import write_tiny_checkpoint
@@ -17,8 +18,8 @@ def tiny(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("overlap") / "qwen2", "qwen2")
 
 
-def run(path, overlap: bool, prompts, params, **engine) -> list:
-    with LLM(str(path), dtype="float32", device="cpu", show_progress=False, overlap_scheduling=overlap, **engine) as llm:
+def run(path, overlap: bool, prompts, params, device: str = "cpu", **engine) -> list:
+    with LLM(str(path), dtype="float32", device=device, show_progress=False, overlap_scheduling=overlap, **engine) as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
         sched = llm.engine.scheduler
         assert not llm.engine.requests and not sched.running and not sched.waiting
@@ -84,3 +85,18 @@ def test_streams_and_aborts_with_overlap(tiny):
         assert again.token_ids == full.token_ids
         sched = llm.engine.scheduler
         assert not llm.engine.requests and sched.blocks.num_free == sched.blocks.num_blocks - 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_overlap_equals_the_serial_engine(tiny):
+    """On the GPU (decode graphs, Triton kernels, asynchronous copies) the queued step reads
+    the previous step's tokens on the device. Equal lengths keep every step's batch the same
+    in both engines (a stop would add one row to the step after it), so the results are
+    bitwise equal."""
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.9, seed=4, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=9, n=2, max_tokens=40, ignore_eos=True)]
+    prompts = PROMPTS * 6
+    params = [params[i % 3] for i in range(len(prompts))]
+    assert run(tiny, True, prompts, params, "cuda") == run(tiny, False, prompts, params, "cuda")
