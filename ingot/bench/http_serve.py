@@ -47,37 +47,41 @@ def tpot(record: RequestRecord) -> Optional[float]:
     return (latency - (record.token_times[0] - record.arrival)) / (record.output_len - 1)
 
 
-async def discover_model(client, base: str, headers: dict) -> str:
+async def discover_model(session, base: str, headers: dict) -> str:
     """The first model the server lists (``GET /v1/models``)."""
-    r = await client.get(base + "/v1/models", headers=headers)
-    r.raise_for_status()
-    data = r.json().get("data") or []
+    async with session.get(base + "/v1/models", headers=headers) as r:
+        r.raise_for_status()
+        data = (await r.json()).get("data") or []
     if not data:
         raise RuntimeError(f"{base}/v1/models lists no model")
     return data[0]["id"]
 
 
-async def _one(client, base: str, headers: dict, model: str, req: Request, clock: Callable[[], float]) -> HttpResult:
+async def _one(session, base: str, headers: dict, model: str, req: Request, clock: Callable[[], float]) -> HttpResult:
     body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": req.output_len, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     times: list[float] = []
     usage_tokens: Optional[int] = None
     sent = clock()
     try:
-        async with client.stream("POST", base + "/v1/completions", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                text = (await r.aread()).decode(errors="replace")
-                return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, []), f"HTTP {r.status_code}: {text[:200]}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("error"):
-                    return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, times), str(chunk["error"])[:200])
-                if any(c.get("text") for c in chunk.get("choices") or ()):
-                    times.append(clock())
-                if chunk.get("usage"):
-                    usage_tokens = chunk["usage"].get("completion_tokens")
+        async with session.post(base + "/v1/completions", json=body, headers=headers) as r:
+            if r.status != 200:
+                text = (await r.read()).decode(errors="replace")
+                return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, []), f"HTTP {r.status}: {text[:200]}")
+            buf = b""
+            async for data in r.content.iter_any():  # server-sent events, split however TCP delivers them
+                buf += data
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(event[6:])
+                    if chunk.get("error"):
+                        return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, times), str(chunk["error"])[:200])
+                    if any(c.get("text") for c in chunk.get("choices") or ()):
+                        times.append(clock())  # per event, as vllm bench serve stamps them
+                    if chunk.get("usage"):
+                        usage_tokens = chunk["usage"].get("completion_tokens")
     except Exception as exc:  # a broken connection is that request's failure
         return HttpResult(RequestRecord(len(req.prompt_token_ids), 0, sent, times), f"{type(exc).__name__}: {exc}")
     out_len = usage_tokens if usage_tokens is not None else len(times)
@@ -92,15 +96,19 @@ async def run_http(
     max_concurrency: Optional[int] = None,
     on_finish: Optional[Callable[[], None]] = None,
 ) -> HttpServeMetrics:
-    """Send ``requests`` to the server at ``base_url`` (no ``/v1``), measure, aggregate."""
-    import httpx
+    """Send ``requests`` to the server at ``base_url`` (no ``/v1``), measure, aggregate.
+
+    aiohttp, as ``vllm bench serve`` uses: at 10,000+ streamed chunks per second the
+    client must not be what limits the measurement."""
+    import aiohttp
 
     base = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=max_concurrency or len(requests) + 8, max_keepalive_connections=None)
+    connector = aiohttp.TCPConnector(limit=max_concurrency or 0)  # 0: a connection per open request
     clock = time.monotonic
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60), limits=limits) as client:
-        name = model or await discover_model(client, base, headers)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        name = model or await discover_model(session, base, headers)
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         start = clock()
 
@@ -109,10 +117,10 @@ async def run_http(
             if delay > 0:
                 await asyncio.sleep(delay)
             if gate is None:
-                result = await _one(client, base, headers, name, req, clock)
+                result = await _one(session, base, headers, name, req, clock)
             else:
                 async with gate:
-                    result = await _one(client, base, headers, name, req, clock)
+                    result = await _one(session, base, headers, name, req, clock)
             if on_finish is not None:
                 on_finish()
             return result

@@ -131,13 +131,17 @@ class RequestGroup:
         self.unfinished = set(request_ids)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Each request's cumulative output, as it advances."""
+        """Each request's cumulative output, as it advances; a reader slower than the
+        engine gets one output per request for several steps (its ``delta`` spans them)."""
         try:
             while self.unfinished:
-                out = self._totals.add(await self.queue.get())
-                if out.finished:
-                    self.unfinished.discard(out.request_id)
-                yield out
+                piled = [await self.queue.get()]
+                while not self.queue.empty():  # behind the engine: take what piled up at once
+                    piled.append(self.queue.get_nowait())
+                for out in self._totals.add_all(piled):
+                    if out.finished:
+                        self.unfinished.discard(out.request_id)
+                    yield out
         finally:
             self.abort()
 

@@ -26,7 +26,7 @@ from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineDeadError, EngineLoop
 from ingot.engine.request import EngineRequest
 from ingot.engine.stats import EngineInfo, EngineStats
-from ingot.engine.wire import decode, encode, error_wire
+from ingot.engine.wire import decode, encode, error_wire, merge
 from ingot.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -191,24 +191,34 @@ class EngineProcessClient:
 
     # -------------------------------------------------------------- outputs
     def _on_readable(self) -> None:
+        """Read every step that has arrived; each request's outputs among them are merged
+        and delivered once (behind the engine, this process then does one decode, one
+        queue put and one stream chunk per request for several steps)."""
+        backlog: dict[str, list[tuple]] = {}
         try:
             while self._out.poll():
                 msg = pickle.loads(self._out.recv_bytes())
                 if msg[0] == "outputs":
                     self._stats = EngineStats(*msg[1])
                     for wire in msg[2]:
-                        self._dispatch(wire)
+                        backlog.setdefault(wire[0], []).append(wire)
                 elif msg[0] == "bye":
+                    self._deliver(backlog)
                     self._die("the engine process stopped")
                     return
         except (EOFError, OSError):
+            self._deliver(backlog)
             self._die(f"the engine process exited (exit code {self.proc.exitcode})")
+            return
+        self._deliver(backlog)
 
-    def _dispatch(self, wire: tuple) -> None:
-        rid, finished = wire[0], wire[1]
-        deliver = self._sinks.pop(rid, None) if finished else self._sinks.get(rid)
-        if deliver is not None:
-            deliver(decode(wire))
+    def _deliver(self, backlog: dict[str, list[tuple]]) -> None:
+        for wires in backlog.values():
+            wire = merge(wires)
+            rid, finished = wire[0], wire[1]
+            deliver = self._sinks.pop(rid, None) if finished else self._sinks.get(rid)
+            if deliver is not None:
+                deliver(decode(wire))
 
     def _die(self, reason: str) -> None:
         if self._dead is None:

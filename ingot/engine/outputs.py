@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional
 
 from ingot.engine.request import EngineRequest
 from ingot.engine.sequence import Sequence, Status
@@ -103,6 +103,31 @@ class Accumulator:
         else:
             self._live[out.request_id] = out
         return out
+
+    def add_all(self, deltas: Iterable[RequestOutput]) -> list[RequestOutput]:
+        """Several compact outputs at once, as a reader that fell behind finds them: one
+        cumulative output per request (in order of first appearance) whose ``delta`` /
+        ``delta_token_ids`` span all of that request's outputs among them. A lagging
+        server thus sends one chunk per request for what piled up, not one per step."""
+        latest: dict[str, RequestOutput] = {}
+        starts: dict[str, dict[int, tuple[int, int]]] = {}  # request -> sample -> (text, tokens) before
+        merged: set[str] = set()
+        for delta in deltas:
+            rid = delta.request_id
+            if rid in latest:
+                merged.add(rid)
+            else:
+                prev = self._live.get(rid)
+                starts[rid] = {} if prev is None else {c.index: (len(c.text), len(c.token_ids)) for c in prev.outputs}
+            latest[rid] = self.add(delta)
+        for rid in merged:
+            out, before = latest[rid], starts[rid]
+            samples = []
+            for c in out.outputs:
+                text0, tokens0 = before.get(c.index, (0, 0))
+                samples.append(replace(c, delta=c.text[text0:], delta_token_ids=c.token_ids[tokens0:]))
+            latest[rid] = replace(out, outputs=samples)
+        return list(latest.values())
 
 
 def _completion(seq: Sequence, tokenizer: Tokenizer) -> CompletionOutput:

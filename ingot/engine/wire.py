@@ -48,6 +48,30 @@ def decode(wire: Wire) -> RequestOutput:
                          None if metrics is None else RequestMetrics(*metrics), cached)
 
 
+def merge(wires: list[Wire]) -> Wire:
+    """One request's encoded outputs of several steps as one (texts, token ids and logprobs
+    joined; the rest from the last, the prompt from the first): a client that reads a
+    backlog decodes and delivers once per request instead of once per step."""
+    if len(wires) == 1:
+        return wires[0]
+    first, last = wires[0], wires[-1]
+    samples: dict[int, list] = {}
+    for wire in wires:
+        for index, text, ids, reason, stop_reason, cum_lp, lps in wire[8]:
+            got = samples.get(index)
+            if got is None:
+                samples[index] = [index, text, list(ids), reason, stop_reason, cum_lp, None if lps is None else list(lps)]
+                continue
+            got[1] += text
+            got[2] += ids
+            got[3], got[4], got[5] = reason, stop_reason, cum_lp
+            if lps is not None:
+                got[6] = lps if got[6] is None else got[6] + lps
+    error = next((w[2] for w in reversed(wires) if w[2] is not None), None)
+    return (last[0], last[1], error, last[3], first[4], first[5], first[6], last[7],
+            [tuple(samples[i]) for i in sorted(samples)])
+
+
 def error_wire(request_id: str, n: int, message: str, prompt: Any = None, prompt_ids: Optional[list] = None) -> Wire:
     """The encoded final output of a request that failed outside any step."""
     seqs = [(i, "", [], "error", None, None, None) for i in range(n)]

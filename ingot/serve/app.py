@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
+from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -43,6 +43,26 @@ class ServerSettings:
     max_queued_requests: Optional[int] = None  # beyond the running batch; None = no limit
 
 
+class _RequireApiKey:
+    """Answers 401 to a /v1 request without ``Authorization: Bearer <key>``. Plain ASGI:
+    Starlette's ``BaseHTTPMiddleware`` passes every streamed chunk through a memory
+    stream and an event (a third of the server's CPU at 4,000 chunks/s)."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if given != self.expected:
+                body = error_body(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                                  code="invalid_api_key")
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class _State:
     def __init__(self, llm: AsyncLLM, settings: ServerSettings) -> None:
         self.llm = llm
@@ -59,15 +79,8 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     app.state.ingot = state
     install_handlers(app)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        key = settings.api_key
-        if key and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {key}":
-                body = error_body(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                                  code="invalid_api_key")
-                return JSONResponse(body, status_code=401)
-        return await call_next(request)
+    if settings.api_key:
+        app.add_middleware(_RequireApiKey, key=settings.api_key)
 
     @app.get("/health")
     async def health() -> Response:
