@@ -240,6 +240,10 @@ class ServeMetrics:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_hit_rate: Optional[float] = None
+    # the engine's steps in the run: how often prompts interrupted decoding, how full decode ran
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    mean_decode_batch: Optional[float] = None
     requests: list[dict] = field(default_factory=list)  # per request: lengths, arrival, ttft, latency
 
 
@@ -371,4 +375,8 @@ def run_workload(
     metrics.prefix_cache_hits = after.prefix_cache_hits - before.prefix_cache_hits
     if metrics.prefix_cache_queries:
         metrics.prefix_cache_hit_rate = metrics.prefix_cache_hits / metrics.prefix_cache_queries
+    metrics.prefill_steps = after.prefill_steps - before.prefill_steps
+    metrics.decode_steps = after.decode_steps - before.decode_steps
+    if metrics.decode_steps:
+        metrics.mean_decode_batch = (after.decode_rows - before.decode_rows) / metrics.decode_steps
     return metrics

@@ -313,6 +313,8 @@ def render_table(results: list[dict[str, Any]]):
     rows += [
         ("prefix cache hit rate", lambda r: "-" if r.get("prefix_cache_hit_rate") is None else f"{r['prefix_cache_hit_rate']:.1%}"),
         ("preemptions", lambda r: str(r.get("num_preemptions", "-"))),
+        ("prefill / decode steps", lambda r: f"{r['prefill_steps']:,} / {r['decode_steps']:,}" if r.get("decode_steps") else "-"),
+        ("mean decode batch", lambda r: _fmt(r.get("mean_decode_batch"), 1)),
         ("failed requests", lambda r: str(r.get("failed", 0))),
         ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}" if "load_s" in r else "-"),
     ]

@@ -15,6 +15,9 @@ class EngineStats:
     generation_tokens: int = 0  # tokens sampled, since start
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_cache_hits: int = 0  # of those, tokens found cached
+    prefill_steps: int = 0  # steps that computed prompt tokens, since start
+    decode_steps: int = 0  # one-token-per-sequence steps, since start
+    decode_rows: int = 0  # sequences in those steps, summed (their mean batch: decode_rows / decode_steps)
 
 
 @dataclass(frozen=True)

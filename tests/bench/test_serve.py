@@ -432,3 +432,11 @@ def test_cli_multi_turn_needs_a_local_engine(capsys):
     argv = ["bench", "serve", "--url", "http://127.0.0.1:9", "--workload", "multi-turn", "--quiet"]
     assert main(argv) == 2
     assert "local engine" in capsys.readouterr().err
+
+
+def test_step_counts_of_a_run(tiny, tmp_path):
+    """Four 8-token prompts arriving together, 6 tokens each: one prefill step (it samples
+    each first token), then 5 decode steps of all four."""
+    doc = _serve(tiny, tmp_path, "--num-requests", "4", "--input-len", "8-8", "--output-len", "6-6")
+    (r,) = doc["results"]
+    assert (r["prefill_steps"], r["decode_steps"], r["mean_decode_batch"]) == (1, 5, 4.0)
