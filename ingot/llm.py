@@ -145,14 +145,19 @@ class LLM:
         sink: queue.SimpleQueue = queue.SimpleQueue()
         totals = Accumulator()
         order: dict[str, int] = {}
+        submitted: dict[str, int] = {}  # what the loop holds (and an interrupt must end)
         try:
+            requests = []
             for i, ((prompt, chat), p) in enumerate(zip(items, params)):
                 request = self._process(prompt, p, chat, stream=False)
                 if isinstance(request, RequestOutput):
                     outputs[i] = request
                     continue
                 order[request.request_id] = i
-                self._loop.submit(request, sink)
+                requests.append(request)
+            if requests:  # all at once: the first step sees every prompt of the call
+                self._loop.submit_all(requests, sink)
+                submitted = order
             show = use_tqdm and self.config.show_progress and bool(order)
             with tqdm(total=len(order), desc="Generating", unit=" req", disable=not show) as bar:
                 pending = len(order)
@@ -163,7 +168,7 @@ class LLM:
                         pending -= 1
                         bar.update(1)
         except BaseException:  # Ctrl-C, or anything else: this call's requests end with it
-            self._abort_and_wait([rid for rid, i in order.items() if outputs[i] is None], sink)
+            self._abort_and_wait([rid for rid, i in submitted.items() if outputs[i] is None], sink)
             raise
         return [o for o in outputs if o is not None]
 

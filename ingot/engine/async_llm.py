@@ -99,9 +99,7 @@ class ThreadBackend:
         bridge = self._bridges.get(id(loop))
         if bridge is None or bridge.loop is not loop:
             bridge = self._bridges[id(loop)] = _EventLoopBridge(loop)
-        sink = _BridgeSink(bridge, deliver)
-        for request in requests:
-            self.loop.submit(request, sink)
+        self.loop.submit_all(requests, _BridgeSink(bridge, deliver))
 
     def abort(self, request_id: str) -> None:
         self.loop.abort(request_id)

@@ -62,10 +62,15 @@ class EngineLoop:
     # ------------------------------------------------------------------ callers
     def submit(self, request: EngineRequest, sink: OutputSink) -> None:
         """Queue ``request``; its outputs go to ``sink`` (an error output if it cannot be added)."""
+        self.submit_all([request], sink)
+
+    def submit_all(self, requests: list[EngineRequest], sink: OutputSink) -> None:
+        """Queue ``requests`` together: the loop sees all of them before its next step, so a
+        batch submitted at once is scheduled the same way every time."""
         with self._cv:
             if self._dead is not None or self._stopping:
                 raise EngineDeadError(f"the engine loop is not running: {self._dead or 'shutting down'}")
-            self._inbox.append(("add", request, sink))
+            self._inbox.extend(("add", request, sink) for request in requests)
             self._ensure_thread()
             self._cv.notify()
 
