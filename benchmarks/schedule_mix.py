@@ -8,7 +8,8 @@ KV pool is large enough for every request (the H200's case), so nothing is
 preempted. What it shows does not depend on the device: how many prefill steps
 interrupt decoding and how small they are (each one stalls the whole decode
 batch), how full the decode batches are, and what the scheduler and block
-manager cost on the host for the whole run, with prefix caching on and off.
+manager cost on the host for the whole run, with prefix caching on and off, for
+each ``prefill_wave_tokens`` value given.
 Prints a table, writes JSON.
 """
 
@@ -32,11 +33,12 @@ SMALL_PREFILL = 1024  # tokens: a prefill step this small is launch-bound on a G
 
 
 def simulate(workload: Workload, max_num_seqs: int, max_num_batched_tokens: int, prefix_caching: bool,
-             vocab_size: int = 151936) -> dict[str, Any]:
+             vocab_size: int = 151936, prefill_wave_tokens: int = 0) -> dict[str, Any]:
     """Run ``workload`` (all requests at once) through the scheduler; its step mix and host time."""
     reqs = make_requests(workload, vocab_size)
     blocks = sum(-(-(len(r.prompt_token_ids) + r.output_len) // BLOCK_SIZE) for r in reqs) + 1
-    sched = Scheduler(BlockManager(blocks, BLOCK_SIZE, prefix_caching), max_num_seqs, max_num_batched_tokens)
+    sched = Scheduler(BlockManager(blocks, BLOCK_SIZE, prefix_caching), max_num_seqs, max_num_batched_tokens,
+                      prefill_wave_tokens)
     for i, r in enumerate(reqs):
         params = SamplingParams(max_tokens=r.output_len, ignore_eos=True)
         sched.add(Sequence(str(i), None, list(r.prompt_token_ids), params, detok=None))
@@ -58,6 +60,7 @@ def simulate(workload: Workload, max_num_seqs: int, max_num_batched_tokens: int,
     host_s = time.perf_counter() - start
     return {
         "prefix_caching": prefix_caching,
+        "prefill_wave_tokens": prefill_wave_tokens,
         "prefill_steps": len(prefill_sizes),
         "small_prefill_steps": sum(1 for n in prefill_sizes if n < SMALL_PREFILL),
         "prefill_tokens": sum(prefill_sizes),
@@ -75,11 +78,13 @@ def main() -> None:
     ap.add_argument("--output-len", type=parse_range, default=(64, 512), metavar="LOW-HIGH")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument("--prefill-wave-tokens", default="0,2048", help="EngineConfig.prefill_wave_tokens values to compare")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     workload = Workload(args.num_requests, args.input_len, args.output_len)
-    rows = [simulate(workload, args.max_num_seqs, args.max_num_batched_tokens, caching) for caching in (True, False)]
-    cols = ["prefill_steps", "small_prefill_steps", "prefill_tokens", "decode_steps", "mean_decode_batch",
+    rows = [simulate(workload, args.max_num_seqs, args.max_num_batched_tokens, caching, prefill_wave_tokens=int(wave))
+            for wave in args.prefill_wave_tokens.split(",") for caching in (True, False)]
+    cols = ["prefill_wave_tokens", "prefill_steps", "small_prefill_steps", "prefill_tokens", "decode_steps", "mean_decode_batch",
             "decode_steps_under_64", "host_s"]
     print(f"{args.num_requests} requests, input {args.input_len}, output {args.output_len}, max_num_seqs "
           f"{args.max_num_seqs}, {args.max_num_batched_tokens} batched tokens (small prefill: < {SMALL_PREFILL} tokens)")

@@ -54,8 +54,14 @@ class EngineConfig:
     # Queue step n+1 on the device before reading step n back (it takes step n's sampled
     # tokens on the device; stops apply one step late, the extra token is dropped), so the
     # host's scheduling and detokenizing overlap the GPU's step (H200, 1.5B shape, 512
-    # requests: 9.8-11.0 s against 10.1-16.5 s serially; docs/benchmarks.md).
+    # requests, 3 rounds: 9.4-14.6 s against 12.8-16.7 s serially; docs/benchmarks.md).
     overlap_scheduling: bool = True
+    # While sequences decode, admit waiting prompts only once those that fit the free
+    # slots add up to this many tokens (or after 32 held steps): fewer, larger prefill
+    # steps, each stalling the decode batch once. 0 = admit as soon as a slot frees.
+    # The 512-request workload: 218 prefill steps (149 under 1,024 tokens) -> 89 at 2048
+    # (python -m benchmarks.schedule_mix); off until measured on a GPU.
+    prefill_wave_tokens: int = 0
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
     # Linear layers with at most this many rows (decode batches) use the Triton
@@ -122,6 +128,8 @@ class EngineConfig:
         _positive("block_size", self.block_size)
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.prefill_wave_tokens < 0:
+            raise ConfigError(f"prefill_wave_tokens must be >= 0 (0: off), got {self.prefill_wave_tokens}", "prefill_wave_tokens")
         _positive("cpu_kv_cache_tokens", self.cpu_kv_cache_tokens)
         _positive("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_model_len is not None:

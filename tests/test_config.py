@@ -58,7 +58,8 @@ def test_bad_bool_message_names_the_variable_once():
 
 
 @pytest.mark.parametrize("var,value", [("INGOT_MAX_NUM_SEQS", "0"), ("INGOT_BLOCK_SIZE", "-4"),
-                                       ("INGOT_GPU_MEMORY_UTILIZATION", "1.5"), ("INGOT_NUM_KV_BLOCKS", "1")])
+                                       ("INGOT_GPU_MEMORY_UTILIZATION", "1.5"), ("INGOT_NUM_KV_BLOCKS", "1"),
+                                       ("INGOT_PREFILL_WAVE_TOKENS", "-1")])
 def test_bad_environment_values_name_their_variable(var, value):
     with pytest.raises(ConfigError) as info:
         EngineConfig.create(env={var: value})

@@ -103,6 +103,8 @@ def add_parser(subparsers, engine_args) -> None:
                    help="automatic prefix caching settings to run, comma-separated from on,off (default on; on,off compares both)")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=["off"], help="same as --prefix-caching off")
     g.add_argument("--no-overlap-scheduling", action="store_true", help="read each step back before queuing the next")
+    g.add_argument("--prefill-wave-tokens", type=int, default=None, metavar="N",
+                   help="while decoding, admit waiting prompts once they add up to N tokens (default: the engine's, 0 = at once)")
     h = p.add_argument_group("over HTTP (--url)")
     h.add_argument("--url", default=None, help="send the workload to this OpenAI-compatible server (e.g. http://127.0.0.1:8000) "
                                               "instead of running an engine here")
@@ -142,6 +144,8 @@ def llm_kwargs(args: argparse.Namespace, decode_compile: Any, prefix_caching: bo
                           "enable_prefix_caching": prefix_caching}
     if getattr(args, "no_overlap_scheduling", False):
         kw["overlap_scheduling"] = False
+    if getattr(args, "prefill_wave_tokens", None) is not None:
+        kw["prefill_wave_tokens"] = args.prefill_wave_tokens
     if getattr(args, "tokenizer", None):
         kw["tokenizer"] = args.tokenizer
     if args.max_model_len:

@@ -77,7 +77,7 @@ class Engine:
             log.warning("max_model_len lowered from %d to the KV cache capacity %d", max_model_len, blocks.capacity_tokens)
             max_model_len = blocks.capacity_tokens
         self.max_model_len = max_model_len
-        self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.runner.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
         self._ids = itertools.count()

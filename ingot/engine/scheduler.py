@@ -9,7 +9,9 @@ Policy (one step is either all-prefill or all-decode):
    With prefix caching, a request starts after its longest cached prefix of
    full blocks: those cost neither new blocks nor batched tokens. A request
    with ``wait_for`` set is passed over (later ones go ahead) until that
-   sequence has computed its prompt.
+   sequence has computed its prompt. With ``prefill_wave_tokens``, while
+   sequences decode, waiting requests are admitted only in waves (see
+   ``_wave_ready``): each prefill step stalls the whole decode batch.
 2. Otherwise decode every running sequence by one token. When a sequence
    needs a new block and none is free, the newest running sequence is
    preempted: its blocks are freed and it goes back to the front of the queue,
@@ -46,10 +48,16 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    # a prompt held back for a wave is admitted after at most this many decode steps
+    MAX_WAVE_WAIT_STEPS = 32
+
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 prefill_wave_tokens: int = 0) -> None:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_wave_tokens = prefill_wave_tokens
+        self._wave_wait = 0  # decode steps the waiting queue has been held back for a wave
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
@@ -92,6 +100,8 @@ class Scheduler:
         # that cannot finish preempts itself and comes back, step after step, and since prefill
         # steps go first, no decode ever runs (a livelock under a full KV cache).
         reserved = sum(self.blocks.extra_blocks(s, s.num_tokens) for s in prefilling if s.status is Status.RUNNING)
+        if self.prefill_wave_tokens and not batch.seqs and not self._wave_ready(budget):
+            return batch
         held_back: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -120,6 +130,29 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(held_back))
         return batch
+
+    def _wave_ready(self, budget: int) -> bool:
+        """With ``prefill_wave_tokens``: may waiting prompts interrupt decoding now?
+
+        Yes when nothing decodes, when the prompts the free slots would take add up to a
+        wave (a prefill step big enough to be worth stalling the decode batch for), or
+        when the queue has waited ``MAX_WAVE_WAIT_STEPS`` decode steps; otherwise the
+        waiting prompts sit out this step (and it decodes).
+        """
+        free = self.max_num_seqs - len(self.running)
+        if not self.running or not self.waiting or free <= 0:
+            self._wave_wait = 0
+            return True
+        tokens = 0
+        for i, seq in enumerate(self.waiting):
+            if i >= free or tokens >= self.prefill_wave_tokens:
+                break
+            tokens += seq.num_tokens
+        if tokens >= min(self.prefill_wave_tokens, budget) or self._wave_wait >= self.MAX_WAVE_WAIT_STEPS:
+            self._wave_wait = 0
+            return True
+        self._wave_wait += 1
+        return False
 
     def _held_back(self, seq: Sequence) -> bool:
         """Must ``seq`` keep waiting for ``seq.wait_for`` to compute its prompt (and cache it)?

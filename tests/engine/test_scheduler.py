@@ -123,3 +123,59 @@ def test_a_prompt_that_cannot_fit_yet_waits_instead_of_starving_decodes():
     assert len(kinds) == 5 and sched.stats.num_preemptions == 0
     batch = sched.schedule()
     assert batch.seqs == [b] and batch.num_new_tokens == [3]
+
+
+def test_prefill_waves_hold_small_prompts_while_decoding():
+    """With prefill_wave_tokens=12: nothing decodes at first, so ``a`` is admitted at once;
+    then ``b`` (5 tokens) waits while ``a`` decodes, until ``c`` brings the waiting tokens to
+    12 and both are admitted in one prefill step."""
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=4, max_num_batched_tokens=64, prefill_wave_tokens=12)
+    a, b, c = seq(5, "a"), seq(5, "b"), seq(7, "c")
+    sched.add(a)
+    first = sched.schedule()
+    assert first.is_prefill and first.seqs == [a]
+    advance(first)
+    sched.add(b)
+    for _ in range(3):
+        step = sched.schedule()
+        assert not step.is_prefill and step.seqs == [a]  # b (5 < 12 tokens) sits out
+        advance(step)
+    sched.add(c)
+    wave = sched.schedule()
+    assert wave.is_prefill and [s.request_id for s in wave.seqs] == ["b", "c"] and wave.num_new_tokens == [5, 7]
+
+
+def test_a_held_prompt_is_admitted_after_the_wait_bound():
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=4, max_num_batched_tokens=64, prefill_wave_tokens=1000)
+    a, b = seq(5, "a"), seq(5, "b")
+    sched.add(a)
+    advance(sched.schedule())
+    sched.add(b)
+    decodes = 0
+    while True:
+        step = sched.schedule()
+        if step.is_prefill:
+            break
+        decodes += 1
+        advance(step)
+    assert step.seqs == [b] and decodes == Scheduler.MAX_WAVE_WAIT_STEPS
+
+
+def test_prefill_waves_keep_greedy_outputs(tmp_path):
+    """The same greedy tokens with and without waves (only the batches differ)."""
+    from ingot import LLM
+    from tests.helpers import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path / "llama", "llama")
+    prompts = [" ".join(["word"] * (3 + 7 * i % 23)) for i in range(12)]
+    params = [SamplingParams(temperature=0.0, max_tokens=4 + 5 * i % 17, ignore_eos=True) for i in range(12)]
+
+    def run(wave: int) -> list:
+        with LLM(str(path), dtype="float32", device="cpu", show_progress=False, max_num_seqs=4, prefill_wave_tokens=wave) as llm:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            assert llm.engine.stats().prefill_steps > 0
+            return [o.outputs[0].token_ids for o in outs], llm.engine.stats().prefill_steps
+
+    (plain, plain_steps), (waved, waved_steps) = run(0), run(40)
+    assert waved == plain
+    assert waved_steps < plain_steps
