@@ -84,8 +84,8 @@ def prompt_of(a) -> list[int]:
 class FakeEngine:
     """The step loop of the engine over FakeKV, with the program's operations."""
 
-    def __init__(self, num_blocks: int, budget: int, max_num_seqs: int, caching: bool) -> None:
-        self.sched = Scheduler(BlockManager(num_blocks, BS, caching), max_num_seqs, budget)
+    def __init__(self, num_blocks: int, budget: int, max_num_seqs: int, caching: bool, wave: int = 0) -> None:
+        self.sched = Scheduler(BlockManager(num_blocks, BS, caching), max_num_seqs, budget, wave)
         self.kv = FakeKV(num_blocks, BS)
         self.evictions = count_evictions(self.sched.blocks)
         self.seqs: list[Sequence] = []
@@ -151,9 +151,10 @@ class FakeEngine:
     budget=st.sampled_from([3, 4, 7, 16, 64]),
     max_num_seqs=st.integers(1, 6),
     caching=st.sampled_from([True, True, True, False]),
+    wave=st.sampled_from([0, 0, 0, 30]),  # prefill_wave_tokens
 )
-def test_random_programs_on_the_fake_model(program, num_blocks, budget, max_num_seqs, caching):
-    eng = FakeEngine(num_blocks, budget, max_num_seqs, caching)
+def test_random_programs_on_the_fake_model(program, num_blocks, budget, max_num_seqs, caching, wave):
+    eng = FakeEngine(num_blocks, budget, max_num_seqs, caching, wave)
     for op in program:
         eng.apply(op)
     eng.drain()
