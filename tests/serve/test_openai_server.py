@@ -3,10 +3,7 @@ client; every answer is checked against the offline engine on the same model."""
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import threading
 
 import httpx
 import openai
@@ -15,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingot import LLM, SamplingParams
 from tests.serve.server_process import running_server, wait_until
+from tests.serve.soak import Answer, make_jobs, run_clients
 
 KEY = "test-key"
 MODEL = "smol"
@@ -220,53 +218,16 @@ def test_metrics_count_requests_and_latencies(server, client):
 
 
 def test_soak_with_disconnecting_clients(server, offline):
-    """300 concurrent requests of mixed lengths (INGOT_SOAK_REQUESTS: 2,000 on a GPU), 20% of
-    the clients leave at random points: every other request completes with offline greedy's
-    text, no block leaks, still healthy."""
-    rng = random.Random(11)
-    words = "the sea river mountain code python garden music history science light".split()
-    jobs = []
-    for i in range(int(os.environ.get("INGOT_SOAK_REQUESTS", "300"))):
-        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(2, 40)))
-        jobs.append((prompt, rng.randint(2, 24), rng.random() < 0.5, rng.random() < 0.2, rng.randint(1, 6)))
-    expected = [o.outputs[0].text for o in offline.generate([j[0] for j in jobs], [greedy(j[1]) for j in jobs], use_tqdm=False)]
-    results: list = [None] * len(jobs)
-    headers = {"Authorization": f"Bearer {KEY}"}
-
-    def run(i: int) -> None:
-        prompt, max_tokens, stream, leave, after = jobs[i]
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
-        try:
-            with httpx.Client(timeout=300) as http:
-                if stream:
-                    text = ""
-                    with http.stream("POST", server.v1 + "/completions", json=body, headers=headers) as r:
-                        for n, line in enumerate(r.iter_lines()):
-                            if leave and n >= after:
-                                results[i] = "left"
-                                return
-                            if line.startswith("data: {"):
-                                text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
-                    results[i] = text
-                elif leave:
-                    try:
-                        http.post(server.v1 + "/completions", json=body, headers=headers, timeout=0.05 * after)
-                    except httpx.TimeoutException:
-                        pass
-                    results[i] = "left"
-                else:
-                    results[i] = http.post(server.v1 + "/completions", json=body, headers=headers).json()["choices"][0]["text"]
-        except Exception as exc:  # surfaced by the comparison below
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    """300 concurrent requests of mixed lengths, 20% of the clients leave at random points:
+    every other request completes with offline greedy's text, no block leaks, still healthy
+    (tests/serve/test_soak_cuda.py: 2,000 on a GPU)."""
+    jobs = make_jobs(int(os.environ.get("INGOT_SOAK_REQUESTS", "300")))
+    expected = [o.outputs[0].text for o in offline.generate([j.prompt for j in jobs], [greedy(j.max_tokens) for j in jobs],
+                                                             use_tqdm=False)]
+    results = run_clients(server.v1, KEY, MODEL, jobs)
     kept = [i for i, r in enumerate(results) if r != "left"]
     assert len(kept) > 0.65 * len(jobs)
-    assert [results[i] for i in kept] == [expected[i] for i in kept]
+    assert [results[i].text if isinstance(results[i], Answer) else results[i] for i in kept] == [expected[i] for i in kept]
     assert wait_until(lambda: idle(server), 60), metrics(server)
     assert raw(server, "GET", "/health", key=None).status_code == 200
 
