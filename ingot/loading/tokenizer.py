@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence, Union
 import jinja2
 import jinja2.sandbox
 import tokenizers
+from tokenizers.decoders import DecodeStream
 
 from ingot.loading.errors import CheckpointError
 
@@ -277,6 +278,11 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""
+        # tokenizers' DecodeStream runs the same windows in Rust (``_step``); it holds the
+        # first ``_stream_len`` ids and is rebuilt from the offsets whenever ``ids`` changed
+        # behind its back (deferred tokens, a rolled-back failed step, the final flush)
+        self._stream: Optional[DecodeStream] = None
+        self._stream_len = -1
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append tokens; return the newly complete text (may be empty)."""
@@ -287,6 +293,36 @@ class IncrementalDetokenizer:
         ``add_tokens(..., final=True)`` (one decode for many tokens, when no one reads
         the text in between)."""
         self.ids.extend(token_ids)
+
+    def _step(self, token_ids: Sequence[int]) -> str:
+        """Append tokens and release the text they complete, as ``_windows`` + ``_advance``
+        would (the text before the last release is the prefix, kept in the stream)."""
+        ids = self.ids
+        stream = self._stream
+        if stream is None or self._stream_len != len(ids):  # new, or ids changed behind its back
+            stream = self._stream = DecodeStream(ids=ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip)
+            ids.extend(token_ids)
+            pending: Any = ids[self.read_offset :]
+        elif not token_ids:  # in step, nothing new: nothing more to release
+            return ""
+        else:
+            ids.extend(token_ids)
+            pending = token_ids[0] if len(token_ids) == 1 else list(token_ids)  # an int: the common, cheaper call
+        self._stream_len = len(ids)
+        if len(ids) == self.read_offset:  # nothing pending: nothing to release
+            return ""
+        try:
+            delta = stream.step(self.tokenizer.tok, pending)
+        except Exception:  # e.g. the new text does not extend the prefix's: the windows decide
+            self._stream = None
+            prefix, full = self.tokenizer.decode_batch(list(self._windows()), self.skip)
+            return self._advance(prefix, full)
+        if not delta:
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(ids)
+        self.text += delta
+        return delta
 
     def _windows(self) -> tuple[list[int], list[int]]:
         """The ids whose text is already out, and those plus the pending ones."""
@@ -307,17 +343,22 @@ class IncrementalDetokenizer:
 def add_tokens(
     detoks: Sequence[IncrementalDetokenizer], token_ids: Sequence[Sequence[int]], final: bool = False
 ) -> list[str]:
-    """``IncrementalDetokenizer.add`` for a whole step's sequences: one ``decode_batch``
-    per tokenizer and skip flag instead of two ``decode`` calls per sequence (at batch
-    256: 0.77 instead of 1.52 ms per step on a 2-core CPU). ``final``: the sequences
-    end here, so a trailing partial character is dropped rather than held back (what
-    one-token-at-a-time decoding leaves out too)."""
+    """``IncrementalDetokenizer.add`` for a whole step's sequences. Streaming, each goes
+    through its tokenizers ``DecodeStream`` (at batch 256 on a 2-core CPU: 0.24 ms per
+    step, against 0.63 ms for one ``decode_batch`` of every sequence's two windows and
+    1.52 ms for two ``decode`` calls per sequence). ``final``: the sequences end here, so
+    a trailing partial character is dropped rather than held back (what one-token-at-a-
+    time decoding leaves out too): one ``decode_batch`` per tokenizer and skip flag."""
+    if not final:
+        return [d._step(ids) for d, ids in zip(detoks, token_ids)]
     groups: dict[tuple[int, bool], list[int]] = {}
     for i, (d, ids) in enumerate(zip(detoks, token_ids)):
         d.ids.extend(ids)
         groups.setdefault((id(d.tokenizer), d.skip), []).append(i)
     deltas = [""] * len(detoks)
     for (_, skip), rows in groups.items():
+        for i in rows:
+            detoks[i]._stream = None  # the offsets move without it
         windows = [detoks[i]._windows() for i in rows]
         texts = detoks[rows[0]].tokenizer.decode_batch([w[0] for w in windows] + [w[1] for w in windows], skip)
         n = len(rows)

@@ -75,3 +75,35 @@ def test_final_releases_text_before_a_trailing_partial_character(tok):
     lazy.defer(ids[:partial])
     add_tokens([lazy], [[]], final=True)
     assert lazy.text == tok.decode(ids[:partial]).rstrip("\ufffd") and lazy.text.startswith("ok")
+
+
+def test_stream_steps_equal_the_window_decode(tok):
+    """The DecodeStream path releases exactly what decoding the two windows releases, one
+    token or several at a time, after deferred tokens and after a rolled-back step."""
+    import random
+
+    rng = random.Random(3)
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        prompt = tok.encode("Say:", add_special_tokens=False)
+        fast, ref = IncrementalDetokenizer(tok, prompt), IncrementalDetokenizer(tok, prompt)
+        i = 0
+        while i < len(ids):
+            k = rng.choice([1, 1, 1, 2, 3])
+            chunk = ids[i : i + k]
+            if rng.random() < 0.2:  # deferred: both only append
+                fast.defer(chunk)
+                ref.defer(chunk)
+            else:
+                if rng.random() < 0.2:  # a step that fails and is rolled back (the engine's isolation)
+                    saved = (len(fast.ids), fast.prefix_offset, fast.read_offset, fast.text)
+                    fast._step(chunk)
+                    del fast.ids[saved[0] :]
+                    fast.prefix_offset, fast.read_offset, fast.text = saved[1:]
+                ref.ids.extend(chunk)
+                prefix, full = tok.decode_batch(list(ref._windows()), ref.skip)
+                assert fast._step(chunk) == ref._advance(prefix, full)
+                assert (fast.prefix_offset, fast.read_offset, fast.text) == (ref.prefix_offset, ref.read_offset, ref.text)
+            i += k
+        assert add_tokens([fast], [[]], final=True) == add_tokens([ref], [[]], final=True)
+        assert fast.text == ref.text == tok.decode(ids)
