@@ -340,6 +340,19 @@ class IncrementalDetokenizer:
         return delta
 
 
+def _streams_supported() -> bool:
+    """tokenizers' DecodeStream takes a prefix (``ids=``) and steps of several ids from 0.22 on
+    (an environment that runs ingot from source may hold an older tokenizers)."""
+    try:
+        DecodeStream(ids=[], skip_special_tokens=False)
+    except TypeError:
+        return False
+    return True
+
+
+_STREAMS = _streams_supported()
+
+
 def add_tokens(
     detoks: Sequence[IncrementalDetokenizer], token_ids: Sequence[Sequence[int]], final: bool = False
 ) -> list[str]:
@@ -349,7 +362,7 @@ def add_tokens(
     1.52 ms for two ``decode`` calls per sequence). ``final``: the sequences end here, so
     a trailing partial character is dropped rather than held back (what one-token-at-a-
     time decoding leaves out too): one ``decode_batch`` per tokenizer and skip flag."""
-    if not final:
+    if not final and _STREAMS:
         return [d._step(ids) for d, ids in zip(detoks, token_ids)]
     groups: dict[tuple[int, bool], list[int]] = {}
     for i, (d, ids) in enumerate(zip(detoks, token_ids)):

@@ -28,7 +28,12 @@ def test_streamed_deltas_rebuild_the_text(tok):
         assert not any("\ufffd" in d for d in deltas)
 
 
-def test_batched_add_matches_one_by_one(tok):
+@pytest.mark.parametrize("streams", [True, False])
+def test_batched_add_matches_one_by_one(tok, streams, monkeypatch):
+    """Through DecodeStream, and through the window decode an older tokenizers falls back to."""
+    import ingot.loading.tokenizer as tokenizer_mod
+
+    monkeypatch.setattr(tokenizer_mod, "_STREAMS", streams)
     streams = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
     eos = tok.eos_token_ids[0]
     for i in (1, 2):  # a special token: kept (stream 1) or skipped (stream 2) per request
