@@ -60,7 +60,7 @@ class EngineConfig:
     # slots add up to this many tokens (or after 32 held steps): fewer, larger prefill
     # steps, each stalling the decode batch once. 0 = admit as soon as a slot frees.
     # The 512-request workload: 218 prefill steps (149 under 1,024 tokens) -> 89 at 2048
-    # (python -m benchmarks.schedule_mix); off until measured on a GPU.
+    # (python -m benchmarks.schedule_mix). Off by default: no GPU run has measured it yet.
     prefill_wave_tokens: int = 0
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
