@@ -85,7 +85,6 @@ class Engine:
         self._inflight: Optional[_InFlight] = None  # a step queued but not read back (overlap)
         self.prompt_tokens = 0  # admitted, since start
         self.generation_tokens = 0  # sampled, since start
-        self.prefill_steps = self.decode_steps = self.decode_rows = 0  # launched, since start
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -185,9 +184,9 @@ class Engine:
             generation_tokens=self.generation_tokens,
             prefix_cache_queries=sched.stats.prefix_cache_queries,
             prefix_cache_hits=sched.stats.prefix_cache_hits,
-            prefill_steps=self.prefill_steps,
-            decode_steps=self.decode_steps,
-            decode_rows=self.decode_rows,
+            prefill_steps=sched.stats.prefill_steps,
+            decode_steps=sched.stats.decode_steps,
+            decode_rows=sched.stats.decode_rows,
         )
 
     def _finish_request(self, state: RequestState, reason: str, error: Optional[str] = None) -> RequestOutput:
@@ -257,11 +256,6 @@ class Engine:
             log.exception("a step of %d sequences failed", len(batch.seqs))
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
         computed = self.scheduler.on_step_launched(batch)
-        if batch.is_prefill:
-            self.prefill_steps += 1
-        else:
-            self.decode_steps += 1
-            self.decode_rows += len(batch.seqs)
         sampled = [batch.seqs[row] for row in step.rows]
         pending = self.config.overlap_scheduling  # serially nothing is ever scheduled with a token pending
         if pending:

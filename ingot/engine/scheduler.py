@@ -41,6 +41,10 @@ class SchedulerStats:
     # many of those were taken from the prefix cache (re-admissions after preemption excluded)
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # steps launched: prefill steps, decode steps and the sequences of those (mean batch)
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> Optional[float]:
@@ -95,13 +99,13 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+        if self.prefill_wave_tokens and not batch.seqs and not self._wave_ready(budget):
+            return batch
         # A request is admitted only if every block its prompt needs is free now, besides those
         # the prompts already in prefill still need. Admitted on its first chunk alone, a prompt
         # that cannot finish preempts itself and comes back, step after step, and since prefill
         # steps go first, no decode ever runs (a livelock under a full KV cache).
         reserved = sum(self.blocks.extra_blocks(s, s.num_tokens) for s in prefilling if s.status is Status.RUNNING)
-        if self.prefill_wave_tokens and not batch.seqs and not self._wave_ready(budget):
-            return batch
         held_back: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -210,6 +214,11 @@ class Scheduler:
     def on_step_launched(self, batch: ScheduledBatch) -> list[int]:
         """The step is queued on the device: count each sequence's computed tokens now (the
         next schedule builds on them) and return them, per row, for ``on_step_done``."""
+        if batch.is_prefill:
+            self.stats.prefill_steps += 1
+        else:
+            self.stats.decode_steps += 1
+            self.stats.decode_rows += len(batch.seqs)
         running = Status.RUNNING
         computed = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
