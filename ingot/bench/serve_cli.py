@@ -229,17 +229,16 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, caching: st
 
 def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str, Any], dict[str, Any]]:
     """The workload over HTTP to ``args.url``: (result, environment)."""
-    import asyncio
-
     import ingot
     from ingot.bench.http_serve import run_http
+    from ingot.engine import event_loop
     from ingot.bench.serve import make_requests
 
     vocab = args.vocab_size or _vocab_of(args.tokenizer or args.model)
     requests = make_requests(workload, vocab)
     if not args.quiet:
         console.print(f"[bold]{args.url}[/]: sending {len(requests)} requests")
-    out = asyncio.run(run_http(args.url, requests, args.served_model_name, args.api_key, args.max_concurrency))
+    out = event_loop.run(run_http(args.url, requests, args.served_model_name, args.api_key, args.max_concurrency))
     if out.failed:
         console.print(f"[yellow]{out.failed} request(s) failed[/]; first: {out.errors[0]}")
     result = {"mode": "http", **dataclasses.asdict(out.metrics), "tpot_ms": out.tpot_ms, "failed": out.failed,

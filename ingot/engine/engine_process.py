@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import pickle
 import threading
 import traceback
@@ -109,6 +110,22 @@ def child_main(factory: EngineFactory, config: EngineConfig, commands: Any, outp
 
 # ---------------------------------------------------------------- the client
 
+PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size for unprivileged processes
+
+
+def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
+    """Grow the outputs pipe from Linux's 64 KiB to ``size`` where the OS allows; returns the new
+    size (0: unchanged). A step of 256 streaming outputs pickles to tens of KiB, so at 64 KiB
+    the engine's write blocks after a few steps whenever the server is busy writing HTTP
+    chunks; with room for dozens of steps the engine keeps stepping and the server reads
+    the backlog at once, merging each request's outputs (``_on_readable``)."""
+    try:
+        import fcntl
+
+        return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError):  # not Linux, or above /proc/sys/fs/pipe-max-size
+        return 0
+
 
 class EngineProcessClient:
     """Starts the engine process and talks to it from one asyncio event loop."""
@@ -117,6 +134,7 @@ class EngineProcessClient:
         ctx = multiprocessing.get_context("spawn")  # CUDA must not be forked
         cmd_recv, self._cmd = ctx.Pipe(duplex=False)
         self._out, out_send = ctx.Pipe(duplex=False)
+        widen_pipe(out_send.fileno())
         self.proc = ctx.Process(target=child_main, args=(factory, config, cmd_recv, out_send), name="ingot-engine",
                                 daemon=True)
         self.proc.start()
@@ -142,6 +160,10 @@ class EngineProcessClient:
         if self._loop is None:
             self._loop = loop
             loop.add_reader(self._out.fileno(), self._on_readable)
+            # uvloop (libuv) makes a polled fd non-blocking; a message is read whole once
+            # poll() sees its start, so the pipe stays blocking (else recv_bytes can raise
+            # BlockingIOError in the middle of a large step's outputs)
+            os.set_blocking(self._out.fileno(), True)
         elif self._loop is not loop:
             raise RuntimeError("an EngineProcessClient serves one event loop")
 

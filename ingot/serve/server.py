@@ -19,6 +19,7 @@ from typing import Optional
 import uvicorn
 
 from ingot.config import EngineConfig
+from ingot.engine import event_loop
 from ingot.engine.async_llm import AsyncLLM
 from ingot.serve.app import ServerSettings, build_app
 
@@ -90,7 +91,7 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
     ready = (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {info.kv_capacity_tokens} tokens "
              f"in {info.num_kv_blocks} blocks, max_model_len {info.max_model_len})")
     try:
-        asyncio.run(_serve(server, sock, ready))
+        event_loop.run(_serve(server, sock, ready))
     finally:
         llm.shutdown()
         sock.close()
