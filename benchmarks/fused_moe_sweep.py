@@ -43,11 +43,15 @@ LAYERS_BYTES = 4 << 30  # distinct expert weights per shape (>> L2), in as many 
 
 
 def candidates(batch: int) -> list[moe.MoeLaunch]:
-    """The per-pair path (up to batch 32) in three tilings, the grouped path in 24."""
+    """Up to batch 32 the per-pair path: its gate/up tiles varied with the down tiles at the
+    default, then the down tiles with gate/up at the default (the two launches are
+    independent, so the best of each combine); at every batch the grouped path in 24."""
     out = []
     if batch <= 32:
-        out += [moe.PER_PAIR, moe.MoeLaunch(False, 1, (32, 256, 4, 4), (16, 256, 4, 4)),
-                moe.MoeLaunch(False, 1, (16, 128, 4, 4), (8, 256, 4, 4))]
+        base = moe.PER_PAIR
+        tiles = [(bn, bk, warps, 4) for bn, bk, warps in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8))]
+        out += [base] + [moe.MoeLaunch(False, 1, t, base.down) for t in tiles if t != base.gate_up]
+        out += [moe.MoeLaunch(False, 1, base.gate_up, t) for t in tiles if t != base.down]
     for bm, bn, bk, warps in itertools.product((16, 32, 64), (64, 128), (64, 128), (4, 8)):
         out.append(moe.MoeLaunch(True, bm, (bn, bk, warps, 3), (bn, bk, warps, 3)))
     return out

@@ -65,7 +65,7 @@ class BucketTiming:
     warmup_s: dict[str, float] = field(default_factory=dict)  # mode -> warm-up (compile) seconds
     capture_s: dict[str, float] = field(default_factory=dict)
     auto_choice: Optional[str] = None  # with mode "auto": "compiled" or "graph", and why
-    profile: Optional[StepProfile] = None  # kernels of one graph replay, when profiled
+    profiles: dict[str, StepProfile] = field(default_factory=dict)  # mode -> kernels of one replay, when profiled
 
 
 @dataclass
@@ -182,7 +182,7 @@ def bench_decode(
     """ms per decode step per batch size for each mode: eager, graph, compiled, auto
     (per-bucket choice, see runner/auto_compile.py) and gemm_only (the model's linear
     layers alone, the floor a step cannot beat). ``profile_steps`` > 0: also the
-    kernels of the graph mode's replays, per step (``step_profile.py``). The runner
+    kernels of the graph and compiled modes' replays, per step (``step_profile.py``). The runner
     comes from ``decode_bench_runner`` or, tensor-parallel (no gemm_only, no profile:
     they time the driver's kernels alone), ``tp_decode_bench_runner``; each timed step
     there includes the broadcast of its inputs to the workers."""
@@ -207,8 +207,8 @@ def bench_decode(
                     results[b].auto_choice = f"{'compiled' if d.use_compiled else 'graph'}: {d.reason}"
             inputs = runner.stage(batch_of[b])
             results[b].ms[mode] = time_cuda(lambda: runner.logits_of(graphs, inputs), iters)
-            if mode == "graph" and profile_steps:
-                results[b].profile = profile_step(lambda: runner.logits_of(graphs, inputs), profile_steps)
+            if mode in ("graph", "compiled") and profile_steps:
+                results[b].profiles[mode] = profile_step(lambda: runner.logits_of(graphs, inputs), profile_steps)
         if graphs is not None:
             runner.drop_variant(graphs)
             del graphs

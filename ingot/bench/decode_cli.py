@@ -236,16 +236,14 @@ def make_table(bench: DecodeBench):
 
 
 def profile_lines(bench: DecodeBench, top: int = 12) -> list[str]:
-    """Per profiled batch size: graph step time, kernel time and launches, the gaps, the top kernels."""
+    """Per profiled batch size and mode: step time, kernel time and launches, the gaps, the top kernels."""
     lines = []
     for row in bench.rows:
-        prof = row.profile
-        if prof is None:
-            continue
-        step_us = 1e3 * row.ms["graph"]
-        lines.append(f"batch {row.batch}: graph step {step_us:.1f} us, kernels {prof.kernel_us:.1f} us "
-                     f"({prof.launches:.0f} launches), between kernels {step_us - prof.kernel_us:.1f} us")
-        lines += [f"  {us:8.1f} us {n:5.0f}x  {name}" for name, n, us in prof.kernels[:top]]
+        for mode, prof in row.profiles.items():
+            step_us = 1e3 * row.ms[mode]
+            lines.append(f"batch {row.batch}, {mode}: step {step_us:.1f} us, kernels {prof.kernel_us:.1f} us "
+                         f"({prof.launches:.0f} launches), between kernels {step_us - prof.kernel_us:.1f} us")
+            lines += [f"  {us:8.1f} us {n:5.0f}x  {name}" for name, n, us in prof.kernels[:top]]
     return lines
 
 

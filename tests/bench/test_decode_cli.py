@@ -161,11 +161,14 @@ def test_profile_lines():
     assert kernel_family("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64") == "GEMM"
     assert kernel_family("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT") == "GEMM"
     assert kernel_family("_decode_kernel") == "_decode_kernel"
-    bench = fabricated(("eager", "graph"))
-    bench.rows[0].profile = StepProfile([("GEMM", 113.0, 1200.0), ("_decode_kernel", 28.0, 216.0)])
+    bench = fabricated()
+    bench.rows[0].profiles["graph"] = StepProfile([("GEMM", 113.0, 1200.0), ("_decode_kernel", 28.0, 216.0)])
+    bench.rows[0].profiles["compiled"] = StepProfile([("triton_fused", 50.0, 1000.0)])
     lines = decode_cli.profile_lines(bench)
-    assert lines[0] == "batch 1: graph step 1800.0 us, kernels 1416.0 us (141 launches), between kernels 384.0 us"
-    assert lines[1:] == ["    1200.0 us   113x  GEMM", "     216.0 us    28x  _decode_kernel"]  # heaviest first, as given
+    assert lines[0] == "batch 1, graph: step 1800.0 us, kernels 1416.0 us (141 launches), between kernels 384.0 us"
+    assert lines[1:3] == ["    1200.0 us   113x  GEMM", "     216.0 us    28x  _decode_kernel"]  # heaviest first, as given
+    step = 1e3 * bench.rows[0].ms["compiled"]
+    assert lines[3] == f"batch 1, compiled: step {step:.1f} us, kernels 1000.0 us (50 launches), between kernels {step - 1000:.1f} us"
 
 
 def test_summarize_without_compiled():
@@ -206,7 +209,7 @@ def test_json_round_trip(tmp_path):
     # every measured number comes back exactly
     for row, got in zip(bench.rows, data["timings"]):
         assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s,
-                       "auto_choice": row.auto_choice, "profile": None}
+                       "auto_choice": row.auto_choice, "profiles": {}}
     # and every derived number
     assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
     written = set(_numbers(data))
