@@ -54,5 +54,20 @@ def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path):
     assert sum("ingot.fused_moe" in t for t in targets) == sparse_layers
     # the reference's host loop (unique, where, index_add) was not traced into the graph
     assert not any(op in t for t in targets for op in ("unique", "nonzero", "index_add", "where"))
-    assert any("topk" in t for t in targets) and any("softmax" in t for t in targets)  # the routing is compiled
+    # the routing is compiled, its top-k as rounds of max-and-mask (one fused kernel on CUDA)
+    assert any("softmax" in t for t in targets) and any("max" in t for t in targets)
+    assert not any("topk" in t for t in targets)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_select_topk_equals_torch_topk():
+    """Values and ids of ``select_topk`` equal torch.topk's (largest first) on rows without ties."""
+    from ingot.models.moe import select_topk
+
+    gen = torch.Generator().manual_seed(0)
+    for experts, k in ((8, 1), (8, 2), (60, 4), (64, 8), (128, 8)):
+        logits = torch.randn(33, experts, generator=gen)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        want_v, want_i = torch.topk(probs, k, dim=-1)
+        got_v, got_i = select_topk(probs, k)
+        assert torch.equal(got_i, want_i) and torch.equal(got_v, want_v)
