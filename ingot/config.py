@@ -57,11 +57,12 @@ class EngineConfig:
     # requests, 3 rounds: 9.4-14.6 s against 12.8-16.7 s serially; docs/benchmarks.md).
     overlap_scheduling: bool = True
     # While sequences decode, admit waiting prompts only once those that fit the free
-    # slots add up to this many tokens (or after 32 held steps): fewer, larger prefill
-    # steps, each stalling the decode batch once. 0 = admit as soon as a slot frees.
-    # The 512-request workload: 218 prefill steps (149 under 1,024 tokens) -> 89 at 2048
-    # (python -m benchmarks.schedule_mix). Off by default: no GPU run has measured it yet.
-    prefill_wave_tokens: int = 0
+    # slots add up to this many tokens (or after one held step per 8 running sequences,
+    # at most 32): fewer, larger prefill steps, each stalling the decode batch once.
+    # 0 = admit as soon as a slot frees. The 512-request workload: 218 prefill steps (149
+    # under 1,024 tokens) -> 89; H200, 1.5B shape, same call: 5.86 / 6.29 s against
+    # 7.72 s (and a first-run 15.5 s) with 0 (serve-wave-*-2026-12-01.json).
+    prefill_wave_tokens: int = 2048
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
     # Linear layers with at most this many rows (decode batches) use the Triton

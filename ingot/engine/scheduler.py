@@ -54,6 +54,7 @@ class SchedulerStats:
 class Scheduler:
     # a prompt held back for a wave is admitted after at most this many decode steps
     MAX_WAVE_WAIT_STEPS = 32
+    WAVE_WAIT_PER_RUNNING = 8
 
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  prefill_wave_tokens: int = 0) -> None:
@@ -140,7 +141,7 @@ class Scheduler:
 
         Yes when nothing decodes, when the prompts the free slots would take add up to a
         wave (a prefill step big enough to be worth stalling the decode batch for), or
-        when the queue has waited ``MAX_WAVE_WAIT_STEPS`` decode steps; otherwise the
+        when the queue has waited ``max_wave_wait()`` decode steps; otherwise the
         waiting prompts sit out this step (and it decodes).
         """
         free = self.max_num_seqs - len(self.running)
@@ -152,11 +153,17 @@ class Scheduler:
             if i >= free or tokens >= self.prefill_wave_tokens:
                 break
             tokens += seq.num_tokens
-        if tokens >= min(self.prefill_wave_tokens, budget) or self._wave_wait >= self.MAX_WAVE_WAIT_STEPS:
+        if tokens >= min(self.prefill_wave_tokens, budget) or self._wave_wait >= self.max_wave_wait():
             self._wave_wait = 0
             return True
         self._wave_wait += 1
         return False
+
+    def max_wave_wait(self) -> int:
+        """Decode steps the queue may sit out: one per ``WAVE_WAIT_PER_RUNNING`` running
+        sequences (a prefill step stalls them all, holding a prompt costs it alone), at most
+        ``MAX_WAVE_WAIT_STEPS``; so a lightly loaded server admits at once."""
+        return min(self.MAX_WAVE_WAIT_STEPS, len(self.running) // self.WAVE_WAIT_PER_RUNNING)
 
     def _held_back(self, seq: Sequence) -> bool:
         """Must ``seq`` keep waiting for ``seq.wait_for`` to compute its prompt (and cache it)?

@@ -86,6 +86,7 @@ class FakeEngine:
 
     def __init__(self, num_blocks: int, budget: int, max_num_seqs: int, caching: bool, wave: int = 0) -> None:
         self.sched = Scheduler(BlockManager(num_blocks, BS, caching), max_num_seqs, budget, wave)
+        self.sched.WAVE_WAIT_PER_RUNNING = 1  # waves hold prompts even at these few running sequences
         self.kv = FakeKV(num_blocks, BS)
         self.evictions = count_evictions(self.sched.blocks)
         self.seqs: list[Sequence] = []

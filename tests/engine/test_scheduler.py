@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ingot.engine.block_manager import BlockManager
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status
@@ -125,10 +127,12 @@ def test_a_prompt_that_cannot_fit_yet_waits_instead_of_starving_decodes():
     assert batch.seqs == [b] and batch.num_new_tokens == [3]
 
 
-def test_prefill_waves_hold_small_prompts_while_decoding():
+def test_prefill_waves_hold_small_prompts_while_decoding(monkeypatch):
     """With prefill_wave_tokens=12: nothing decodes at first, so ``a`` is admitted at once;
     then ``b`` (5 tokens) waits while ``a`` decodes, until ``c`` brings the waiting tokens to
-    12 and both are admitted in one prefill step."""
+    12 and both are admitted in one prefill step (the hold bound lifted: one running sequence
+    alone would not hold anything)."""
+    monkeypatch.setattr(Scheduler, "max_wave_wait", lambda self: Scheduler.MAX_WAVE_WAIT_STEPS)
     sched = Scheduler(BlockManager(64, 4), max_num_seqs=4, max_num_batched_tokens=64, prefill_wave_tokens=12)
     a, b, c = seq(5, "a"), seq(5, "b"), seq(7, "c")
     sched.add(a)
@@ -145,11 +149,17 @@ def test_prefill_waves_hold_small_prompts_while_decoding():
     assert wave.is_prefill and [s.request_id for s in wave.seqs] == ["b", "c"] and wave.num_new_tokens == [5, 7]
 
 
-def test_a_held_prompt_is_admitted_after_the_wait_bound():
-    sched = Scheduler(BlockManager(64, 4), max_num_seqs=4, max_num_batched_tokens=64, prefill_wave_tokens=1000)
-    a, b = seq(5, "a"), seq(5, "b")
-    sched.add(a)
-    advance(sched.schedule())
+@pytest.mark.parametrize("running, bound", [(1, 0), (7, 0), (16, 2), (300, 32)])
+def test_a_held_prompt_is_admitted_after_the_wait_bound(running, bound):
+    """A prompt short of a wave sits out one decode step per 8 running sequences, at most 32."""
+    sched = Scheduler(BlockManager(8192, 4), max_num_seqs=running + 1, max_num_batched_tokens=4096,
+                      prefill_wave_tokens=100_000)
+    for i in range(running):
+        sched.add(seq(5, f"r{i}"))
+    first = sched.schedule()
+    assert first.is_prefill and len(first.seqs) == running  # nothing decodes yet: no wave needed
+    advance(first)
+    b = seq(5, "b")
     sched.add(b)
     decodes = 0
     while True:
@@ -158,11 +168,12 @@ def test_a_held_prompt_is_admitted_after_the_wait_bound():
             break
         decodes += 1
         advance(step)
-    assert step.seqs == [b] and decodes == Scheduler.MAX_WAVE_WAIT_STEPS
+    assert step.seqs == [b] and decodes == bound
 
 
-def test_prefill_waves_keep_greedy_outputs(tmp_path):
+def test_prefill_waves_keep_greedy_outputs(tmp_path, monkeypatch):
     """The same greedy tokens with and without waves (only the batches differ)."""
+    monkeypatch.setattr(Scheduler, "max_wave_wait", lambda self: Scheduler.MAX_WAVE_WAIT_STEPS)  # hold at 4 running
     from ingot import LLM
     from tests.helpers import write_tiny_checkpoint
 
