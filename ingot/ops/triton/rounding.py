@@ -55,7 +55,6 @@ def round_pair(x, y, dtype: tl.constexpr, BF16: tl.constexpr):
         return round_to(x, dtype, BF16), round_to(y, dtype, BF16)
 
 
-
 @triton.jit
 def mul_rn(x, y):
     """fp32 ``x * y`` rounded on its own: never contracted with a following add into an FMA
