@@ -7,8 +7,7 @@ For each architecture's expert shape and batch size: random uniform top-k routin
 experts are not in L2 from the previous call), every call captured in one CUDA
 graph and replayed; ms per call is the graph's time over the layers. Each launch
 candidate (the per-pair path; the grouped path over a grid of BLOCK_M / BLOCK_N /
-BLOCK_K / warps / stages; the per-pair path also with ``fuse_sum``, down and
-the per-token sum in one launch) is timed, and the table's own choice (``launch_config``)
+BLOCK_K / warps / stages) is timed, and the table's own choice (``launch_config``)
 is marked. ``floor`` is the bytes of the experts the routing hits, read once at the
 measured copy bandwidth. The best candidate per row is what
 ``ingot/ops/triton/fused_moe.py``'s ``_TABLE`` should hold for this GPU.
@@ -46,17 +45,13 @@ LAYERS_BYTES = 4 << 30  # distinct expert weights per shape (>> L2), in as many 
 def candidates(batch: int) -> list[moe.MoeLaunch]:
     """Up to batch 32 the per-pair path: its gate/up tiles varied with the down tiles at the
     default, then the down tiles with gate/up at the default (the two launches are
-    independent, so the best of each combine), then 24 down tilings with ``fuse_sum`` (its
-    grid is tokens x H / BLOCK_N, so small BLOCK_N at batch 1); at every batch the grouped
-    path in 24."""
+    independent, so the best of each combine); at every batch the grouped path in 24."""
     out = []
     if batch <= 32:
         base = moe.PER_PAIR
         tiles = [(bn, bk, warps, 4) for bn, bk, warps in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8))]
         out += [base] + [moe.MoeLaunch(False, 1, t, base.down) for t in tiles if t != base.gate_up]
         out += [moe.MoeLaunch(False, 1, base.gate_up, t) for t in tiles if t != base.down]
-        for bn, bk, warps in itertools.product((4, 8, 16, 32), (128, 256, 512), (2, 4)):
-            out.append(moe.MoeLaunch(False, 1, base.gate_up, (bn, bk, warps, 4), fuse_sum=True))
     for bm, bn, bk, warps in itertools.product((16, 32, 64), (64, 128), (64, 128), (4, 8)):
         out.append(moe.MoeLaunch(True, bm, (bn, bk, warps, 3), (bn, bk, warps, 3)))
     return out
@@ -129,9 +124,6 @@ def sweep_shape(name: str, batches: list[int], bandwidth: float) -> list[dict]:
         mine_ms = f"{mine['ms'] * 1e3:.1f}" if mine else "-"
         print(f"{name:>18} batch {batch:>4}: hit {hit:5.1f}  floor {floor * 1e3:7.1f} us  table {mine_ms:>7} us  "
               f"best {best['ms'] * 1e3:7.1f} us ({100 * floor / best['ms']:.0f}% of floor)  {best['launch']}")
-        fused = next((r for r in timings if "fuse_sum=True" in r["launch"]), None)
-        if fused:  # the best per-pair launch with down and the sum merged, beside the best overall
-            print(f"{'':>18} fuse_sum best {fused['ms'] * 1e3:7.1f} us  {fused['launch']}")
     return rows
 
 

@@ -524,33 +524,6 @@ def test_fused_moe_table_path(MOE):
     assert MOE.launch_config(8, 14336, 2, torch.device("cpu")).grouped
 
 
-# (tokens, experts, top_k, dtype, routing, fp32 routing weights): top-k 1, 2, 8, experts 8 and 128, batch 1..4
-FUSED_SUM_CASES = [
-    (1, 8, 1, torch.float32, "random", False),
-    (2, 128, 1, torch.bfloat16, "random", False),
-    (3, 8, 2, torch.bfloat16, "random", True),  # Mixtral's fp32 routing weights: the unrounded product
-    (4, 8, 2, torch.float32, "one_expert", False),
-    (4, 128, 2, torch.bfloat16, "one_expert", False),
-    (1, 128, 8, torch.bfloat16, "random", False),
-    (2, 128, 8, torch.float32, "random", False),
-    (3, 128, 8, torch.bfloat16, "random", True),
-    (4, 8, 8, torch.bfloat16, "one_expert", False),  # every token on every expert
-]
-
-
-@pytest.mark.parametrize("t,e,k,dtype,routing,fp32_weights", FUSED_SUM_CASES)
-def test_fused_moe_down_sum_in_one_launch(MOE, t, e, k, dtype, routing, fp32_weights):
-    """fuse_sum (down and the per-token sum in one launch) against the reference, and bit for bit
-    against the three-launch path with the same tiles (widths not multiples of the tiles)."""
-    three = MOE.MoeLaunch(False, 1, (16, 32, 4, 1), (16, 16, 4, 1))
-    fused = replace(three, fuse_sum=True)
-    args = moe_inputs(t, e, k, 40, 24, dtype, torch.Generator().manual_seed(t * 7 + k), routing, fp32_weights)
-    check_fused_moe(lambda *a: MOE.run(*a, launch=fused), args, tol=1e-5 if dtype == torch.float32 else 1e-2)
-    assert torch.equal(MOE.run(*args, launch=fused), MOE.run(*args, launch=three))
-    with pytest.raises(AssertionError, match="per-pair"):
-        replace(fused, grouped=True)
-
-
 @pytest.mark.parametrize("t,e,k,bm", [(7, 5, 2, 16), (40, 3, 3, 16), (1, 8, 2, 16), (33, 64, 4, 32)])
 def test_fused_moe_alignment(MOE, t, e, k, bm):
     """Each expert's pairs in pair order, padded with P to a multiple of the block, at its offset;

@@ -13,8 +13,7 @@ tokens) and device:
   tile), GEMV-like (a multiply-reduce over K, no tensor-core padding), reading
   only the chosen experts' weight rows; no sorting, no padding. Three launches:
   gate/up + SiLU-and-mul -> ``a [P, I]``; down -> ``y [P, H]`` (fp32, weighted);
-  the per-token sum. With ``fuse_sum`` the down launch is one program per (token, N tile)
-  summing the token's pairs in the sum launch's order, so two launches, identical bits.
+  the per-token sum.
 * **grouped** (more tokens): ``_align_kernel`` lists each expert's pairs (in pair
   order) padded to a multiple of ``BLOCK_M``, at the expert's offset in one
   sorted list, and the expert of each block; the two GEMM kernels then run
@@ -42,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2
-from ingot.ops.triton.rounding import mul_rn, round_to
+from ingot.ops.triton.rounding import round_to
 
 
 @dataclass(frozen=True)
@@ -53,10 +52,6 @@ class MoeLaunch:
     block_m: int  # pairs per block (grouped; tl.dot needs >= 16); 1 per pair
     gate_up: tuple[int, int, int, int]  # BLOCK_N, BLOCK_K, num_warps, num_stages
     down: tuple[int, int, int, int]
-    fuse_sum: bool = False  # per pair: the down launch sums each token's pairs into out (no y, no sum launch)
-
-    def __post_init__(self) -> None:
-        assert not (self.fuse_sum and self.grouped), "fuse_sum is a form of the per-pair path"
 
 
 PER_PAIR = MoeLaunch(False, 1, (16, 256, 4, 4), (16, 256, 4, 4))
@@ -136,8 +131,9 @@ def _align_kernel(
 
 
 @triton.jit
-def _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, pid_m, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(expert, pair ids [BLOCK_M]) of block ``pid_m``: a sorted block, or pair pid_m."""
+def _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, pair ids [BLOCK_M]) of this program's block: a sorted block, or one pair."""
+    pid_m = tl.program_id(0)
     if GROUPED:
         e = tl.load(block_expert_ptr + pid_m)
         rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -155,7 +151,7 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``."""
-    e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, tl.program_id(0), GROUPED, BLOCK_M)
+    e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
         row_mask = rows < P
@@ -195,80 +191,41 @@ def _gate_up_kernel(
 
 
 @triton.jit
-def _token_order(ids_ptr, t, TOP_K: tl.constexpr, K_POW2: tl.constexpr):
-    """(slots, rank of each slot) of token t: its slots ranked by (expert id, slot), the
-    order the reference sums its pairs; slot of rank r: ``sum(where(rank == r, slots, 0))``."""
-    slots = tl.arange(0, K_POW2)
-    ids = tl.load(ids_ptr + t * TOP_K + slots, mask=slots < TOP_K, other=2147483647).to(tl.int32)
-    before = (ids[None, :] < ids[:, None]) | ((ids[None, :] == ids[:, None]) & (slots[None, :] < slots[:, None]))
-    return slots, tl.sum(before.to(tl.int32), axis=1)
-
-
-@triton.jit
-def _down_rows(
-    a_ptr, w_ptr, weights_ptr, e, rows, P, H, I, stride_we, stride_wn,
-    ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
-    BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """w_p * (a_p . down_e[n]) in fp32 [BLOCK_M, BLOCK_N] for ``rows`` (pairs of expert e), N tile ``pid 1``."""
-    dtype = a_ptr.dtype.element_ty
-    row_mask = rows < P
-    a_rows = a_ptr + rows.to(tl.int64)[:, None] * I
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < H
-    w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < I
-        a = tl.load(a_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if GROUPED:
-            if DOT_F32:
-                a, w = a.to(tl.float32), w.to(tl.float32)
-            if IEEE:
-                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(a, tl.trans(w))
-        else:
-            acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
-    weight = tl.load(weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-    y = mul_rn(round_to(acc, dtype, BF16), tl.broadcast_to(weight[:, None], [BLOCK_M, BLOCK_N]))
-    if ROUND_PRODUCT:
-        y = round_to(y, dtype, BF16)
-    return y
-
-
-@triton.jit
 def _down_kernel(
     a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
     P, H, I, stride_we, stride_wn,
     ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FUSE_SUM: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
 ):
-    """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``. FUSE_SUM
-    (per pair): program (token t, N tile) sums t's pairs as ``_sum_kernel`` does; y_ptr is out."""
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < H
-    if FUSE_SUM:
-        t = tl.program_id(0)
-        slots, rank = _token_order(ids_ptr, t, TOP_K, K_POW2)
+    """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``."""
+    e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
+    if e >= 0:
+        dtype = a_ptr.dtype.element_ty
+        row_mask = rows < P
+        a_rows = a_ptr + rows.to(tl.int64)[:, None] * I
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < H
+        w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for r in tl.static_range(TOP_K):
-            pair = t * TOP_K + tl.sum(tl.where(rank == r, slots, 0), axis=0)
-            e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, pair, False, BLOCK_M)
-            acc += _down_rows(a_ptr, w_ptr, weights_ptr, e, rows, P, H, I, stride_we, stride_wn,
-                              ROUND_PRODUCT, GROUPED, DOT_F32, IEEE, BF16, BLOCK_M, BLOCK_N, BLOCK_K)
-        dtype = y_ptr.dtype.element_ty
-        tl.store(y_ptr + t.to(tl.int64) * H + offs_n[None, :], round_to(acc, dtype, BF16).to(dtype), mask=n_mask[None, :])
-    else:
-        e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, tl.program_id(0), GROUPED, BLOCK_M)
-        if e >= 0:
-            y = _down_rows(a_ptr, w_ptr, weights_ptr, e, rows, P, H, I, stride_we, stride_wn,
-                           ROUND_PRODUCT, GROUPED, DOT_F32, IEEE, BF16, BLOCK_M, BLOCK_N, BLOCK_K)
-            tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y,
-                     mask=(rows < P)[:, None] & n_mask[None, :])
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < I
+            a = tl.load(a_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            if GROUPED:
+                if DOT_F32:
+                    a, w = a.to(tl.float32), w.to(tl.float32)
+                if IEEE:
+                    acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+                else:
+                    acc += tl.dot(a, tl.trans(w))
+            else:
+                acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
+        weight = tl.load(weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+        y = round_to(acc, dtype, BF16) * weight[:, None]
+        if ROUND_PRODUCT:
+            y = round_to(y, dtype, BF16)
+        tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -279,7 +236,10 @@ def _sum_kernel(
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
-    slots, rank = _token_order(ids_ptr, t, TOP_K, K_POW2)
+    slots = tl.arange(0, K_POW2)
+    ids = tl.load(ids_ptr + t * TOP_K + slots, mask=slots < TOP_K, other=2147483647).to(tl.int32)
+    before = (ids[None, :] < ids[:, None]) | ((ids[None, :] == ids[:, None]) & (slots[None, :] < slots[:, None]))
+    rank = tl.sum(before.to(tl.int32), axis=1)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for r in tl.static_range(TOP_K):
         j = tl.sum(tl.where(rank == r, slots, 0), axis=0)
@@ -322,6 +282,7 @@ def run(
     ids = topk_ids.contiguous().view(-1)
     weights = topk_weights.contiguous().view(-1)
     a = torch.empty(pairs, inter, dtype=hidden.dtype, device=hidden.device)
+    y = torch.empty(pairs, h, dtype=torch.float32, device=hidden.device)
     if launch.grouped:
         bm = launch.block_m
         m_blocks = cdiv(pairs + min(experts, pairs) * (bm - 1), bm)
@@ -344,19 +305,15 @@ def run(
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )
     bn, bk, warps, stages = launch.down
-    k_pow2 = max(2, next_pow2(top_k))
-    y = out if launch.fuse_sum else torch.empty(pairs, h, dtype=torch.float32, device=hidden.device)
-    _down_kernel[(t if launch.fuse_sum else m_blocks, cdiv(h, bn))](
+    _down_kernel[(m_blocks, cdiv(h, bn))](
         a, w_down, y, weights, ids, sorted_ids, block_expert,
         pairs, h, inter, w_down.stride(0), w_down.stride(1),
         ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
-        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, FUSE_SUM=launch.fuse_sum, TOP_K=top_k, K_POW2=k_pow2,
-        num_warps=warps, num_stages=stages,
+        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )
-    if not launch.fuse_sum:
-        _sum_kernel[(t, cdiv(h, _SUM_BLOCK))](
-            y, ids, out, h, TOP_K=top_k, K_POW2=k_pow2, BF16=bf16, BLOCK=_SUM_BLOCK, num_warps=2,
-        )
+    _sum_kernel[(t, cdiv(h, _SUM_BLOCK))](
+        y, ids, out, h, TOP_K=top_k, K_POW2=max(2, next_pow2(top_k)), BF16=bf16, BLOCK=_SUM_BLOCK, num_warps=2,
+    )
     return out
 
 

@@ -54,15 +54,3 @@ def round_pair(x, y, dtype: tl.constexpr, BF16: tl.constexpr):
     else:
         return round_to(x, dtype, BF16), round_to(y, dtype, BF16)
 
-
-@triton.jit
-def mul_rn(x, y):
-    """fp32 ``x * y`` rounded on its own: never contracted with a following add into an FMA
-    (which Triton's fp fusion does to a plain ``*``), so a product summed in-kernel equals one
-    stored and summed later. GPU: ``mul.rn.f32`` in inline asm (ptxas fuses no explicitly rounded mul)."""
-    if INTERPRET:
-        return x * y
-    else:
-        return tl.inline_asm_elementwise(
-            "mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, y], dtype=tl.float32, is_pure=True, pack=1,
-        )
