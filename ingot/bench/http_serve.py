@@ -9,18 +9,23 @@ output tokens are the server's ``usage.completion_tokens`` (the last chunk,
 ``stream_options.include_usage``), or the count of text chunks when the server
 sends no usage. From these, as ``vllm bench serve`` reports them: throughput,
 TTFT (send to first text), TPOT ((latency - TTFT) / (output tokens - 1)) and
-ITL (every gap between two chunks).
+ITL (every gap between two chunks). Against an ingot server the client also reads
+``GET /metrics`` before and after the run: the engine's preemptions, prefix-cache
+hits, prefill and decode steps and mean decode batch over the run, as the offline
+benchmark reports them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from ingot.bench.serve import Request, RequestRecord, ServeMetrics, compute_metrics, summarize
+from ingot.bench.serve import Request, RequestRecord, ServeMetrics, add_engine_counters, compute_metrics, summarize
+from ingot.engine.stats import EngineStats
 
 
 @dataclass
@@ -55,6 +60,33 @@ async def discover_model(session, base: str, headers: dict) -> str:
     if not data:
         raise RuntimeError(f"{base}/v1/models lists no model")
     return data[0]["id"]
+
+
+def parse_engine_stats(text: str) -> Optional[EngineStats]:
+    """The engine counters in an ingot server's Prometheus text (``ingot:<field>_total`` of
+    EngineStats' counter fields; None when it has none of them: another server)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters = {f.name for f in dataclasses.fields(EngineStats)}  # gauges carry no _total
+    values: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removeprefix("ingot:").removesuffix("_total")
+            if sample.name.startswith("ingot:") and sample.name.endswith("_total") and name in counters:
+                values[name] = values.get(name, 0) + int(sample.value)
+    return EngineStats(**values) if values else None
+
+
+async def scrape_engine_stats(session, base: str, headers: dict) -> Optional[EngineStats]:
+    """``GET /metrics`` of the server, parsed by ``parse_engine_stats``; None when the server
+    has no such endpoint or it fails."""
+    try:
+        async with session.get(base + "/metrics", headers=headers) as r:
+            if r.status != 200:
+                return None
+            return parse_engine_stats(await r.text())
+    except Exception:  # noqa: BLE001 - any server, any answer: the counters are optional
+        return None
 
 
 async def _one(session, base: str, headers: dict, model: str, req: Request, clock: Callable[[], float]) -> HttpResult:
@@ -109,6 +141,7 @@ async def run_http(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         name = model or await discover_model(session, base, headers)
+        before = await scrape_engine_stats(session, base, headers)
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         start = clock()
 
@@ -127,10 +160,13 @@ async def run_http(
 
         results = await asyncio.gather(*(send(r) for r in requests))
         end = clock()
+        after = await scrape_engine_stats(session, base, headers) if before is not None else None
     ok = [r.record for r in results if r.error is None]
     failed = [r.error for r in results if r.error is not None]
     if not ok:
         raise RuntimeError(f"every request failed; first error: {failed[0] if failed else '?'}")
     metrics = compute_metrics(ok, start, end)
+    if before is not None and after is not None:  # an ingot server: its engine's steps over the run
+        add_engine_counters(metrics, before, after)
     tpots = [t for t in (tpot(r) for r in ok) if t is not None]
     return HttpServeMetrics(metrics, summarize(tpots, 1e3), len(failed), failed[:5])

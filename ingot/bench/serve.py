@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
+from ingot.engine.stats import EngineStats
 from ingot.sampling_params import SamplingParams
 
 # Prompt token ids are drawn from [SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN):
@@ -369,7 +370,13 @@ def run_workload(
         for req, seq, arrival in live
     ]
     metrics = compute_metrics(records, start, end)
-    after = engine.stats()
+    add_engine_counters(metrics, before, engine.stats())
+    return metrics
+
+
+def add_engine_counters(metrics: ServeMetrics, before: EngineStats, after: EngineStats) -> None:
+    """The engine's counters over the run (``after - before``): preemptions, prefix-cache
+    queries and hits, prefill and decode steps, the mean decode batch."""
     metrics.num_preemptions = after.num_preemptions - before.num_preemptions
     metrics.prefix_cache_queries = after.prefix_cache_queries - before.prefix_cache_queries
     metrics.prefix_cache_hits = after.prefix_cache_hits - before.prefix_cache_hits
@@ -379,4 +386,3 @@ def run_workload(
     metrics.decode_steps = after.decode_steps - before.decode_steps
     if metrics.decode_steps:
         metrics.mean_decode_batch = (after.decode_rows - before.decode_rows) / metrics.decode_steps
-    return metrics

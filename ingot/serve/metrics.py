@@ -1,7 +1,8 @@
 """Prometheus metrics of the server, named ``ingot:*`` (``GET /metrics``).
 
 Engine state (running and waiting requests, KV-cache usage, preemptions,
-prompt and generation tokens, prefix-cache queries and hits) is read from the
+prompt and generation tokens, prefix-cache queries and hits, prefill and
+decode steps and the decode batches' rows) is read from the
 engine's stats when Prometheus scrapes; latencies are observed per request
 when it finishes, from its RequestMetrics: time to first token, inter-token
 latency (each gap between two of its tokens counts once, at the request's mean
@@ -52,6 +53,10 @@ class _EngineCollector(Collector):
         yield counter("ingot:generation_tokens", "Tokens generated.", s.generation_tokens)
         yield counter("ingot:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
         yield counter("ingot:prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
+        yield counter("ingot:prefill_steps", "Engine steps that computed prompt tokens.", s.prefill_steps)
+        yield counter("ingot:decode_steps", "Engine steps that decoded one token per running sequence.", s.decode_steps)
+        yield counter("ingot:decode_rows", "Sequences in the decode steps, summed (mean decode batch: over decode_steps).",
+                      s.decode_rows)
 
 
 class ServerMetrics:

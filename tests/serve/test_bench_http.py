@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ingot.bench.http_serve import tpot
+from ingot.bench.http_serve import parse_engine_stats, tpot
 from ingot.bench.serve import RequestRecord
 from ingot.cli import main
 from tests.helpers import write_tiny_checkpoint
@@ -18,6 +18,21 @@ def test_tpot_is_the_mean_gap_after_the_first_token():
     rec = RequestRecord(input_len=3, output_len=4, arrival=10.0, token_times=[10.5, 10.7, 10.8, 11.1])
     assert tpot(rec) == pytest.approx((1.1 - 0.5) / 3)
     assert tpot(RequestRecord(3, 1, 10.0, [10.5])) is None
+
+
+def test_engine_counters_read_back_from_the_metrics_text():
+    """What ``/metrics`` renders (prometheus_client's text) parses back into the engine's
+    counters; another server's metrics give None."""
+    from ingot.engine.stats import EngineStats
+    from ingot.serve.metrics import ServerMetrics
+
+    stats = EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.5, num_preemptions=4, prompt_tokens=1234,
+                        generation_tokens=567, prefix_cache_queries=900, prefix_cache_hits=320, prefill_steps=17,
+                        decode_steps=211, decode_rows=9876)
+    got = parse_engine_stats(ServerMetrics(lambda: stats, "m").render().decode())
+    counters = {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}  # gauges are not counters over a run
+    assert got == EngineStats(**{**stats.__dict__, **counters})
+    assert parse_engine_stats("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3.0\n") is None
 
 
 @pytest.mark.parametrize("where", ["process", "thread"])
@@ -37,6 +52,12 @@ def test_bench_serve_over_http(tmp_path, capsys, where):
     reqs = make_requests(Workload(24, (4, 40), (3, 9)), 300)
     assert result["output_tokens"] == sum(r.output_len for r in reqs)
     assert result["input_tokens"] == sum(len(r.prompt_token_ids) for r in reqs)
+    # the server's engine counters over the run, read from /metrics: every request prefilled,
+    # every token after a request's first came from a decode step's row
+    assert result["prefill_steps"] >= 1 and result["decode_steps"] >= 1
+    rows = result["mean_decode_batch"] * result["decode_steps"]
+    assert result["output_tokens"] - 24 <= round(rows) and 1 <= result["mean_decode_batch"] <= 8
+    assert result["prefix_cache_queries"] == result["input_tokens"]
     for key in ("ttft_ms", "tpot_ms", "itl_ms"):
         stats = result[key]
         assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"]
