@@ -101,9 +101,12 @@ def test_worker_failing_in_a_step_fails_its_requests_and_stops_the_group(tiny):
 
 
 def _driver(tiny: str, body: str) -> subprocess.Popen:
-    """A child Python process that starts a TP2 LLM, prints its worker pids, then runs ``body``."""
+    """A child Python process that starts a TP2 LLM, prints its worker pids, then runs ``body``.
+    Ctrl-C raises KeyboardInterrupt there even if this run's parent ignores SIGINT (a
+    background job of a shell without job control does, and children inherit it)."""
     code = textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from ingot import LLM, SamplingParams
         llm = LLM({tiny!r}, device="cpu", tensor_parallel_size=2, show_progress=False, max_model_len=256)
         print(*llm.engine.runner.worker_pids, flush=True)
