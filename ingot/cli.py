@@ -20,6 +20,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true", help="recompute every prompt instead of reusing the KV of earlier identical prefixes")
     g.add_argument("--no-overlap-scheduling", action="store_true",
                    help="read each step back before queuing the next (default: the next step is queued first)")
+    g.add_argument("--prefill-wave-tokens", type=int, default=None, metavar="N",
+                   help="while sequences decode, admit waiting prompts once they add up to N tokens, or after one "
+                        "held step per 8 running sequences (default 2048; 0 = at once)")
     g.add_argument("--decode-compile", nargs="?", const="on", default=None, choices=["on", "off", "auto"],
                    help="torch.compile the decode step before graph capture (CUDA only): on, off, or auto = "
                         "per batch bucket, only where measured faster without drift (see docs/decode-compile.md)")
@@ -95,6 +98,8 @@ def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         extra["enable_prefix_caching"] = False
     if args.no_overlap_scheduling:
         extra["overlap_scheduling"] = False
+    if args.prefill_wave_tokens is not None:
+        extra["prefill_wave_tokens"] = args.prefill_wave_tokens
     if args.decode_compile is not None:
         extra["decode_compile"] = {"on": True, "off": False, "auto": "auto"}[args.decode_compile]
     if args.tensor_parallel_size is not None:

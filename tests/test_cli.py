@@ -8,6 +8,7 @@ import pytest
 
 from ingot import LLM, SamplingParams
 from ingot.cli import build_parser, main
+from ingot.config import ConfigError
 from tests.helpers import write_tiny_checkpoint
 
 
@@ -94,3 +95,17 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_chat(tiny, capsys, monkeypatch):
 def test_max_model_len_zero_is_an_error(tiny, capsys):
     assert main(["generate", "hi", "--model", tiny, "--device", "cpu", "--max-model-len", "0", "--quiet"]) == 2
     assert "max_model_len" in capsys.readouterr().err
+
+
+def test_engine_flags_reach_the_engine_config():
+    """`ingot generate` / `serve` flags become EngineConfig fields; a bad value is the config's clear error."""
+    from ingot.cli import _engine_overrides
+    from ingot.config import EngineConfig
+
+    for command in (["generate", "hi"], ["serve"]):
+        args = build_parser().parse_args([*command, "--prefill-wave-tokens", "0", "--no-overlap-scheduling"])
+        cfg = EngineConfig.create(**_engine_overrides(args), env={})
+        assert cfg.prefill_wave_tokens == 0 and cfg.overlap_scheduling is False
+    assert EngineConfig.create(env={}).prefill_wave_tokens == 2048  # the default: waves on
+    with pytest.raises(ConfigError, match="prefill_wave_tokens"):
+        EngineConfig.create(**_engine_overrides(build_parser().parse_args(["serve", "--prefill-wave-tokens", "-1"])), env={})
