@@ -1,6 +1,6 @@
 """Benchmark the Triton kernels against the GPU's ceilings and the PyTorch references.
 
-    python -m benchmarks.kernels [--out PATH] [--no-ref] [--only prefill] [--sweep [decode|skinny|skinny7b|elementwise|prefill|all]]
+    python -m benchmarks.kernels [--out PATH] [--no-ref] [--only prefill|skinny] [--sweep [decode|skinny|skinny7b|skinny-moe|elementwise|prefill|all]]
 
 Ceilings (measured here, median of triton.testing.do_bench after warm-up, L2
 flushed between runs): device-to-device copy bandwidth (bytes read + written)
@@ -38,6 +38,7 @@ import datetime as dt
 import itertools
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -238,10 +239,13 @@ def run(args) -> dict:
 
     print(f"{'kernel':<22} {'shape':<30} {'ms':>9} {'rate':>10} {'':<7} {'%ceil':>7} {'tgt':>4} {'ref ms':>9}")
 
-    # prefill attention: each path of the op and PyTorch's attention on the same shapes
-    prefill_groups = _prefill_rows(record)
     header = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   date=dt.datetime.now().isoformat(timespec="seconds"), ceilings=dict(copy_gbps=bw, matmul_bf16_tflops=tf))
+    if args.only == "skinny":
+        return dict(header, skinny_gemm=_skinny_rows(), skinny_sweep=_skinny_sweeps(args.sweep))
+
+    # prefill attention: each path of the op and PyTorch's attention on the same shapes
+    prefill_groups = _prefill_rows(record)
     if args.only == "prefill":
         _repeat(rows, pending)
         return dict(header, results=rows, prefill_verdicts=_prefill_verdicts(prefill_groups),
@@ -301,9 +305,7 @@ def run(args) -> dict:
     elementwise = _sweep_elementwise(bw) if args.sweep in ("elementwise", "all") else None
     sweep = _sweep_decode() if args.sweep in ("decode", "all") else None
     prefill_sweep = _sweep_prefill(tf, prefill_groups) if args.sweep in ("prefill", "all") else None
-    skinny_sweep = _sweep_skinny() if args.sweep in ("skinny", "all") else None
-    if args.sweep in ("skinny7b", "all"):
-        skinny_sweep = (skinny_sweep or []) + _sweep_skinny("7b")
+    skinny_sweep = _skinny_sweeps(args.sweep)
 
     return dict(
         header, results=rows, decode_sweep=sweep, skinny_gemm=skinny, skinny_sweep=skinny_sweep,
@@ -357,6 +359,11 @@ PROJECTIONS = {
     "7b": dict(qkv=(4608, 3584), o=(3584, 3584), gate_up=(37888, 3584), down=(3584, 18944), lm_head=(152064, 3584)),
 }
 LAYERS = 28
+# the attention projections and the router of the MoE benchmark shapes (their experts run fused_moe)
+MOE_PROJECTIONS = {
+    "qwen3-30b-a3b": dict(qkv=(5120, 2048), o=(2048, 4096), router=(128, 2048)),
+    "mixtral-8x7b": dict(qkv=(6144, 4096), o=(4096, 4096), router=(8, 4096)),
+}
 
 
 def _skinny_rows() -> list:
@@ -454,19 +461,39 @@ def _sweep_elementwise(copy_gbps: float, t: int = 4096, h: int = 3584) -> list:
     return out
 
 
+def _skinny_sweeps(sweep: Optional[str]) -> Optional[list]:
+    """The skinny GEMM sweeps ``--sweep`` asks for (None: none)."""
+    shapes = {"skinny": ["1.5b"], "skinny7b": ["7b"], "skinny-moe": list(MOE_PROJECTIONS),
+              "all": ["1.5b", "7b", *MOE_PROJECTIONS]}.get(sweep or "", [])
+    return [row for shape in shapes for row in _sweep_skinny(shape)] or None
+
+
 def _sweep_skinny(shape: str = "1.5b") -> list:
     """Tile configurations of the skinny GEMM on one shape's projections. 1.5B: M=1 (the
     multiply-reduce form against tl.dot) and M=16 (tl.dot only). 7B: M=1 multiply-reduce
     only, with wider and deeper tiles (its down projection ran faster with 32-wide tiles
-    and the SiLU prologue than plain with the 16-wide default: kernels-2026-11-30-s5.json)."""
+    and the SiLU prologue than plain with the 16-wide default: kernels-2026-11-30-s5.json).
+    The MoE shapes (``MOE_PROJECTIONS``): M=1, both forms, after the launch the table
+    picks today (``table``), the row to beat."""
     from ingot.ops.triton import skinny_gemm
 
     print(f"\n# skinny GEMM sweep, {shape} (graph replay us): M form BLOCK_N BLOCK_K warps waves")
-    names = ("qkv", "gate_up", "down") if shape == "1.5b" else ("qkv", "o", "gate_up", "down")
-    cases = {name: PROJECTIONS[shape][name] for name in names}
+    if shape in MOE_PROJECTIONS:
+        cases = dict(MOE_PROJECTIONS[shape])
+    else:
+        names = ("qkv", "gate_up", "down") if shape == "1.5b" else ("qkv", "o", "gate_up", "down")
+        cases = {name: PROJECTIONS[shape][name] for name in names}
     weights = {name: torch.randn(n, k, dtype=BF16, device=DEV) for name, (n, k) in cases.items()}
     out = []
-    if shape == "1.5b":
+    if shape in MOE_PROJECTIONS:
+        table = dict(m=1, table=True, shape=shape)
+        for name, w in weights.items():
+            x = torch.randn(1, w.shape[1], dtype=BF16, device=DEV)
+            table[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None))
+        out.append(table)
+        print("  table                      " + "  ".join(f"{n}: {table[n]:7.2f}" for n in cases))
+        configs = itertools.product([(1, False), (1, True)], (16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4))
+    elif shape == "1.5b":
         configs = itertools.product([(1, False), (1, True), (16, True)], (16, 32, 64, 128), (64, 128, 256), (4, 8), (1, 2, 4))
     else:
         configs = itertools.product([(1, False)], (16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4))
@@ -483,7 +510,7 @@ def _sweep_skinny(shape: str = "1.5b") -> list:
         print(f"  M{m:<2} {'dot' if dot else 'fma'} {block_n:4d} {block_k:4d} {warps:2d} {waves:2d}  " + "  ".join(
             f"{n}: {res[n]:7.2f}" for n in cases if n in res) + f" {res.get('error', '')}")
     for m in (1, 16):
-        ok = [r for r in out if "error" not in r and r["m"] == m]
+        ok = [r for r in out if "error" not in r and r["m"] == m and not r.get("table")]
         if ok:
             print(f"# best skinny config at M{m}, {shape} (sum over cases): {min(ok, key=lambda r: sum(r[n] for n in cases))}")
     del weights
@@ -928,9 +955,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/kernels-<date>.json)")
     parser.add_argument("--no-ref", action="store_true", help="skip timing the PyTorch reference implementations")
-    parser.add_argument("--only", choices=("prefill",), default=None,
-                        help="only the prefill rows (and the prefill sweep, if asked for)")
-    parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "skinny7b", "elementwise", "prefill", "all"),
+    parser.add_argument("--only", choices=("prefill", "skinny"), default=None,
+                        help="only the prefill rows or the skinny GEMM rows (and their sweep, if asked for)")
+    parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "skinny7b", "skinny-moe", "elementwise", "prefill", "all"),
                         help="also sweep launch configurations of the decode kernel, the skinny GEMM (1.5B "
                              "or 7B projections), RMSNorm and rotary, prefill attention, or all")
     args = parser.parse_args()
