@@ -18,7 +18,8 @@ torch/triton versions and the date.
 ``--sweep`` also times each kernel over a grid of launch configurations, passed
 to the kernel as its ``config`` argument, to retune a ``launch_config`` table:
 decode attention (tiles, warps, stages, waves), the skinny GEMM (1.5B or 7B
-projections), RMSNorm and rotary (``elementwise``), prefill attention (tiles of
+projections; ``skinny-moe``: the attention projections and routers of the
+Qwen3-30B-A3B and Mixtral-8x7B shapes), RMSNorm and rotary (``elementwise``), prefill attention (tiles of
 the fused and context kernels, every path on a grid of shapes, and the launch
 rule fitted to those timings).
 
@@ -958,8 +959,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("prefill", "skinny"), default=None,
                         help="only the prefill rows or the skinny GEMM rows (and their sweep, if asked for)")
     parser.add_argument("--sweep", nargs="?", const="all", choices=("decode", "skinny", "skinny7b", "skinny-moe", "elementwise", "prefill", "all"),
-                        help="also sweep launch configurations of the decode kernel, the skinny GEMM (1.5B "
-                             "or 7B projections), RMSNorm and rotary, prefill attention, or all")
+                        help="also sweep launch configurations of the decode kernel, the skinny GEMM (1.5B, 7B "
+                             "or MoE-shape projections), RMSNorm and rotary, prefill attention, or all")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("python -m benchmarks.kernels needs a CUDA GPU")
