@@ -61,7 +61,7 @@ class EngineConfig:
     # at most 32): fewer, larger prefill steps, each stalling the decode batch once.
     # 0 = admit as soon as a slot frees. The 512-request workload: 218 prefill steps (149
     # under 1,024 tokens) -> 89; H200, 1.5B shape, same call: 5.86 / 6.29 s against
-    # 7.72 s (and a first-run 15.5 s) with 0 (serve-wave-*-2026-12-01.json).
+    # 7.72 s (and a first-run 15.5 s) with 0 (serve-prefill-waves-qwen2.5-1.5b-2026-12-01.json).
     prefill_wave_tokens: int = 2048
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)

@@ -231,8 +231,8 @@ def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str
     """The workload over HTTP to ``args.url``: (result, environment)."""
     import ingot
     from ingot.bench.http_serve import run_http
-    from ingot.engine import event_loop
     from ingot.bench.serve import make_requests
+    from ingot.engine import event_loop
 
     vocab = args.vocab_size or _vocab_of(args.tokenizer or args.model)
     requests = make_requests(workload, vocab)
