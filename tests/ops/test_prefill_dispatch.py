@@ -36,19 +36,28 @@ def test_prefill_class():
     assert pd.prefill_class(1024, 8, 256) == (False, True)  # half the capacity: still "new"
 
 
-def test_measured_rule_keeps_the_fused_kernel_for_long_prompts_and_cached_context():
-    """One prompt, cached context, and mostly-new prompts of 256 tokens or more on average
-    run the fused kernel (the measured rule sends only shorter ones to flash)."""
-    for shape in ((4096, 1, 4096), (512, 1, 2048), (4096, 8, 2048), (4096, 8, 512), (1, 1, 16)):
-        assert pd.choose_prefill_path(*shape, 28, 4, 128, BF16, CUDA) == "triton"
-
-
 @pytest.fixture
 def everything_supported(monkeypatch):
     monkeypatch.setattr(pd, "capability", lambda device: (9, 0))
     monkeypatch.setattr(pd, "flash_available", lambda: True)
     monkeypatch.setattr(pd, "cudnn_available", lambda: True)
     monkeypatch.setattr(pd, "_aten_args", lambda name: frozenset({"seqused_k", "cum_seq_q", "attn_bias"}))
+
+
+def test_measured_rule_sends_one_long_prompt_to_cudnn_and_keeps_the_fused_kernel_elsewhere(everything_supported):
+    """The measured rule (kernels-prefill-2026-12-01.json): one prompt of 256 tokens or more
+    without a cached prefix runs cuDNN; shorter ones, cached context and mostly-new prompts
+    of 256 tokens or more on average run the fused kernel (only shorter ones go to flash)."""
+    for shape in ((4096, 1, 4096), (4001, 1, 4016), (256, 1, 256)):
+        assert pd.choose_prefill_path(*shape, 28, 4, 128, BF16, CUDA) == "cudnn"
+    for shape in ((255, 1, 256), (512, 1, 2048), (4096, 8, 2048), (4096, 8, 512), (1, 1, 16)):
+        assert pd.choose_prefill_path(*shape, 28, 4, 128, BF16, CUDA) == "triton"
+
+
+def test_the_rule_falls_back_to_the_fused_kernel_without_cudnn(everything_supported, monkeypatch):
+    monkeypatch.setattr(pd, "cudnn_available", lambda: False)
+    assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, BF16, CUDA) == "triton"
+    assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, torch.float32, CUDA) == "triton"
 
 
 def test_rule_picks_by_class_and_tokens_per_sequence(everything_supported):
@@ -150,21 +159,28 @@ def test_gather_path_matches_reference(monkeypatch, batch, max_new, max_ctx, hq,
 
 
 def test_cudnn_dense_views_one_sequence(monkeypatch):
-    """cuDNN takes [1, H, T, D] views of contiguous tensors (a strided v is copied) and its
-    [1, H, T, D] output comes back as [T, Hq, D]; with no cached prefix that is the op."""
+    """cuDNN takes [1, H, S, D] views of contiguous tensors padded with zero rows to S, a
+    multiple of 256 (a strided v is copied) and the first T rows of its [1, H, S, D]
+    output come back as [T, Hq, D]; with no cached prefix that is the op."""
     monkeypatch.setattr(pd, "cudnn_sdpa", cudnn_sdpa_reference)
     gen = torch.Generator().manual_seed(5)
     q, k, _, k_cache, v_cache, cu, seq_lens, table = prefill_case([45], [45], 8, 2, 64, 16, gen, BF16)
     qkv = torch.randn(45, 12 * 64, generator=gen).to(BF16)
     v = qkv[:, 10 * 64 :].view(45, 2, 64)  # a strided view, as the model's v
+    plans = []
+    monkeypatch.setattr(pd, "cudnn_sdpa", lambda q, k, v, *a: plans.append((q.shape, k.shape, v.shape)) or cudnn_sdpa_reference(q, k, v, *a))
     out, lse = pd.cudnn_dense(q, k, v, 0.125)
-    assert out.shape == q.shape and out.stride(-1) == 1
+    # padded at the end to one plan length: 45 tokens run as 256
+    assert plans == [((1, 8, 256, 64), (1, 2, 256, 64), (1, 2, 256, 64))]
+    assert out.shape == q.shape and out.stride(-1) == 1 and lse.shape == (1, 8, 45, 1)
     # the reference reads keys from the cache: put this v there
     ref.store_kv(k, v, k_cache, v_cache, (table[0].long()[:, None] * 16 + torch.arange(16)).view(-1)[:45])
     args = [q, k, v, k_cache, v_cache, cu, seq_lens, table]
     assert rel_err(out, ref.prefill_attention(*fp32(args), 0.125)) < 1e-2
     strides, global_rows = pd.lse_layout(lse)
-    assert strides == (8 * 45, 45, 1) and not global_rows
+    assert strides == (8 * 256, 256, 1) and not global_rows
+    unpadded = cudnn_sdpa_reference(*(t.contiguous().transpose(0, 1).unsqueeze(0) for t in (q, k, v)), 0.125)[1]
+    assert torch.allclose(lse, unpadded)  # the real rows' log-sum-exp, for the context kernel
 
 
 def test_lse_layouts():

@@ -12,10 +12,13 @@ from the GPU (no host sync: the engine launches steps ahead of the GPU).
   kernel folds each sequence's cached prefix into that output through the log-sum-exp
   flash returns (sequences without a prefix: nothing to fold, those programs exit).
 - ``"cudnn"``: one sequence only: PyTorch's cuDNN attention
-  (``aten._scaled_dot_product_cudnn_attention``, dense ``[1, H, T, D]`` views, what
+  (``aten._scaled_dot_product_cudnn_attention``, dense ``[1, H, T, D]``, what
   ``scaled_dot_product_attention`` runs on an H100/H200 when it prefers cuDNN) over
   the new tokens, then the context kernel. cuDNN builds one execution plan per shape
-  (cached by PyTorch), so each new prompt length pays that once on the host.
+  (cached by PyTorch; 45 ms on the H200), so the tokens are padded at the end to a
+  multiple of ``CUDNN_LENGTH_MULTIPLE``: a causal query never sees a later key, so the
+  real rows are exact, and a server pays for at most ``max_model_len / 256`` plans
+  instead of one per prompt length.
 - ``"gather"``: the sequences' KV blocks are gathered into one contiguous buffer
   (``B x capacity`` rows, a block-granular copy) and one flash varlen call attends
   over the whole context with the bottom-right causal mask (``seqused_k`` = the
@@ -61,12 +64,12 @@ class PathRule:
 # - several mostly-new prompts averaging under 256 tokens: PyTorch's varlen flash (32 x 128
 #   tokens 0.050 vs 0.082 ms, 128 x 30 tokens 0.097 vs 0.256 ms); from 500 tokens on the
 #   fused kernel wins (8 x 500: 0.100 vs 0.112 ms; 4 x 1000: 0.129 vs 0.168 ms);
-# - one long prompt: cuDNN is fastest (4096 tokens 0.229 vs 0.304 ms) but its first call at
-#   a length it has not seen took 45 ms, which serving's ever-new prompt lengths would pay
-#   again and again: the fused kernel stays;
+# - one prompt of 256 tokens or more: cuDNN (256 tokens 0.011 vs 0.016 ms, 1000 tokens 0.033
+#   vs 0.038 ms, 4096 tokens 0.229 vs 0.304 ms); its first call at a new length took 45 ms,
+#   so lengths are padded to a multiple of 256 (``cudnn_dense``): one plan per 256 tokens;
 # - cached context: the fused kernel, everywhere.
 PREFILL_RULES: dict[tuple[bool, bool], PathRule] = {
-    (True, True): PathRule("triton"),
+    (True, True): PathRule("cudnn", min_tokens_per_seq=256),
     (True, False): PathRule("triton"),
     (False, True): PathRule("flash", max_tokens_per_seq=256),
     (False, False): PathRule("triton"),
@@ -167,15 +170,35 @@ def cudnn_sdpa(
     return res[0], res[1]
 
 
+CUDNN_LENGTH_MULTIPLE = 256  # cuDNN's plans are per length: pad to this, bounding them to max_model_len / 256
+
+
+def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` ([T, H, D]) as a contiguous ``[rows, H, D]`` tensor whose rows past T are zero
+    (no copy when it already is one)."""
+    if t.shape[0] == rows and t.is_contiguous():
+        return t
+    out = t.new_empty((rows, *t.shape[1:]))
+    out[: t.shape[0]].copy_(t)
+    out[t.shape[0] :].zero_()
+    return out
+
+
 def cudnn_dense(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lse: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [T, Hq, D], log-sum-exp [1, Hq, T(, 1)]): ``cudnn_sdpa`` over one sequence's
-    packed tokens, as ``[1, H, T, D]`` views of contiguous ``[T, H, D]`` tensors (the
-    layout PyTorch's SDPA hands cuDNN; q/k/v are copied when they are not contiguous)."""
-    qd, kd, vd = (t.contiguous().transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    """(out [T, Hq, D], log-sum-exp [1, Hq, T(, 1)] as a view of rows of the padded one):
+    ``cudnn_sdpa`` over one sequence's packed tokens, as ``[1, H, S, D]`` views of
+    contiguous ``[S, H, D]`` tensors (the layout PyTorch's SDPA hands cuDNN), ``S`` being T
+    rounded up to ``CUDNN_LENGTH_MULTIPLE`` with zero rows at the end (causal: no real
+    query sees them; q/k/v are copied when padded or not contiguous)."""
+    num_tokens = q.shape[0]
+    rows = -(-num_tokens // CUDNN_LENGTH_MULTIPLE) * CUDNN_LENGTH_MULTIPLE
+    qd, kd, vd = (_padded_rows(t, rows).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     out, stats = cudnn_sdpa(qd, kd, vd, scale, lse)
-    return out[0].transpose(0, 1), stats
+    if lse:
+        stats = stats[:, :, :num_tokens]
+    return out[0].transpose(0, 1)[:num_tokens], stats
 
 
 def lse_layout(lse: torch.Tensor) -> tuple[tuple[int, int, int], bool]:
@@ -264,5 +287,5 @@ def prefill_attention(
 
 __all__ = [
     "PATHS", "PathRule", "PREFILL_RULES", "prefill_class", "choose_prefill_path", "path_supported",
-    "gather_paged_kv", "flash_varlen", "cudnn_sdpa", "cudnn_dense", "lse_layout", "prefill_attention",
+    "gather_paged_kv", "flash_varlen", "cudnn_sdpa", "cudnn_dense", "CUDNN_LENGTH_MULTIPLE", "lse_layout", "prefill_attention",
 ]
