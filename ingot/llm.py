@@ -91,6 +91,12 @@ class LLM:
         __call__, apply_chat_template, eos_token_id, convert_ids_to_tokens)."""
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every block in the prefix cache (vLLM's call), so later requests hit none
+        of the KV computed so far; False, and nothing changes, while requests are in flight.
+        Runs in the engine loop's thread, between two steps."""
+        return self._loop.call(Engine.reset_prefix_cache)
+
     def shutdown(self) -> None:
         """Stop the engine loop (aborting whatever still runs); also done when the LLM is collected."""
         self._finalizer()

@@ -21,6 +21,10 @@ Metrics (pure functions, tested on hand-made streams):
 * ITL: every gap between consecutive output tokens of a request, pooled over requests.
 * throughput: requests, output tokens and prompt + output tokens per second of
   ``duration`` (start of the run to the last token).
+
+Rounds: the same workload run several times on one engine (``ingot bench serve
+--repeat``) is summed up by its median round (``median_round``) and each round's
+headline numbers (``round_summary``).
 """
 
 from __future__ import annotations
@@ -282,6 +286,22 @@ def compute_metrics(records: Sequence[RequestRecord], start: float, end: float) 
     )
 
 
+def median_round(runs: Sequence[ServeMetrics]) -> int:
+    """Index of the run with the median duration (the shorter of the two middle ones for
+    an even count); ties keep the earlier run."""
+    if not runs:
+        raise ValueError("median of no runs")
+    order = sorted(range(len(runs)), key=lambda i: (runs[i].duration_s, i))
+    return order[(len(runs) - 1) // 2]
+
+
+def round_summary(m: ServeMetrics) -> dict:
+    """The headline numbers of one round, kept for every round of a repeated run."""
+    return {"duration_s": m.duration_s, "output_throughput": m.output_throughput,
+            "ttft_p50_ms": m.ttft_ms["p50"], "itl_p50_ms": m.itl_ms["p50"],
+            "output_tokens": m.output_tokens, "prefix_cache_hit_rate": m.prefix_cache_hit_rate}
+
+
 # ---------------------------------------------------------------- driving the engine
 def sampling_params(output_len: int) -> SamplingParams:
     return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
@@ -298,13 +318,14 @@ def check_fits(requests: Sequence[Request], max_model_len: int) -> None:
 
 
 def warm_up(engine, num_prompt: int = 8, num_output: int = 8) -> float:
-    """Run one small request to completion; returns its wall time in seconds."""
+    """Run one small request to completion (and the engine to idle: no step left in
+    flight); returns its wall time in seconds."""
     vocab = engine.model_config.vocab_size
     prompt = [SPECIAL_MARGIN + i % max(1, vocab - 2 * SPECIAL_MARGIN) for i in range(num_prompt)]
     t0 = time.perf_counter()
     seq = engine.add_request(prompt, sampling_params(num_output), request_id="serve-warmup")
     try:
-        while not seq.finished:
+        while not seq.finished or engine.has_unfinished():
             engine.step()
     finally:
         engine.requests.pop(seq.request_id, None)

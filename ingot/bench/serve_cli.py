@@ -1,10 +1,15 @@
 """`ingot bench serve`: end-to-end throughput and latency on a synthetic workload.
 
-For each decode-compile mode and prefix-caching setting: build the engine, run
-one small warm-up request, then the workload (see ingot/bench/serve.py); print a
-table and optionally write every number, the workload and the environment as JSON.
-With ``--url``, the same workload goes over HTTP to a running OpenAI-compatible
-server (``ingot serve`` or any other; see ingot/bench/http_serve.py) instead.
+For each decode-compile mode: build one engine, run one small warm-up request,
+then ``--repeat`` rounds; a round runs the workload (see ingot/bench/serve.py)
+once per serving setting (prefix caching x overlap scheduling), switched on that
+same engine (``Engine.set_serving_options``) with the prefix cache emptied before
+every run. Interleaved rounds on one engine compare settings under the same
+noise: on a shared GPU host separate runs differ by up to 40%. Each setting
+reports its median round. Print a table and optionally write every number, the
+workload and the environment as JSON. With ``--url``, the same workload goes
+over HTTP to a running OpenAI-compatible server (``ingot serve`` or any other;
+see ingot/bench/http_serve.py) instead.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ingot.config import DTYPES
 
@@ -26,8 +31,29 @@ log = logging.getLogger(__name__)
 
 # --compile-modes names -> EngineConfig.decode_compile
 MODES = {"off": False, "on": True, "auto": "auto"}
-# --prefix-caching names -> EngineConfig.enable_prefix_caching
-CACHING = {"on": True, "off": False}
+# --prefix-caching / --overlap-scheduling names -> EngineConfig.enable_prefix_caching / overlap_scheduling
+ON_OFF = {"on": True, "off": False}
+
+
+class Setting(NamedTuple):
+    """One serving setting to compare on an engine: "on" / "off" for each option."""
+
+    prefix_caching: str
+    overlap_scheduling: str
+
+    def options(self) -> dict[str, bool]:
+        """As EngineConfig fields (``LLM(...)`` and ``Engine.set_serving_options`` take them)."""
+        return {"enable_prefix_caching": ON_OFF[self.prefix_caching],
+                "overlap_scheduling": ON_OFF[self.overlap_scheduling]}
+
+    @property
+    def label(self) -> str:
+        return f"prefix cache {self.prefix_caching}, overlap {self.overlap_scheduling}"
+
+
+def settings_of(args: argparse.Namespace) -> list[Setting]:
+    """Every (prefix caching, overlap scheduling) pair asked for, prefix caching outermost."""
+    return [Setting(c, o) for c in args.prefix_caching for o in args.overlap_scheduling]
 
 
 def _range_arg(text: str) -> tuple[int, int]:
@@ -46,6 +72,16 @@ def _rate_arg(text: str) -> float:
         return parse_rate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _names_arg(choices: dict[str, Any]):
@@ -99,12 +135,24 @@ def add_parser(subparsers, engine_args) -> None:
         "--compile-modes", "--decode-compile", dest="compile_modes", type=_modes_arg, nargs="?", const=["on"], default=["off"],
         metavar="MODES", help="decode-compile modes to run, comma-separated from off,on,auto (default off; alone: on). Compile only applies on CUDA",
     )
-    g.add_argument("--prefix-caching", dest="prefix_caching", type=_names_arg(CACHING), default=["on"], metavar="MODES",
+    g.add_argument("--prefix-caching", dest="prefix_caching", type=_names_arg(ON_OFF), default=["on"], metavar="MODES",
                    help="automatic prefix caching settings to run, comma-separated from on,off (default on; on,off compares both)")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=["off"], help="same as --prefix-caching off")
-    g.add_argument("--no-overlap-scheduling", action="store_true", help="read each step back before queuing the next")
+    g.add_argument("--overlap-scheduling", dest="overlap_scheduling", type=_names_arg(ON_OFF), default=["on"], metavar="MODES",
+                   help="overlap scheduling settings to run (on: step n+1 is queued before step n is read back), "
+                        "comma-separated from on,off (default on; on,off compares both)")
+    g.add_argument("--no-overlap-scheduling", dest="overlap_scheduling", action="store_const", const=["off"],
+                   help="same as --overlap-scheduling off")
     g.add_argument("--prefill-wave-tokens", type=int, default=None, metavar="N",
                    help="while decoding, admit waiting prompts once they add up to N tokens (default: the engine's, 0 = at once)")
+    g.add_argument("--repeat", type=_positive_arg, default=1, metavar="N",
+                   help="rounds (default 1): each compile mode builds ONE engine, and each round runs the workload once "
+                        "per --prefix-caching x --overlap-scheduling setting on it, interleaved, the prefix cache emptied "
+                        "before every run. Separate runs on a shared GPU host differ by up to 40%%, which hides small "
+                        "differences; interleaved rounds share the noise. A setting reports its round of median duration "
+                        "(the shorter middle one for an even N); the table lists every round's duration in round order, "
+                        "the JSON every round's summary under 'rounds'. Local engine only (not with --url: a server's "
+                        "prefix cache cannot be emptied between rounds)")
     h = p.add_argument_group("over HTTP (--url)")
     h.add_argument("--url", default=None, help="send the workload to this OpenAI-compatible server (e.g. http://127.0.0.1:8000) "
                                               "instead of running an engine here")
@@ -125,9 +173,9 @@ def _shapes() -> list[str]:
     return list(SHAPES)
 
 
-def build_engine(args: argparse.Namespace, decode_compile: Any, prefix_caching: bool = True):
+def build_engine(args: argparse.Namespace, decode_compile: Any, setting: Setting):
     """The engine to benchmark: the checkpoint of --model, or a random model of --shape."""
-    kw = llm_kwargs(args, decode_compile, prefix_caching)
+    kw = llm_kwargs(args, decode_compile, setting)
     if args.shape:
         from ingot.bench.random_engine import random_engine
         from ingot.config import EngineConfig
@@ -138,12 +186,10 @@ def build_engine(args: argparse.Namespace, decode_compile: Any, prefix_caching: 
     return LLM(args.model, **kw).engine
 
 
-def llm_kwargs(args: argparse.Namespace, decode_compile: Any, prefix_caching: bool = True) -> dict[str, Any]:
+def llm_kwargs(args: argparse.Namespace, decode_compile: Any, setting: Setting) -> dict[str, Any]:
     """The one place that turns parsed options into ``LLM(...)`` keyword arguments."""
     kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile,
-                          "enable_prefix_caching": prefix_caching}
-    if getattr(args, "no_overlap_scheduling", False):
-        kw["overlap_scheduling"] = False
+                          **setting.options()}
     if getattr(args, "prefill_wave_tokens", None) is not None:
         kw["prefill_wave_tokens"] = args.prefill_wave_tokens
     if getattr(args, "tokenizer", None):
@@ -196,15 +242,18 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_mode(args: argparse.Namespace, workload, mode: str, console, caching: str = "on") -> tuple[dict[str, Any], dict[str, Any]]:
-    """Build the engine for one compile mode and prefix-caching setting, warm up, run the
-    workload: (result, environment)."""
-    from ingot.bench.serve import check_fits, make_requests, run_workload, warm_up
+def run_mode(args: argparse.Namespace, workload, mode: str, console, settings: list[Setting],
+             repeat: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Build one engine for a compile mode (configured as ``settings[0]``), warm it up once,
+    then run ``repeat`` rounds of the workload, each once per setting, switched on that
+    engine with the prefix cache emptied before every run (a round never hits an earlier
+    round's prompts): (one result per setting, its median round; environment)."""
+    from ingot.bench.serve import check_fits, make_requests, median_round, round_summary, run_workload, warm_up
 
     say = (lambda *a: None) if args.quiet else console.print
-    say(f"[bold]decode-compile {mode}, prefix caching {caching}[/]: loading the model")
+    say(f"[bold]decode-compile {mode}[/]: loading the model")
     t0 = time.perf_counter()
-    eng = build_engine(args, decode_compile=MODES[mode], prefix_caching=CACHING[caching])
+    eng = build_engine(args, MODES[mode], settings[0])
     load_s = time.perf_counter() - t0
     try:
         if mode != "off" and eng.device.type != "cuda":
@@ -212,9 +261,25 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, caching: st
         requests = make_requests(workload, eng.model_config.vocab_size)
         check_fits(requests, eng.max_model_len)
         warmup_s = warm_up(eng)
-        say(f"warm-up {warmup_s:.2f} s; running {len(requests)} requests")
-        metrics = _run_with_progress(eng, requests, args.quiet, console, run_workload)
-        result = {"mode": mode, "prefix_caching": caching, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(metrics)}
+        say(f"warm-up {warmup_s:.2f} s")
+        runs: dict[Setting, list] = {s: [] for s in settings}
+        for r in range(repeat):
+            for setting in settings:
+                eng.set_serving_options(**setting.options())
+                emptied = eng.reset_prefix_cache()
+                assert emptied, "the engine is idle between runs"
+                rounds = f"round {r + 1}/{repeat}, " if repeat > 1 else ""
+                say(f"[bold]{rounds}{setting.label}[/]: running {len(requests)} requests")
+                runs[setting].append(_run_with_progress(eng, requests, args.quiet, console, run_workload))
+        results = []
+        for setting, metrics in runs.items():
+            k = median_round(metrics)
+            result = {"mode": mode, "prefix_caching": setting.prefix_caching, "overlap_scheduling": setting.overlap_scheduling,
+                      "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(metrics[k])}
+            if repeat > 1:
+                result["median_round"] = k
+                result["rounds"] = [round_summary(m) for m in metrics]
+            results.append(result)
         env = environment(eng, args)
     finally:
         device = eng.device
@@ -224,7 +289,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, caching: st
             import torch
 
             torch.cuda.empty_cache()
-    return result, env
+    return results, env
 
 
 def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -296,8 +361,9 @@ def render_table(results: list[dict[str, Any]]):
     table = Table()
     table.add_column("metric")
     for r in results:
-        caching = f", prefix cache {r['prefix_caching']}" if "prefix_caching" in r else ""  # not over HTTP
-        table.add_column(f"compile {r['mode']}{caching}", justify="right")
+        # not over HTTP
+        setting = f", prefix cache {r['prefix_caching']}, overlap {r['overlap_scheduling']}" if "prefix_caching" in r else ""
+        table.add_column(f"compile {r['mode']}{setting}", justify="right")
     rows: list[tuple[str, Any]] = [
         ("duration (s)", lambda r: _fmt(r["duration_s"], 2)),
         ("requests/s", lambda r: _fmt(r["request_throughput"], 2)),
@@ -321,9 +387,20 @@ def render_table(results: list[dict[str, Any]]):
         ("failed requests", lambda r: str(r.get("failed", 0))),
         ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}" if "load_s" in r else "-"),
     ]
+    if any("rounds" in r for r in results):
+        rows.append(("rounds", _rounds_cell))
     for i, (name, cell) in enumerate(rows):
         table.add_row(name, *[cell(r) for r in results], end_section=i in ends)
     return table
+
+
+def _rounds_cell(r: dict[str, Any]) -> str:
+    """``3 (5.65 / 5.86 / 7.64 s)``: the durations of every round, in round order."""
+    rounds = r.get("rounds")
+    if not rounds:
+        return "1"
+    durations = " / ".join(f"{x['duration_s']:.2f}" for x in rounds)
+    return f"{len(rounds)} ({durations} s)"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -340,6 +417,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise WorkloadError("--turns applies to --workload multi-turn only")
         if multi and args.url:
             raise WorkloadError("--workload multi-turn runs on a local engine only (not with --url)")
+        if args.repeat > 1 and args.url:
+            raise WorkloadError("--repeat runs on a local engine only (not with --url): a server's prefix cache "
+                                "cannot be emptied between rounds, so later rounds would hit the first round's prompts")
         turns = (args.turns or (2, 6)) if multi else (1, 1)
         workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed,
                             shared_prefix_len=args.shared_prefix_len, kind=args.workload, turns=turns)
@@ -347,9 +427,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             result, env = run_http_mode(args, workload, err)
             results.append(result)
         for mode in [] if args.url else args.compile_modes:
-            for caching in args.prefix_caching:
-                result, env = run_mode(args, workload, mode, err, caching)
-                results.append(result)
+            mode_results, env = run_mode(args, workload, mode, err, settings_of(args), args.repeat)
+            results += mode_results
     except WorkloadError as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)
         return 2

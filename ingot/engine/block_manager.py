@@ -26,7 +26,9 @@ block table holds it. With prefix caching on (``enable_prefix_caching``):
   O(1) per block: a deque and an OrderedDict.
 
 With prefix caching off nothing is hashed and blocks go back to one free list,
-in the order they were freed.
+in the order they were freed. ``reset_cache`` forgets every hash (only while no
+block is held): a benchmark round, or a switch of the caching setting, then
+starts from an empty cache.
 """
 
 from __future__ import annotations
@@ -122,6 +124,18 @@ class BlockManager:
         seq.num_cached_blocks = 0
 
     # ------------------------------------------------------------------ prefix cache
+    def reset_cache(self) -> bool:
+        """Forget every cached block's hash, so no later sequence can hit KV computed before;
+        the evictable blocks become plain free blocks. False (and nothing changes) while any
+        block is held: its sequence would register blocks computed before the reset later."""
+        if any(self.ref_counts):
+            return False
+        self.free_blocks.extend(self.evictable)  # least recently used first, as eviction would take them
+        self.evictable.clear()
+        self.cached.clear()
+        self.hash_of[:] = [None] * self.num_blocks
+        return True
+
     def match(self, seq: Sequence) -> list[int]:
         """The cached blocks of ``seq``'s longest cached prefix (none with caching off).
 

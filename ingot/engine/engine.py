@@ -238,6 +238,49 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.requests) or self._inflight is not None
 
+    # ------------------------------------------------------------------ serving options
+    def reset_prefix_cache(self) -> bool:
+        """Forget every block in the prefix cache, so no later request hits KV computed
+        before (vLLM's call of that name). Only on an idle engine: False, and nothing
+        changes, while requests are in flight (their blocks would be registered later)."""
+        if not self._settle_idle():
+            return False
+        return self.scheduler.blocks.reset_cache()
+
+    def set_serving_options(
+        self, *, enable_prefix_caching: Optional[bool] = None, overlap_scheduling: Optional[bool] = None
+    ) -> None:
+        """Change settings that shape no tensor and no graph, on an idle engine (None keeps
+        one as it is), so one engine can compare them (``ingot bench serve --repeat``).
+        Switching prefix caching empties the cache. RuntimeError while requests are in flight."""
+        if not self._settle_idle():
+            raise RuntimeError(
+                f"cannot change serving options while {len(self.requests)} request(s) are in flight; "
+                "wait until the engine is idle"
+            )
+        changes = {name: value for name, value in (("enable_prefix_caching", enable_prefix_caching),
+                                                   ("overlap_scheduling", overlap_scheduling)) if value is not None}
+        for name, value in changes.items():
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be True or False, got {value!r}", name)
+        config = self.config.replace(**changes)  # validated again (EngineConfig.__post_init__)
+        blocks = self.scheduler.blocks
+        if config.enable_prefix_caching != blocks.caching:
+            emptied = blocks.reset_cache()
+            assert emptied, "an idle engine holds no block"
+            blocks.caching = config.enable_prefix_caching
+        self.config = config  # overlap_scheduling is read from here at every step
+
+    def _settle_idle(self) -> bool:
+        """Is no request in flight? If so, a step still queued for requests that have all
+        ended (overlap: launched before a stop was read back) is read back first, so nothing
+        is left in flight either."""
+        if self.requests or self.scheduler.has_work():
+            return False
+        while self._inflight is not None:
+            self.step()
+        return True
+
     def _launch(self, batch: ScheduledBatch, prev: Optional["_InFlight"]) -> Union["_InFlight", list[RequestOutput]]:
         """Queue ``batch`` on the device (its last tokens from ``prev`` where they are still
         there); the step's record, or the failed requests' outputs."""

@@ -12,6 +12,9 @@ A sink is any object with ``put(output)``, called in the loop thread. A sink
 may also name a ``flusher`` (an object with ``flush()``), called once per turn
 after the outputs of that turn were put: the asyncio bridge uses it to wake its
 event loop once per step rather than once per output.
+
+``call(fn)`` runs ``fn(engine)`` in the loop thread between two steps and returns
+its result to the caller (``LLM.reset_prefix_cache``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Optional, Protocol
+from concurrent.futures import Future
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 import torch
 
@@ -29,6 +33,8 @@ from ingot.engine.outputs import failed_output
 from ingot.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class OutputSink(Protocol):
@@ -87,6 +93,21 @@ class EngineLoop:
             if self._dead is None:
                 self._inbox.append(("abort_all", None, None))
                 self._cv.notify()
+
+    def call(self, fn: Callable[[Engine], T], timeout: Optional[float] = None) -> T:
+        """``fn(engine)`` run in the loop thread between two steps (after the commands
+        queued before it); its result, or its exception raised here. EngineDeadError if the
+        loop is not running; called from the loop thread itself, ``fn`` runs at once."""
+        if threading.current_thread() is self._thread:
+            return fn(self.engine)
+        future: Future = Future()
+        with self._cv:
+            if self._dead is not None or self._stopping:
+                raise EngineDeadError(f"the engine loop is not running: {self._dead or 'shutting down'}")
+            self._inbox.append(("call", fn, future))
+            self._ensure_thread()
+            self._cv.notify()
+        return future.result(timeout)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Abort everything in flight (each gets a final output), stop the thread and close
@@ -155,6 +176,8 @@ class EngineLoop:
             for kind, request, sink in pending:  # submitted while it stopped
                 if kind == "add":
                     sink.put(error_output(request, f"the engine loop is not running: {self._dead}"))
+                elif kind == "call":
+                    sink.set_exception(EngineDeadError(f"the engine loop is not running: {self._dead}"))
 
     def _apply(self, command: tuple[str, Any, Any], delivered: list) -> None:
         kind, item, sink = command
@@ -167,6 +190,11 @@ class EngineLoop:
             except Exception as exc:
                 log.exception("adding request %s failed", item.request_id)
                 delivered.append((sink, error_output(item, f"{type(exc).__name__}: {exc}")))
+        elif kind == "call":
+            try:
+                sink.set_result(item(self.engine))
+            except Exception as exc:  # the caller's to handle
+                sink.set_exception(exc)
         elif kind == "abort_all":
             for rid in list(self._sinks):
                 self._apply(("abort", rid, None), delivered)

@@ -15,9 +15,11 @@ from ingot.bench.serve import (
     compute_metrics,
     inter_token_latencies,
     make_requests,
+    median_round,
     parse_range,
     parse_rate,
     percentile,
+    round_summary,
     run_workload,
     summarize,
     ttft,
@@ -89,6 +91,24 @@ def test_compute_metrics_hand_computed():
     assert [r["ttft_ms"] for r in m.requests] == pytest.approx([750, 500, 2000])
     assert [r["arrival_s"] for r in m.requests] == pytest.approx([0.25, 0.0, 0.0])
     assert [r["latency_s"] for r in m.requests] == pytest.approx([2.5, 1.0, 2.0])
+
+
+def test_median_round_of_odd_even_and_tied_counts():
+    def runs(*durations):
+        return [compute_metrics([RequestRecord(1, 1, 0.0, [d])], 0.0, d) for d in durations]
+
+    assert median_round(runs(3.0, 1.0, 2.0)) == 2
+    assert median_round(runs(4.0, 1.0, 3.0, 2.0)) == 3, "even count: the shorter of the two middle runs (2.0 s)"
+    assert median_round(runs(2.0, 2.0, 2.0)) == 1 and median_round(runs(5.0)) == 0
+    with pytest.raises(ValueError):
+        median_round([])
+
+
+def test_round_summary_hand_computed():
+    m = compute_metrics([RequestRecord(4, 3, 10.0, [10.5, 11.0, 12.0]), RequestRecord(2, 1, 10.0, [11.5])], 10.0, 12.5)
+    m.prefix_cache_hit_rate = 0.25
+    assert round_summary(m) == {"duration_s": 2.5, "output_throughput": 4 / 2.5, "ttft_p50_ms": 1000.0,
+                                "itl_p50_ms": 750.0, "output_tokens": 4, "prefix_cache_hit_rate": 0.25}
 
 
 # ---------------------------------------------------------------- workload
@@ -251,8 +271,9 @@ def test_cli_all_at_once_both_modes(tiny, tmp_path, capsys):
     env = doc["environment"]
     assert env["device"] == "cpu" and env["torch"] and env["date"] and env["max_model_len"] == 256
     _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5))
+    assert all(r["prefix_caching"] == r["overlap_scheduling"] == "on" and "rounds" not in r for r in doc["results"])
     out = capsys.readouterr().out
-    assert "TTFT p99 (ms)" in out and "output tokens/s" in out and "compile on" in out
+    assert "TTFT p99 (ms)" in out and "output tokens/s" in out and "compile on" in out and "rounds" not in out
 
 
 def test_cli_poisson_rate_finishes_all(tiny, tmp_path):
@@ -440,3 +461,110 @@ def test_step_counts_of_a_run(tiny, tmp_path):
     doc = _serve(tiny, tmp_path, "--num-requests", "4", "--input-len", "8-8", "--output-len", "6-6")
     (r,) = doc["results"]
     assert (r["prefill_steps"], r["decode_steps"], r["mean_decode_batch"]) == (1, 5, 4.0)
+
+
+# ---------------------------------------------------------------- --repeat: rounds of every setting on one engine
+@pytest.fixture
+def engine_calls(monkeypatch):
+    """Record engine builds and the serving-option and reset calls made on them."""
+    from ingot.bench import serve_cli
+    from ingot.engine.engine import Engine
+
+    calls: list = []
+    build, set_options, reset = serve_cli.build_engine, Engine.set_serving_options, Engine.reset_prefix_cache
+
+    def building(args, decode_compile, setting):
+        calls.append(("build", decode_compile, setting.options()))
+        return build(args, decode_compile, setting)
+
+    def setting(self, **options):
+        calls.append(("set", options))
+        return set_options(self, **options)
+
+    def resetting(self):
+        done = reset(self)
+        calls.append(("reset", done))
+        return done
+
+    monkeypatch.setattr(serve_cli, "build_engine", building)
+    monkeypatch.setattr(Engine, "set_serving_options", setting)
+    monkeypatch.setattr(Engine, "reset_prefix_cache", resetting)
+    return calls
+
+
+def test_cli_repeat_interleaves_the_settings_on_one_engine(tiny, tmp_path, capsys, monkeypatch, engine_calls):
+    monkeypatch.setenv("COLUMNS", "240")  # the table unwrapped
+    doc = _serve(tiny, tmp_path, "--num-requests", "5", "--overlap-scheduling", "on,off", "--repeat", "3")
+    on = {"enable_prefix_caching": True, "overlap_scheduling": True}
+    off = {"enable_prefix_caching": True, "overlap_scheduling": False}
+    assert engine_calls == [("build", False, on)] + [("set", on), ("reset", True), ("set", off), ("reset", True)] * 3
+    _check_consistent(doc, Workload(5, (8, 32), (8, 32), seed=5))
+    drawn = make_requests(Workload(5, (8, 32), (8, 32), seed=5), TINY["vocab_size"])
+    assert [(r["prefix_caching"], r["overlap_scheduling"]) for r in doc["results"]] == [("on", "on"), ("on", "off")]
+    for r in doc["results"]:
+        rounds = r["rounds"]
+        assert len(rounds) == 3
+        assert [x["output_tokens"] for x in rounds] == [sum(q.output_len for q in drawn)] * 3
+        # no shared prefix: every round misses, the second as much as the first (the cache was emptied)
+        assert [x["prefix_cache_hit_rate"] for x in rounds] == [0.0] * 3
+        durations = [x["duration_s"] for x in rounds]
+        k = r["median_round"]
+        assert sorted(durations)[1] == durations[k] == r["duration_s"], "the result is the median round"
+        assert rounds[k]["output_throughput"] == r["output_throughput"]
+        assert rounds[k]["ttft_p50_ms"] == r["ttft_ms"]["p50"] and rounds[k]["itl_p50_ms"] == r["itl_ms"]["p50"]
+        assert r["load_s"] == doc["results"][0]["load_s"], "one engine: one load"
+    out = capsys.readouterr().out
+    assert "compile off, prefix cache on, overlap off" in out
+    first = doc["results"][0]["rounds"]
+    assert f"3 ({first[0]['duration_s']:.2f} / {first[1]['duration_s']:.2f} / {first[2]['duration_s']:.2f} s)" in out
+
+
+@pytest.mark.parametrize("caching, reset", [("on,off", True), ("on", True), ("on", False)])
+def test_cli_repeat_with_a_shared_prefix_hits_the_same_in_every_round(tiny, tmp_path, monkeypatch, caching, reset):
+    """Two at a time: in each round the first two compute the 40-token prefix and the other
+    four reuse its 2 full blocks of 16. Without the reset before each run, round 2 would hit
+    round 1's prompts too."""
+    from ingot.engine.engine import Engine
+
+    if not reset:
+        monkeypatch.setattr(Engine, "reset_prefix_cache", lambda self: True)
+    doc = _serve(tiny, tmp_path, "--num-requests", "6", "--shared-prefix-len", "40", "--max-num-seqs", "2",
+                 "--prefix-caching", caching, "--repeat", "2")
+    on, *off = doc["results"]
+    assert on["prefix_caching"] == "on" and [r["prefix_caching"] for r in off] == ["off"] * len(off)
+    _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5, shared_prefix_len=40))
+    first_round = 128 / on["input_tokens"]
+    hit_rates = [x["prefix_cache_hit_rate"] for x in on["rounds"]]
+    assert hit_rates[0] == pytest.approx(first_round)
+    if reset:
+        assert hit_rates[1] == pytest.approx(first_round) and on["prefix_cache_hits"] == 128
+    else:  # round 2 finds every full block of round 1's prompts (less the last token's)
+        drawn = make_requests(Workload(6, (8, 32), (8, 32), seed=5, shared_prefix_len=40), TINY["vocab_size"])
+        everything = sum((len(q.prompt_token_ids) - 1) // 16 * 16 for q in drawn) / on["input_tokens"]
+        assert hit_rates[1] == pytest.approx(everything) and everything > 2 * first_round
+    assert all([x["prefix_cache_hit_rate"] for x in r["rounds"]] == [None, None] for r in off)
+
+
+def test_cli_repeat_needs_a_local_engine(capsys):
+    argv = ["bench", "serve", "--url", "http://127.0.0.1:9", "--repeat", "2", "--quiet"]
+    assert main(argv) == 2
+    assert "--repeat runs on a local engine only" in capsys.readouterr().err
+
+
+def test_cli_overlap_scheduling_and_repeat_parsing(capsys):
+    from ingot.bench.serve_cli import Setting, settings_of
+    from ingot.cli import build_parser
+
+    parse = build_parser().parse_args
+    args = parse(["bench", "serve"])
+    assert args.overlap_scheduling == ["on"] and args.repeat == 1
+    assert settings_of(args) == [Setting("on", "on")]
+    assert parse(["bench", "serve", "--no-overlap-scheduling"]).overlap_scheduling == ["off"]
+    args = parse(["bench", "serve", "--overlap-scheduling", "off,on", "--prefix-caching", "on,off", "--repeat", "4"])
+    assert args.repeat == 4
+    assert settings_of(args) == [Setting("on", "off"), Setting("on", "on"), Setting("off", "off"), Setting("off", "on")]
+    assert Setting("off", "on").options() == {"enable_prefix_caching": False, "overlap_scheduling": True}
+    for bad in (["--repeat", "0"], ["--repeat", "two"], ["--overlap-scheduling", "maybe"]):
+        with pytest.raises(SystemExit):
+            main(["bench", "serve", *bad])
+    assert "on/off" in capsys.readouterr().err

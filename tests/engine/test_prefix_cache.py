@@ -215,6 +215,32 @@ def test_freed_blocks_stay_cached_and_are_evicted_lru_only_when_needed():
     check_all_free(sched)
 
 
+def test_reset_cache_refused_while_a_block_is_held_then_forgets_every_block():
+    sched, kv, a = after_first(PROMPT, 3, num_blocks=12)  # a holds 8 blocks, its 7 full prompt blocks cached
+    bm = sched.blocks
+    cached_before = dict(bm.cached)
+    assert not bm.reset_cache(), "a holds blocks: refused"
+    assert bm.cached == cached_before and len(bm.evictable) == 0
+    check_invariants(sched, kv)
+    run_all(sched, kv, [a])  # 32 of its 33 tokens computed: 8 full blocks cached, all evictable now
+    assert len(bm.evictable) == 8 and len(bm.free_blocks) == 3
+    assert bm.reset_cache()
+    check_invariants(sched, kv)
+    assert not bm.cached and not bm.evictable and bm.hash_of == [None] * 12
+    assert sorted(bm.free_blocks) == list(range(1, 12)) and bm.num_free == 11
+    b = make_seq(PROMPT, 3, "b")  # a's prompt again: nothing of it is found
+    sched.add(b)
+    assert bm.match(b) == []
+    batch, _ = step(sched, kv)
+    assert batch.num_new_tokens == [30] and b.num_cached_tokens == 0
+    c = make_seq(PROMPT, 3, "c")  # b registered its blocks again: c hits them
+    sched.add(c)
+    step(sched, kv)
+    assert c.num_cached_tokens == 28
+    run_all(sched, kv, [a, b, c])
+    check_all_free(sched)
+
+
 def test_a_hit_takes_its_blocks_out_of_the_evictable_pool():
     """Admission counts cached blocks held by no one as taken: they cannot also be evicted for it."""
     sched, kv = sched_of(num_blocks=9)  # 8 usable blocks

@@ -3,8 +3,9 @@
 A program is a random sequence of arrivals (prompts built from a few shared
 prefixes, some salted, some as n > 1 groups whose children wait for the first),
 engine steps, aborts and preemptions (between steps, and after a step was
-scheduled but before it ran), run on tiny KV pools so that admission waits,
-eviction and preemption happen. After every step: reference counts equal the
+scheduled but before it ran) and prefix-cache resets (as they come: refused
+while a block is held; or after running everything to completion), run on tiny
+KV pools so that admission waits, eviction and preemption happen. After every step: reference counts equal the
 number of holders, no block is both free and held, only computed blocks are
 findable by hash. At the end: nothing leaks, every request not aborted has
 finished, with the tokens it gets when run alone.
@@ -47,6 +48,7 @@ operation = st.one_of(
     arrive,  # twice: as likely as a step
     st.tuples(st.just("step"), st.integers(1, 4)),
     st.tuples(st.sampled_from(["abort", "preempt", "abort_scheduled", "preempt_scheduled"]), st.integers(0, 99)),
+    st.tuples(st.just("reset"), st.booleans()),  # True: run every request to completion first
 )
 programs = st.lists(arrive, min_size=1, max_size=3).flatmap(
     lambda first: st.lists(operation, min_size=3, max_size=40).map(lambda rest: first + rest))
@@ -73,6 +75,15 @@ def record_events(sched: Scheduler, seqs: list[Sequence], num_aborted: int, evic
     event("aborted" if num_aborted else "no abort")
     event("cached block evicted" if evictions else "no eviction")
     event("an n > 1 child reused its group's prompt" if any(c.num_cached_tokens for c in children) else "no child hit")
+
+
+def check_reset(blocks: BlockManager, reset: bool, idle: bool) -> None:
+    """A reset happens exactly when it may (``idle``), and then leaves no hash behind."""
+    event("reset emptied the cache" if reset else "reset refused")
+    assert reset == idle
+    if reset:
+        assert not blocks.cached and not blocks.evictable and not any(blocks.hash_of)
+        assert blocks.num_free == blocks.num_blocks - 1
 
 
 def prompt_of(a) -> list[int]:
@@ -135,6 +146,12 @@ class FakeEngine:
             self.sched.preempt(self.sched.running[arg % len(self.sched.running)])
         elif kind in ("abort_scheduled", "preempt_scheduled"):
             self.step(arg, kind.split("_")[0])
+        elif kind == "reset":
+            if arg:
+                self.drain()
+            bm = self.sched.blocks
+            held = any(bm.ref_counts)
+            check_reset(bm, bm.reset_cache(), not held)
         check_invariants(self.sched, self.kv)
 
     def drain(self, limit: int = 3000) -> None:
@@ -251,6 +268,11 @@ def test_random_programs_on_a_real_model_match_each_prompt_alone(engines, progra
             aborted.add(live[arg % len(live)].request_id)
         elif kind in ("preempt", "preempt_scheduled") and sched.running:
             sched.preempt(sched.running[arg % len(sched.running)])
+        elif kind == "reset":
+            while arg and engine.has_unfinished():
+                engine.step()
+            idle = not engine.requests  # a step left in flight for ended requests is read back first
+            check_reset(sched.blocks, engine.reset_prefix_cache(), idle)
         check_invariants(sched)
     for _ in range(2000):
         if not engine.has_unfinished():
