@@ -249,6 +249,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, settings: l
     engine with the prefix cache emptied before every run (a round never hits an earlier
     round's prompts): (one result per setting, its median round; environment)."""
     from ingot.bench.serve import check_fits, make_requests, median_round, round_summary, run_workload, warm_up
+    from ingot.engine.heap import freeze_heap, unfreeze_heap
 
     say = (lambda *a: None) if args.quiet else console.print
     say(f"[bold]decode-compile {mode}[/]: loading the model")
@@ -262,6 +263,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, settings: l
         check_fits(requests, eng.max_model_len)
         warmup_s = warm_up(eng)
         say(f"warm-up {warmup_s:.2f} s")
+        freeze_heap()  # as the engine and server processes do once started (ingot/engine/heap.py)
         runs: dict[Setting, list] = {s: [] for s in settings}
         for r in range(repeat):
             for setting in settings:
@@ -283,6 +285,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, settings: l
         env = environment(eng, args)
     finally:
         device = eng.device
+        unfreeze_heap()  # the engine's reference cycles must be reclaimable before the next one
         del eng
         gc.collect()
         if device.type == "cuda":

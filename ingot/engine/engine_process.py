@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineDeadError, EngineLoop
+from ingot.engine.heap import freeze_heap
 from ingot.engine.request import EngineRequest
 from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.engine.wire import decode, encode, error_wire, merge
@@ -77,6 +78,7 @@ def child_main(factory: EngineFactory, config: EngineConfig, commands: Any, outp
         outputs.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
         return
     outputs.send_bytes(pickle.dumps(("ready", engine.info())))
+    freeze_heap()  # this process serves the engine it built until it exits
     loop = EngineLoop(engine)
     sink = _PipeSink(outputs, engine)
     try:

@@ -86,6 +86,9 @@ class InputProcessor:
             except Exception as exc:  # the tokenizer's own error, for this prompt alone
                 raise RequestError(f"the tokenizer cannot encode this prompt: {exc}") from None
             text: Optional[str] = prompt
+        elif isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:  # ids as JSON gives them
+            ids = list(prompt)
+            text = None
         elif isinstance(prompt, (list, tuple)) and all(_is_token(t) for t in prompt):
             ids = [int(t) for t in prompt]
             text = None
@@ -95,8 +98,8 @@ class InputProcessor:
             )
         if not ids:
             raise RequestError("prompt has no tokens")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
             raise RequestError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         if len(ids) >= self.max_model_len:
             raise RequestError(

@@ -21,6 +21,7 @@ import uvicorn
 from ingot.config import EngineConfig
 from ingot.engine import event_loop
 from ingot.engine.async_llm import AsyncLLM
+from ingot.engine.heap import freeze_heap
 from ingot.serve.app import ServerSettings, build_app
 
 log = logging.getLogger("ingot.serve")
@@ -90,6 +91,7 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
     info = llm.info
     ready = (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {info.kv_capacity_tokens} tokens "
              f"in {info.num_kv_blocks} blocks, max_model_len {info.max_model_len})")
+    freeze_heap()  # what this process serves with lives until it exits
     try:
         event_loop.run(_serve(server, sock, ready))
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import json
 import math
 import random
@@ -515,6 +517,7 @@ def test_cli_repeat_interleaves_the_settings_on_one_engine(tiny, tmp_path, capsy
         assert r["load_s"] == doc["results"][0]["load_s"], "one engine: one load"
     out = capsys.readouterr().out
     assert "compile off, prefix cache on, overlap off" in out
+    assert gc.get_freeze_count() == 0, "the runs froze the heap; dropping the engine must give it back"
     first = doc["results"][0]["rounds"]
     assert f"3 ({first[0]['duration_s']:.2f} / {first[1]['duration_s']:.2f} / {first[2]['duration_s']:.2f} s)" in out
 
