@@ -1,0 +1,194 @@
+"""`ingot serve` against the offline engine on the same workload, alternated in one run.
+
+    python -m benchmarks.serve_vs_offline --shape qwen2.5-1.5b --tokenizer default --max-model-len 2048 \\
+        --num-requests 1000 --input-len 64-1024 --output-len 64-512 --rounds 3 --json out.json
+
+Why alternated: on a shared GPU host one run of a serving workload can differ from the
+next by 40%, and the machine drifts within minutes, so an offline run measured first and
+a server run measured after (or the other way round) compare two machine states. Here
+both live at once on one GPU: the server (a subprocess of ``ingot serve``, given
+``--server-memory`` of the GPU for its weights and KV cache) and an offline engine in
+this process (the rest of the memory budget, ``gpu_memory_utilization`` as usual counts
+every process's memory). Each round runs the workload offline and over HTTP, the order
+alternating between rounds; round ``r`` draws its prompts with seed ``seed + r`` for both,
+so the server's prefix cache never holds a later round's prompts, and the offline engine
+empties its own before each run. The first ``--warmup-rounds`` rounds are recorded but not
+counted. Reports each round's output tokens/s, the HTTP / offline ratio, and the median
+ratio; TTFT, TPOT and ITL p50 of both. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ingot.bench.report import env_info, write_json
+from ingot.bench.serve import Workload, make_requests, parse_range, percentile, run_workload, warm_up
+from ingot.engine.heap import freeze_heap, unfreeze_heap
+
+READY = re.compile(r"ingot serve: ready on (http://\S+)")
+
+
+def model_args(args: argparse.Namespace) -> list[str]:
+    """The model and engine options both engines get."""
+    out = ["--shape", args.shape] if args.shape else (["--model", args.model] if args.model else [])
+    if args.tokenizer:
+        out += ["--tokenizer", args.tokenizer]
+    for flag, value in (("--max-model-len", args.max_model_len), ("--max-num-seqs", args.max_num_seqs),
+                        ("--device", args.device), ("--dtype", args.dtype)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+class ServerProcess:
+    """``ingot serve`` on a free port in a subprocess; always stopped by ``stop``."""
+
+    def __init__(self, args: argparse.Namespace, memory: float, timeout: float) -> None:
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="ingot-serve-", suffix=".log", delete=False)
+        env = dict(os.environ, INGOT_GPU_MEMORY_UTILIZATION=str(memory))
+        cmd = [sys.executable, "-m", "ingot", "serve", *model_args(args), "--port", "0", "--quiet"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.url = self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = Path(self.log.name).read_text(errors="replace")
+            found = READY.search(text)
+            if found:
+                return found.group(1)
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"ingot serve exited with code {self.proc.returncode}:\n{text[-2000:]}")
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"ingot serve was not ready within {timeout:.0f} s")
+
+    def stop(self, grace: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # a clean shutdown: abort in-flight, exit 0
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+def build_offline_engine(args: argparse.Namespace):
+    """The offline engine, configured as ``ingot bench serve`` configures its own."""
+    from ingot.bench.serve_cli import MODES, Setting, build_engine
+
+    ns = argparse.Namespace(shape=args.shape, model=args.model, tokenizer=args.tokenizer, dtype=args.dtype or "auto",
+                            device=args.device or "auto", max_model_len=args.max_model_len,
+                            max_num_seqs=args.max_num_seqs, prefill_wave_tokens=None, eager=False, quiet=True)
+    return build_engine(ns, MODES["off"], Setting("on", "on"))
+
+
+def summary(metrics: Any) -> dict[str, Any]:
+    """The numbers of one run compared here (``metrics``: ServeMetrics), TPOT from its
+    per-request records with the formula the HTTP client uses."""
+    tpots = [(r["latency_s"] - r["ttft_ms"] / 1e3) / (r["output_len"] - 1) * 1e3
+             for r in metrics.requests if r["output_len"] >= 2 and r["ttft_ms"] is not None and r["latency_s"] is not None]
+    return {"duration_s": metrics.duration_s, "output_tokens": metrics.output_tokens,
+            "output_throughput": metrics.output_throughput, "ttft_p50_ms": metrics.ttft_ms["p50"],
+            "tpot_p50_ms": percentile(tpots, 50) if tpots else None, "itl_p50_ms": metrics.itl_ms["p50"],
+            "prefill_steps": metrics.prefill_steps, "decode_steps": metrics.decode_steps}
+
+
+def run_rounds(args: argparse.Namespace, engine, url: str) -> list[dict[str, Any]]:
+    from ingot.bench.http_serve import run_http
+    from ingot.engine import event_loop
+
+    vocab = engine.model_config.vocab_size
+    rounds = []
+    for r in range(args.warmup_rounds + args.rounds):
+        workload = Workload(args.num_requests, args.input_len, args.output_len, seed=args.seed + r)
+        requests = make_requests(workload, vocab)
+        runs: dict[str, dict[str, Any]] = {}
+        for mode in ("offline", "http") if r % 2 == 0 else ("http", "offline"):
+            if mode == "offline":
+                assert engine.reset_prefix_cache(), "the offline engine is idle between runs"
+                runs[mode] = summary(run_workload(engine, requests))
+            else:
+                out = event_loop.run(run_http(url, requests))
+                if out.failed:
+                    raise RuntimeError(f"{out.failed} HTTP request(s) failed: {out.errors}")
+                runs[mode] = summary(out.metrics)
+        rounds.append({"round": r, "warmup": r < args.warmup_rounds, "seed": args.seed + r,
+                       "order": list(runs), **runs, "ratio": runs["http"]["output_throughput"] / runs["offline"]["output_throughput"]})
+    return rounds
+
+
+def render(rounds: list[dict[str, Any]]) -> str:
+    lines = ["| round | order | offline s | offline tokens/s | HTTP s | HTTP tokens/s | HTTP / offline | TPOT p50 offline / HTTP (ms) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for x in rounds:
+        o, h = x["offline"], x["http"]
+        tpot = f"{o['tpot_p50_ms'] or 0:.1f} / {h['tpot_p50_ms'] or 0:.1f}"
+        lines.append(f"| {x['round']}{' (warm-up)' if x['warmup'] else ''} | {' -> '.join(x['order'])} | {o['duration_s']:.2f} | "
+                     f"{o['output_throughput']:,.0f} | {h['duration_s']:.2f} | {h['output_throughput']:,.0f} | {x['ratio']:.1%} | {tpot} |")
+    counted = [x["ratio"] for x in rounds if not x["warmup"]]
+    lines.append(f"\nmedian HTTP / offline over {len(counted)} round(s): {statistics.median(counted):.1%}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="checkpoint (default: the default model)")
+    src.add_argument("--shape", default=None, help="a random-weight model of this benchmark shape")
+    p.add_argument("--tokenizer", default=None, help="with --shape: this model's tokenizer ('default': the default model's)")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--input-len", type=parse_range, default=(64, 1024), metavar="LOW-HIGH")
+    p.add_argument("--output-len", type=parse_range, default=(64, 512), metavar="LOW-HIGH")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3, help="counted rounds (default 3)")
+    p.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not counted (default 1)")
+    p.add_argument("--server-memory", type=float, default=0.45,
+                   help="the server's gpu_memory_utilization; the offline engine gets the rest of the default 0.9 (default 0.45)")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.warmup_rounds < 0:
+        p.error("--rounds must be at least 1 and --warmup-rounds at least 0")
+
+    server = ServerProcess(args, args.server_memory, args.startup_timeout)
+    engine = None
+    try:
+        engine = build_offline_engine(args)
+        warm_up(engine)
+        freeze_heap()  # as the server's processes do once started
+        rounds = run_rounds(args, engine, server.url)
+        env = env_info()
+    finally:
+        server.stop()
+        unfreeze_heap()
+        del engine
+    print(render(rounds))
+    doc = {"workload": {"num_requests": args.num_requests, "input_len": list(args.input_len),
+                        "output_len": list(args.output_len), "seed": args.seed},
+           "model": model_args(args), "server_memory": args.server_memory, "environment": env,
+           "median_ratio": statistics.median(x["ratio"] for x in rounds if not x["warmup"]), "rounds": rounds}
+    if args.json:
+        write_json(args.json, doc)
+    return doc
+
+
+if __name__ == "__main__":
+    main()
