@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ingot.bench.report import env_info, write_json
-from ingot.bench.serve import Workload, make_requests, parse_range, percentile, run_workload, warm_up
+from ingot.bench.serve import Workload, make_requests, parse_range, percentile, round_summary, run_workload, warm_up
 from ingot.engine.heap import freeze_heap, unfreeze_heap
 
 READY = re.compile(r"ingot serve: ready on (http://\S+)")
@@ -87,23 +87,22 @@ class ServerProcess:
 
 
 def build_offline_engine(args: argparse.Namespace):
-    """The offline engine, configured as ``ingot bench serve`` configures its own."""
+    """The offline engine, built from the same model options by ``ingot bench serve``'s own
+    parser and engine builder (so it is configured exactly as that command configures it)."""
     from ingot.bench.serve_cli import MODES, Setting, build_engine
+    from ingot.cli import build_parser
 
-    ns = argparse.Namespace(shape=args.shape, model=args.model, tokenizer=args.tokenizer, dtype=args.dtype or "auto",
-                            device=args.device or "auto", max_model_len=args.max_model_len,
-                            max_num_seqs=args.max_num_seqs, prefill_wave_tokens=None, eager=False, quiet=True)
-    return build_engine(ns, MODES["off"], Setting("on", "on"))
+    bench_args = build_parser().parse_args(["bench", "serve", *model_args(args), "--quiet"])
+    return build_engine(bench_args, MODES["off"], Setting("on", "on"))
 
 
 def summary(metrics: Any) -> dict[str, Any]:
-    """The numbers of one run compared here (``metrics``: ServeMetrics), TPOT from its
-    per-request records with the formula the HTTP client uses."""
+    """The numbers of one run compared here (``metrics``: ServeMetrics): ``round_summary``'s,
+    the engine's steps, and TPOT from the per-request records with the formula the HTTP
+    client uses."""
     tpots = [(r["latency_s"] - r["ttft_ms"] / 1e3) / (r["output_len"] - 1) * 1e3
              for r in metrics.requests if r["output_len"] >= 2 and r["ttft_ms"] is not None and r["latency_s"] is not None]
-    return {"duration_s": metrics.duration_s, "output_tokens": metrics.output_tokens,
-            "output_throughput": metrics.output_throughput, "ttft_p50_ms": metrics.ttft_ms["p50"],
-            "tpot_p50_ms": percentile(tpots, 50) if tpots else None, "itl_p50_ms": metrics.itl_ms["p50"],
+    return {**round_summary(metrics), "tpot_p50_ms": percentile(tpots, 50) if tpots else None,
             "prefill_steps": metrics.prefill_steps, "decode_steps": metrics.decode_steps}
 
 
