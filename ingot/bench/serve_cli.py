@@ -75,12 +75,20 @@ def _rate_arg(text: str) -> float:
 
 
 def _positive_arg(text: str) -> int:
+    return _int_arg(text, 1, "a positive integer")
+
+
+def _count_arg(text: str) -> int:
+    return _int_arg(text, 0, "a non-negative integer")
+
+
+def _int_arg(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = low - 1
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
@@ -149,10 +157,15 @@ def add_parser(subparsers, engine_args) -> None:
                    help="rounds (default 1): each compile mode builds ONE engine, and each round runs the workload once "
                         "per --prefix-caching x --overlap-scheduling setting on it, interleaved, the prefix cache emptied "
                         "before every run. Separate runs on a shared GPU host differ by up to 40%%, which hides small "
-                        "differences; interleaved rounds share the noise. A setting reports its round of median duration "
-                        "(the shorter middle one for an even N); the table lists every round's duration in round order, "
-                        "the JSON every round's summary under 'rounds'. Local engine only (not with --url: a server's "
-                        "prefix cache cannot be emptied between rounds)")
+                        "differences; interleaved rounds share the noise (odd rounds run the settings in reverse order). "
+                        "A setting reports its round of median duration (the shorter middle one for an even N) and, "
+                        "with several settings, the median over rounds of its duration over the first setting's in the "
+                        "same round; the table lists every round's duration in round order, the JSON every round's "
+                        "summary under 'rounds'. Local engine only (not with --url: a server's prefix cache cannot be "
+                        "emptied between rounds)")
+    g.add_argument("--warmup-rounds", type=_count_arg, default=0, metavar="N",
+                   help="rounds run before the --repeat rounds and not counted (default 0): a GPU's first full run "
+                        "also builds attention plans and grows the memory pool; listed under 'warmup_rounds' in the JSON")
     h = p.add_argument_group("over HTTP (--url)")
     h.add_argument("--url", default=None, help="send the workload to this OpenAI-compatible server (e.g. http://127.0.0.1:8000) "
                                               "instead of running an engine here")
@@ -242,12 +255,30 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def round_order(settings: list[Setting], r: int) -> list[Setting]:
+    """The settings in the order round ``r`` runs them: as given in even rounds, reversed in
+    odd ones, so over two rounds every setting runs as often early as late in a round (a
+    machine that drifts within a round, or a run slowed by the one before it, does not
+    favour the setting that always comes first)."""
+    return list(settings) if r % 2 == 0 else list(reversed(settings))
+
+
+def paired_ratio(runs: list, first: list) -> float:
+    """Median over rounds of a setting's duration over the first setting's in the same
+    round: the runs of one round share the machine's state, so their ratio is steadier
+    than a ratio of medians taken from different rounds."""
+    import statistics
+
+    return statistics.median(m.duration_s / f.duration_s for m, f in zip(runs, first))
+
+
 def run_mode(args: argparse.Namespace, workload, mode: str, console, settings: list[Setting],
-             repeat: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+             repeat: int = 1, warmup_rounds: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Build one engine for a compile mode (configured as ``settings[0]``), warm it up once,
-    then run ``repeat`` rounds of the workload, each once per setting, switched on that
-    engine with the prefix cache emptied before every run (a round never hits an earlier
-    round's prompts): (one result per setting, its median round; environment)."""
+    run ``warmup_rounds`` rounds that are not counted, then ``repeat`` rounds of the
+    workload, each once per setting in ``round_order``, switched on that engine with the
+    prefix cache emptied before every run (a round never hits an earlier round's prompts):
+    (one result per setting, its median round; environment)."""
     from ingot.bench.serve import check_fits, make_requests, median_round, round_summary, run_workload, warm_up
     from ingot.engine.heap import freeze_heap, unfreeze_heap
 
@@ -265,22 +296,29 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, settings: l
         say(f"warm-up {warmup_s:.2f} s")
         freeze_heap()  # as the engine and server processes do once started (ingot/engine/heap.py)
         runs: dict[Setting, list] = {s: [] for s in settings}
-        for r in range(repeat):
-            for setting in settings:
+        total = warmup_rounds + repeat
+        for r in range(total):
+            for setting in round_order(settings, r):
                 eng.set_serving_options(**setting.options())
                 emptied = eng.reset_prefix_cache()
                 assert emptied, "the engine is idle between runs"
-                rounds = f"round {r + 1}/{repeat}, " if repeat > 1 else ""
+                rounds = f"round {r + 1}/{total}{' (warm-up)' if r < warmup_rounds else ''}, " if total > 1 else ""
                 say(f"[bold]{rounds}{setting.label}[/]: running {len(requests)} requests")
                 runs[setting].append(_run_with_progress(eng, requests, args.quiet, console, run_workload))
+        first = runs[settings[0]][warmup_rounds:]
         results = []
         for setting, metrics in runs.items():
-            k = median_round(metrics)
+            warm, counted = metrics[:warmup_rounds], metrics[warmup_rounds:]
+            k = median_round(counted)
             result = {"mode": mode, "prefix_caching": setting.prefix_caching, "overlap_scheduling": setting.overlap_scheduling,
-                      "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(metrics[k])}
+                      "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(counted[k])}
             if repeat > 1:
                 result["median_round"] = k
-                result["rounds"] = [round_summary(m) for m in metrics]
+                result["rounds"] = [round_summary(m) for m in counted]
+                if len(settings) > 1:
+                    result["duration_vs_first"] = paired_ratio(counted, first)
+            if warm:
+                result["warmup_rounds"] = [round_summary(m) for m in warm]
             results.append(result)
         env = environment(eng, args)
     finally:
@@ -392,6 +430,8 @@ def render_table(results: list[dict[str, Any]]):
     ]
     if any("rounds" in r for r in results):
         rows.append(("rounds", _rounds_cell))
+    if any("duration_vs_first" in r for r in results):
+        rows.append(("duration / first setting's (median of rounds)", lambda r: _fmt(r.get("duration_vs_first"), 3)))
     for i, (name, cell) in enumerate(rows):
         table.add_row(name, *[cell(r) for r in results], end_section=i in ends)
     return table
@@ -420,8 +460,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise WorkloadError("--turns applies to --workload multi-turn only")
         if multi and args.url:
             raise WorkloadError("--workload multi-turn runs on a local engine only (not with --url)")
-        if args.repeat > 1 and args.url:
-            raise WorkloadError("--repeat runs on a local engine only (not with --url): a server's prefix cache "
+        if (args.repeat > 1 or args.warmup_rounds) and args.url:
+            raise WorkloadError("--repeat and --warmup-rounds run on a local engine only (not with --url): a server's prefix cache "
                                 "cannot be emptied between rounds, so later rounds would hit the first round's prompts")
         turns = (args.turns or (2, 6)) if multi else (1, 1)
         workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed,
@@ -430,7 +470,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             result, env = run_http_mode(args, workload, err)
             results.append(result)
         for mode in [] if args.url else args.compile_modes:
-            mode_results, env = run_mode(args, workload, mode, err, settings_of(args), args.repeat)
+            mode_results, env = run_mode(args, workload, mode, err, settings_of(args), args.repeat, args.warmup_rounds)
             results += mode_results
     except WorkloadError as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)

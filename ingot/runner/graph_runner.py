@@ -42,8 +42,10 @@ DecodeForward = Callable[..., torch.Tensor]
 
 
 def default_buckets(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, then every 8 up to 256, clipped to max_num_seqs (always included)."""
-    sizes = [1, 2, 4, 8, *range(16, 257, 8)]
+    """1, 2, 4, 8, every 8 up to 256, then every 32, clipped to max_num_seqs (always
+    included): a batch pads by at most 7 rows up to 256 and at most 31 above (a larger
+    step's padding costs a smaller share of it)."""
+    sizes = [1, 2, 4, 8, *range(16, 257, 8), *range(288, max_num_seqs + 1, 32)]
     return sorted({s for s in sizes if s <= max_num_seqs} | {max_num_seqs})
 
 

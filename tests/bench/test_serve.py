@@ -499,7 +499,9 @@ def test_cli_repeat_interleaves_the_settings_on_one_engine(tiny, tmp_path, capsy
     doc = _serve(tiny, tmp_path, "--num-requests", "5", "--overlap-scheduling", "on,off", "--repeat", "3")
     on = {"enable_prefix_caching": True, "overlap_scheduling": True}
     off = {"enable_prefix_caching": True, "overlap_scheduling": False}
-    assert engine_calls == [("build", False, on)] + [("set", on), ("reset", True), ("set", off), ("reset", True)] * 3
+    forward = [("set", on), ("reset", True), ("set", off), ("reset", True)]
+    backward = [("set", off), ("reset", True), ("set", on), ("reset", True)]
+    assert engine_calls == [("build", False, on)] + forward + backward + forward, "odd rounds run the settings in reverse"
     _check_consistent(doc, Workload(5, (8, 32), (8, 32), seed=5))
     drawn = make_requests(Workload(5, (8, 32), (8, 32), seed=5), TINY["vocab_size"])
     assert [(r["prefix_caching"], r["overlap_scheduling"]) for r in doc["results"]] == [("on", "on"), ("on", "off")]
@@ -520,6 +522,32 @@ def test_cli_repeat_interleaves_the_settings_on_one_engine(tiny, tmp_path, capsy
     assert gc.get_freeze_count() == 0, "the runs froze the heap; dropping the engine must give it back"
     first = doc["results"][0]["rounds"]
     assert f"3 ({first[0]['duration_s']:.2f} / {first[1]['duration_s']:.2f} / {first[2]['duration_s']:.2f} s)" in out
+    second = doc["results"][1]["rounds"]
+    assert doc["results"][0]["duration_vs_first"] == 1.0
+    assert doc["results"][1]["duration_vs_first"] == pytest.approx(
+        sorted(b["duration_s"] / a["duration_s"] for a, b in zip(first, second))[1])
+    assert "warmup_rounds" not in doc["results"][0]
+
+
+def test_cli_warmup_rounds_run_first_and_are_not_counted(tiny, tmp_path, engine_calls):
+    doc = _serve(tiny, tmp_path, "--num-requests", "3", "--overlap-scheduling", "on,off", "--repeat", "2",
+                 "--warmup-rounds", "1")
+    assert len([c for c in engine_calls if c[0] == "reset"]) == 2 * 3, "one warm-up round and two counted"
+    for r in doc["results"]:
+        assert len(r["warmup_rounds"]) == 1 and len(r["rounds"]) == 2
+        assert r["duration_s"] == min(x["duration_s"] for x in r["rounds"]), "the median of two counted rounds"
+
+
+def test_round_order_and_paired_ratio():
+    from types import SimpleNamespace
+
+    from ingot.bench.serve_cli import Setting, paired_ratio, round_order
+
+    a, b, c = Setting("on", "on"), Setting("on", "off"), Setting("off", "on")
+    assert [round_order([a, b, c], r) for r in range(3)] == [[a, b, c], [c, b, a], [a, b, c]]
+    runs = [SimpleNamespace(duration_s=d) for d in (6.0, 9.0, 4.0)]
+    first = [SimpleNamespace(duration_s=d) for d in (5.0, 6.0, 5.0)]
+    assert paired_ratio(runs, first) == pytest.approx(1.2)  # median of 1.2, 1.5, 0.8
 
 
 @pytest.mark.parametrize("caching, reset", [("on,off", True), ("on", True), ("on", False)])
@@ -551,7 +579,7 @@ def test_cli_repeat_with_a_shared_prefix_hits_the_same_in_every_round(tiny, tmp_
 def test_cli_repeat_needs_a_local_engine(capsys):
     argv = ["bench", "serve", "--url", "http://127.0.0.1:9", "--repeat", "2", "--quiet"]
     assert main(argv) == 2
-    assert "--repeat runs on a local engine only" in capsys.readouterr().err
+    assert "--repeat and --warmup-rounds run on a local engine only" in capsys.readouterr().err
 
 
 def test_cli_overlap_scheduling_and_repeat_parsing(capsys):
@@ -560,14 +588,15 @@ def test_cli_overlap_scheduling_and_repeat_parsing(capsys):
 
     parse = build_parser().parse_args
     args = parse(["bench", "serve"])
-    assert args.overlap_scheduling == ["on"] and args.repeat == 1
+    assert args.overlap_scheduling == ["on"] and args.repeat == 1 and args.warmup_rounds == 0
+    assert parse(["bench", "serve", "--warmup-rounds", "0"]).warmup_rounds == 0
     assert settings_of(args) == [Setting("on", "on")]
     assert parse(["bench", "serve", "--no-overlap-scheduling"]).overlap_scheduling == ["off"]
     args = parse(["bench", "serve", "--overlap-scheduling", "off,on", "--prefix-caching", "on,off", "--repeat", "4"])
     assert args.repeat == 4
     assert settings_of(args) == [Setting("on", "off"), Setting("on", "on"), Setting("off", "off"), Setting("off", "on")]
     assert Setting("off", "on").options() == {"enable_prefix_caching": False, "overlap_scheduling": True}
-    for bad in (["--repeat", "0"], ["--repeat", "two"], ["--overlap-scheduling", "maybe"]):
+    for bad in (["--repeat", "0"], ["--repeat", "two"], ["--overlap-scheduling", "maybe"], ["--warmup-rounds", "-1"]):
         with pytest.raises(SystemExit):
             main(["bench", "serve", *bad])
     assert "on/off" in capsys.readouterr().err

@@ -27,7 +27,8 @@ def test_default_buckets():
     assert default_buckets(256) == [1, 2, 4, 8, *range(16, 257, 8)]
     assert default_buckets(20) == [1, 2, 4, 8, 16, 20]
     assert default_buckets(3) == [1, 2, 3]
-    assert default_buckets(300)[-2:] == [256, 300]
+    assert default_buckets(300)[-3:] == [256, 288, 300]
+    assert default_buckets(512)[-9:] == [256, 288, 320, 352, 384, 416, 448, 480, 512]
     assert capture_sizes(EngineConfig(max_num_seqs=16, cudagraph_capture_sizes=(4, 32))) == [4]
     assert capture_sizes(EngineConfig(max_num_seqs=16, cudagraph_capture_sizes=(32,))) == [16]
 
