@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ingot.layers.norm import RMSNorm
 from ingot.layers.rotary import RotaryEmbedding
 from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 
@@ -55,14 +56,20 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         rotary: RotaryEmbedding,
         policy: OpPolicy = DEFAULT_POLICY,
+        qk_norm: Optional[tuple[RMSNorm, RMSNorm]] = None,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D], not yet rotated -> [T, Hq, D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D], not yet rotated -> [T, Hq, D]. ``qk_norm``: the
+        per-head RMSNorms of q and k (Qwen3), applied first; the fused decode op folds them in."""
         assert self.k_cache is not None, "KV cache not bound: ModelRunner allocates it"
         if not meta.is_prefill and not policy.is_native("rotary"):
+            norms = {} if qk_norm is None else dict(q_norm_weight=qk_norm[0].weight, k_norm_weight=qk_norm[1].weight,
+                                                    norm_eps=qk_norm[0].eps)
             return torch.ops.ingot.decode_attention_rope(
                 q, k, v, positions, rotary.cos_sin_cache, self.k_cache, self.v_cache,
-                meta.slot_mapping, meta.block_tables, meta.seq_lens, self.scale,
+                meta.slot_mapping, meta.block_tables, meta.seq_lens, self.scale, **norms,
             )
+        if qk_norm is not None:
+            q, k = qk_norm[0](q, None, policy), qk_norm[1](k, None, policy)
         q, k = rotary(positions, q, k, policy)
         torch.ops.ingot.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_prefill:

@@ -82,12 +82,16 @@ class LlamaAttention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        head_norms = None
         if self.q_norm is not None and not self.qk_norm_full_width:
-            q, k = self.q_norm(q, None, policy), self.k_norm(k, None, policy)
+            if self.clip_qkv is None:
+                head_norms = (self.q_norm, self.k_norm)  # the attention applies them (folded into decode)
+            else:
+                q, k = self.q_norm(q, None, policy), self.k_norm(k, None, policy)
         if self.clip_qkv is not None:
             c = self.clip_qkv
             q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
-        out = self.attn(positions, q, k, v, meta, self.rotary, policy)
+        out = self.attn(positions, q, k, v, meta, self.rotary, policy, head_norms)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim), policy)
 
 

@@ -109,15 +109,21 @@ def decode_attention_rope(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    q_norm_weight: Optional[torch.Tensor] = None,
+    k_norm_weight: Optional[torch.Tensor] = None,
+    norm_eps: float = 0.0,
 ) -> torch.Tensor:
-    """rotary_embedding + store_kv + decode_attention as one op (one launch on CUDA)."""
+    """(rms_norm of q and k per head, when given +) rotary_embedding + store_kv +
+    decode_attention as one op (one launch on CUDA)."""
     return ref.decode_attention_rope(
-        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale
+        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale,
+        q_norm_weight, k_norm_weight, norm_eps,
     )
 
 
 @decode_attention_rope.register_fake
-def _(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale):
+def _(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale,
+      q_norm_weight=None, k_norm_weight=None, norm_eps=0.0):
     return torch.empty_like(q)
 
 

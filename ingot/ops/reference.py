@@ -126,11 +126,19 @@ def decode_attention_rope(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    q_norm_weight: Optional[torch.Tensor] = None,
+    k_norm_weight: Optional[torch.Tensor] = None,
+    norm_eps: float = 0.0,
 ) -> torch.Tensor:
-    """A decode step's attention from its unrotated q, k, v: rotary, KV store, attention.
+    """A decode step's attention from its unrotated q, k, v: (per-head RMSNorm of q and k,
+    as Qwen3 has,) rotary, KV store, attention.
 
-    Exactly the three reference ops in sequence (the fused kernel's ground truth).
+    Exactly the reference ops in sequence (the fused kernel's ground truth).
     """
+    if q_norm_weight is not None:
+        q = rms_norm(q, q_norm_weight, norm_eps)
+    if k_norm_weight is not None:
+        k = rms_norm(k, k_norm_weight, norm_eps)
     q, k = rotary_embedding(positions, q, k, cos_sin_cache)
     store_kv(k, v, k_cache, v_cache, slot_mapping)
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -132,3 +132,39 @@ def test_prologues_fuse_on_the_skinny_path_unless_native(monkeypatch):
     torch.testing.assert_close(z, torch.nn.functional.linear(ref.silu_and_mul(gu), down.weight))
     torch.testing.assert_close(y2, y)
     torch.testing.assert_close(z2, z)
+
+
+def test_head_norms_fold_into_the_fused_decode_op(monkeypatch):
+    """Qwen3's per-head q/k RMSNorms: decode passes their weights to the one fused op (no
+    rms_norm launches); with rotary native they run first, as their own ops; both equal the
+    norms, rotary, store and attention written out with the reference ops."""
+    import ingot.layers.norm as norm_mod
+    from ingot.layers.norm import RMSNorm
+
+    gen = torch.Generator().manual_seed(3)
+    norms = (RMSNorm(16, 1e-6), RMSNorm(16, 1e-6))
+    for n in norms:
+        n.weight.data = 1 + 0.3 * torch.randn(16, generator=gen)
+    spy = OpSpy()
+    for mod in (attention_mod, norm_mod):
+        monkeypatch.setattr(mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
+    layer, rotary, positions, q, k, v, meta = _layer_and_inputs()
+    caches = (layer.k_cache.clone(), layer.v_cache.clone())
+
+    fused = layer(positions, q, k, v, meta, rotary, qk_norm=norms)
+    assert spy.calls == ["decode_attention_rope"]
+    fused_k_cache = layer.k_cache.clone()
+
+    spy.calls.clear()
+    layer.k_cache, layer.v_cache = caches[0].clone(), caches[1].clone()
+    split = layer(positions, q, k, v, meta, rotary, OpPolicy(native=frozenset({"rotary"})), qk_norm=norms)
+    assert spy.calls == ["rms_norm", "rms_norm", "store_kv", "decode_attention"]
+    torch.testing.assert_close(split, fused, rtol=0, atol=0)
+
+    kc, vc = caches[0].clone(), caches[1].clone()
+    qn, kn = ref.rms_norm(q, norms[0].weight, 1e-6), ref.rms_norm(k, norms[1].weight, 1e-6)
+    qr, kr = ref.rotary_embedding(positions, qn, kn, rotary.cos_sin_cache)
+    ref.store_kv(kr, v, kc, vc, meta.slot_mapping)
+    expected = ref.decode_attention(qr, kc, vc, meta.block_tables, meta.seq_lens, layer.scale)
+    torch.testing.assert_close(fused, expected, rtol=0, atol=0)
+    assert torch.equal(kc, fused_k_cache)

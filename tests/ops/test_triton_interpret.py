@@ -154,6 +154,22 @@ def test_decode_attention_rope(K, hq, hkv, d, page, lens, splits):
     check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
 
 
+@pytest.mark.parametrize("hq,hkv,d,page,lens,splits", [ROPE_DECODE_CASES[1], ROPE_DECODE_CASES[2], ROPE_DECODE_CASES[4]])
+def test_decode_attention_rope_with_head_norms(K, hq, hkv, d, page, lens, splits):
+    """Qwen3's per-head q/k RMSNorm folded into the fused decode kernel, against the reference
+    ops in sequence (norm, rotary, store, attention)."""
+    gen = torch.Generator().manual_seed(hash((hq, d, page, len(lens), "norm")) & 0xFFFF)
+    args = rope_decode_case(lens, hq, hkv, d, page, torch.bfloat16, gen, qk_norm=True)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
+
+
+def test_decode_attention_rope_needs_both_head_norms(K):
+    gen = torch.Generator().manual_seed(2)
+    args = rope_decode_case([9, 1], 4, 2, 32, 16, torch.bfloat16, gen, qk_norm=True)
+    with pytest.raises(ValueError, match="both weights or neither"):
+        K.decode_attention.decode_attention_rope(*args[:11], args[11], None, args[13])
+
+
 def test_decode_merge_kernel_fallback(K):
     """The separate merge kernel (used when the split counters are unavailable) agrees."""
     gen = torch.Generator().manual_seed(8)

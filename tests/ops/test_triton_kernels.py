@@ -217,6 +217,19 @@ def test_decode_attention_cuda_graph_replay(K):
 
 
 @gpu
+@pytest.mark.parametrize("batch", [1, 8, 64, 256])
+@pytest.mark.parametrize("hq,hkv", GQA)
+def test_decode_attention_rope_with_head_norms(K, batch, hq, hkv):
+    """Qwen3's q/k norm folded into the fused decode kernel (head dim 128), against the reference ops."""
+    gen = torch.Generator().manual_seed(batch * 11 + hq)
+    lens = random_lens(batch, 600, gen) if batch > 1 else [513]
+    if batch > 1:
+        lens[-1] = 1
+    args = rope_decode_case(lens, hq, hkv, 128, 16, BF16, gen, device="cuda", pad_row=batch > 1, qk_norm=True)
+    check_rope_decode(K.decode_attention.decode_attention_rope, args)
+
+
+@gpu
 @pytest.mark.parametrize("batch", [1, 3, 17, 64, 256])
 @pytest.mark.parametrize("hq,hkv", GQA)
 @pytest.mark.parametrize("d", [64, 128])

@@ -87,8 +87,10 @@ def _decode_op(fn):
 
 
 def _decode_rope_op(fn):
-    def decode_attention_rope(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale):
-        return fn(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale)
+    def decode_attention_rope(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale,
+                              q_norm_weight=None, k_norm_weight=None, norm_eps=0.0):
+        return fn(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale,
+                  q_norm_weight, k_norm_weight, norm_eps)
 
     return decode_attention_rope
 

@@ -18,7 +18,8 @@ attention time. (If the counters cannot be allocated, during a capture that
 needs more than were allocated before it, the merge runs as its own kernel.)
 
 Fused variant (``decode_attention_rope``): the program also applies the rotary
-embedding to q and to this step's k, and stores the new k/v row into the cache
+embedding to q and to this step's k (after a per-head RMSNorm of both, for Qwen3's
+q/k norm: two launches fewer per layer), and stores the new k/v row into the cache
 by slot mapping. The new token is not read back from the cache: the one
 program whose slice holds the last position takes it from registers, and every
 program masks that position out of its cache reads, so the store races with
@@ -104,13 +105,28 @@ def _merge_splits(
     )
 
 
+@triton.jit
+def _head_rms_norm(x1, x2, w_ptr, offs_h, h_mask, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """RMSNorm of each head held as two halves (rows of ``x1``/``x2``, or one head as 1-D),
+    computed as ``rms_norm``: fp32 mean of squares, the normalised value rounded to the input
+    dtype, times the weight, rounded again (Qwen3's q/k norm, folded into the decode op)."""
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(f1 * f1, -1, keep_dims=True) + tl.sum(f2 * f2, -1, keep_dims=True)) / HEAD_DIM + eps)
+    w1 = tl.load(w_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+    y1 = w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)
+    y2 = w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)
+    return y1.to(x1.dtype), y2.to(x2.dtype)
+
+
 # the block table's width varies between eager steps: not specialized
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
-    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
-    scale_log2,
+    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
+    scale_log2, norm_eps,
     num_splits,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -122,7 +138,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GM: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-    DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr,
+    DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
     BF16: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -164,6 +180,9 @@ def _decode_kernel(
         k1 = tl.load(k_row, mask=h_mask, other=0.0)
         k2 = tl.load(k_row + HALF, mask=h_mask, other=0.0)
         v_new = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
+        if QK_NORM:
+            q1, q2 = _head_rms_norm(q1, q2, q_norm_ptr, offs_h, h_mask, norm_eps, HALF, HEAD_DIM)
+            k1, k2 = _head_rms_norm(k1, k2, k_norm_ptr, offs_h, h_mask, norm_eps, HALF, HEAD_DIM)
         cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q1.dtype, BF16)
         q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
         # the new token: rotated k and v from registers, stored by its owner program
@@ -301,6 +320,7 @@ def _launch(
     num_splits: Optional[int],
     rope: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     config: Optional[DecodeConfig],
+    qk_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
 ) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -339,11 +359,19 @@ def _launch(
     else:
         k_new, v_new, positions, cos_sin, slots = rope
         k_new, v_new, cos_sin = last_dim_contiguous(k_new), last_dim_contiguous(v_new), last_dim_contiguous(cos_sin)
+    if qk_norm is None:
+        q_norm = k_norm = q
+        norm_eps = 0.0
+    else:
+        assert rope is not None, "the q/k norm is folded into the fused rotary variant only"
+        q_norm, k_norm, norm_eps = qk_norm
+        assert q_norm.shape == k_norm.shape == (head_dim,), "q/k norm weights are per head"
+        q_norm, k_norm = q_norm.contiguous(), k_norm.contiguous()
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, mid_o, mid_lse, counters if merge_here else seq_lens,
-        k_new, v_new, positions, cos_sin, slots,
-        float(scale) * _LOG2E,
+        k_new, v_new, positions, cos_sin, slots, q_norm, k_norm,
+        float(scale) * _LOG2E, float(norm_eps),
         num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -355,7 +383,7 @@ def _launch(
         GROUP=group, BLOCK_G=block_g, BLOCK_GM=block_gm,
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
-        DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None,
+        DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
         BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -396,14 +424,21 @@ def decode_attention_rope(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    q_norm_weight: Optional[torch.Tensor] = None,
+    k_norm_weight: Optional[torch.Tensor] = None,
+    norm_eps: float = 0.0,
     num_splits: Optional[int] = None,
     config: Optional[DecodeConfig] = None,
 ) -> torch.Tensor:
-    """Triton implementation of ``torch.ops.ingot.decode_attention_rope``: rotary on q and k,
-    k/v stored at ``slot_mapping``, attention over the cache (new token included)."""
+    """Triton implementation of ``torch.ops.ingot.decode_attention_rope``: (RMSNorm of each
+    q and k head, with both weights given,) rotary on q and k, k/v stored at
+    ``slot_mapping``, attention over the cache (new token included)."""
     assert k.dtype == q.dtype == v.dtype, "q, k and v must share a dtype"
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("decode_attention_rope folds q and k norms together: pass both weights or neither")
+    qk_norm = None if q_norm_weight is None else (q_norm_weight, k_norm_weight, norm_eps)
     return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
-                   (k, v, positions, cos_sin_cache, slot_mapping), config)
+                   (k, v, positions, cos_sin_cache, slot_mapping), config, qk_norm)
 
 
 __all__ = ["decode_attention", "decode_attention_rope", "choose_num_splits", "launch_config", "DecodeConfig", "MAX_SPLITS"]
