@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ingot.bench.report import env_info, write_json
-from ingot.bench.serve import Workload, make_requests, parse_range, percentile, round_summary, run_workload, warm_up
+from ingot.bench.serve import Workload, make_requests, parse_range, round_summary, run_workload, warm_up
 from ingot.engine.heap import freeze_heap, unfreeze_heap
 
 READY = re.compile(r"ingot serve: ready on (http://\S+)")
@@ -97,13 +97,9 @@ def build_offline_engine(args: argparse.Namespace):
 
 
 def summary(metrics: Any) -> dict[str, Any]:
-    """The numbers of one run compared here (``metrics``: ServeMetrics): ``round_summary``'s,
-    the engine's steps, and TPOT from the per-request records with the formula the HTTP
-    client uses."""
-    tpots = [(r["latency_s"] - r["ttft_ms"] / 1e3) / (r["output_len"] - 1) * 1e3
-             for r in metrics.requests if r["output_len"] >= 2 and r["ttft_ms"] is not None and r["latency_s"] is not None]
-    return {**round_summary(metrics), "tpot_p50_ms": percentile(tpots, 50) if tpots else None,
-            "prefill_steps": metrics.prefill_steps, "decode_steps": metrics.decode_steps}
+    """The numbers of one run compared here (``metrics``: ServeMetrics): ``round_summary``'s
+    (TPOT included) and the engine's steps."""
+    return {**round_summary(metrics), "prefill_steps": metrics.prefill_steps, "decode_steps": metrics.decode_steps}
 
 
 def run_rounds(args: argparse.Namespace, engine, url: str) -> list[dict[str, Any]]:

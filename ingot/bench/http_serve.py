@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from ingot.bench.serve import Request, RequestRecord, ServeMetrics, add_engine_counters, compute_metrics, summarize
+from ingot.bench.serve import Request, RequestRecord, ServeMetrics, add_engine_counters, compute_metrics
 from ingot.engine.stats import EngineStats
 
 
@@ -39,17 +39,8 @@ class HttpServeMetrics:
     """ServeMetrics plus what only the HTTP client measures."""
 
     metrics: ServeMetrics
-    tpot_ms: dict[str, Optional[float]] = field(default_factory=dict)
     failed: int = 0
     errors: list[str] = field(default_factory=list)  # the first few
-
-
-def tpot(record: RequestRecord) -> Optional[float]:
-    """Mean time per output token after the first, of one request (None with fewer than 2)."""
-    if record.output_len < 2 or not record.token_times:
-        return None
-    latency = record.token_times[-1] - record.arrival
-    return (latency - (record.token_times[0] - record.arrival)) / (record.output_len - 1)
 
 
 async def discover_model(session, base: str, headers: dict) -> str:
@@ -168,5 +159,4 @@ async def run_http(
     metrics = compute_metrics(ok, start, end)
     if before is not None and after is not None:  # an ingot server: its engine's steps over the run
         add_engine_counters(metrics, before, after)
-    tpots = [t for t in (tpot(r) for r in ok) if t is not None]
-    return HttpServeMetrics(metrics, summarize(tpots, 1e3), len(failed), failed[:5])
+    return HttpServeMetrics(metrics, len(failed), failed[:5])

@@ -228,6 +228,13 @@ class RequestRecord:
     def ttft(self) -> Optional[float]:
         return ttft(self.arrival, self.token_times)
 
+    @property
+    def tpot(self) -> Optional[float]:
+        """Mean time per output token after the first (None with fewer than 2 tokens)."""
+        if self.output_len < 2 or not self.token_times:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (self.output_len - 1)
+
 
 @dataclass
 class ServeMetrics:
@@ -240,6 +247,7 @@ class ServeMetrics:
     total_throughput: float  # (prompt + output) tokens/s
     ttft_ms: dict[str, Optional[float]]
     itl_ms: dict[str, Optional[float]]
+    tpot_ms: dict[str, Optional[float]] = field(default_factory=dict)  # time per output token after the first
     num_preemptions: int = 0  # sequences evicted (and later recomputed) for lack of KV cache
     # prompt tokens looked up in / served from the prefix cache (0 / 0 with caching off)
     prefix_cache_queries: int = 0
@@ -261,6 +269,7 @@ def compute_metrics(records: Sequence[RequestRecord], start: float, end: float) 
     out = sum(r.output_len for r in records)
     ttfts = [t for t in (r.ttft for r in records) if t is not None]
     itls = [g for r in records for g in inter_token_latencies(r.token_times)]
+    tpots = [t for t in (r.tpot for r in records) if t is not None]
     per_request = [
         {
             "input_len": r.input_len,
@@ -282,6 +291,7 @@ def compute_metrics(records: Sequence[RequestRecord], start: float, end: float) 
         total_throughput=(inp + out) / duration,
         ttft_ms=summarize(ttfts, 1e3),
         itl_ms=summarize(itls, 1e3),
+        tpot_ms=summarize(tpots, 1e3),
         requests=per_request,
     )
 
@@ -298,7 +308,7 @@ def median_round(runs: Sequence[ServeMetrics]) -> int:
 def round_summary(m: ServeMetrics) -> dict:
     """The headline numbers of one round, kept for every round of a repeated run."""
     return {"duration_s": m.duration_s, "output_throughput": m.output_throughput,
-            "ttft_p50_ms": m.ttft_ms["p50"], "itl_p50_ms": m.itl_ms["p50"],
+            "ttft_p50_ms": m.ttft_ms["p50"], "itl_p50_ms": m.itl_ms["p50"], "tpot_p50_ms": m.tpot_ms.get("p50"),
             "output_tokens": m.output_tokens, "prefix_cache_hit_rate": m.prefix_cache_hit_rate}
 
 

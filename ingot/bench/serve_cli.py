@@ -347,7 +347,7 @@ def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str
     out = event_loop.run(run_http(args.url, requests, args.served_model_name, args.api_key, args.max_concurrency))
     if out.failed:
         console.print(f"[yellow]{out.failed} request(s) failed[/]; first: {out.errors[0]}")
-    result = {"mode": "http", **dataclasses.asdict(out.metrics), "tpot_ms": out.tpot_ms, "failed": out.failed,
+    result = {"mode": "http", **dataclasses.asdict(out.metrics), "failed": out.failed,
               "errors": out.errors}
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "ingot": ingot.__version__,
            "python": platform.python_version(), "platform": platform.platform(), "url": args.url,
@@ -412,9 +412,7 @@ def render_table(results: list[dict[str, Any]]):
         ("total tokens/s", lambda r: _fmt(r["total_throughput"], 1)),
         ("input / output tokens", lambda r: f"{r['input_tokens']:,} / {r['output_tokens']:,}"),
     ]
-    sections = [("ttft_ms", "TTFT"), ("itl_ms", "ITL")]
-    if any("tpot_ms" in r for r in results):
-        sections.insert(1, ("tpot_ms", "TPOT"))
+    sections = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")]
     ends = {4}
     for key, name in sections:
         for stat in ("mean", "p50", "p90", "p99"):

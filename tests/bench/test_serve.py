@@ -90,6 +90,9 @@ def test_compute_metrics_hand_computed():
     assert m.itl_ms["p50"] == pytest.approx(500)
     assert m.itl_ms["p90"] == pytest.approx(850)  # rank 2.7
     assert m.itl_ms["p99"] == pytest.approx(985)  # rank 2.97
+    # TPOTs (last - first token) / (tokens - 1): 1.75 / 3, 0.5 / 1; the one-token request has none
+    assert m.tpot_ms["mean"] == pytest.approx((1750 / 3 + 500) / 2)
+    assert m.tpot_ms["p50"] == pytest.approx((1750 / 3 + 500) / 2)
     assert [r["ttft_ms"] for r in m.requests] == pytest.approx([750, 500, 2000])
     assert [r["arrival_s"] for r in m.requests] == pytest.approx([0.25, 0.0, 0.0])
     assert [r["latency_s"] for r in m.requests] == pytest.approx([2.5, 1.0, 2.0])
@@ -110,7 +113,7 @@ def test_round_summary_hand_computed():
     m = compute_metrics([RequestRecord(4, 3, 10.0, [10.5, 11.0, 12.0]), RequestRecord(2, 1, 10.0, [11.5])], 10.0, 12.5)
     m.prefix_cache_hit_rate = 0.25
     assert round_summary(m) == {"duration_s": 2.5, "output_throughput": 4 / 2.5, "ttft_p50_ms": 1000.0,
-                                "itl_p50_ms": 750.0, "output_tokens": 4, "prefix_cache_hit_rate": 0.25}
+                                "itl_p50_ms": 750.0, "tpot_p50_ms": 750.0, "output_tokens": 4, "prefix_cache_hit_rate": 0.25}
 
 
 # ---------------------------------------------------------------- workload

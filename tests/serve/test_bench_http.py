@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ingot.bench.http_serve import parse_engine_stats, tpot
+from ingot.bench.http_serve import parse_engine_stats
 from ingot.bench.serve import RequestRecord
 from ingot.cli import main
 from tests.helpers import write_tiny_checkpoint
@@ -16,8 +16,8 @@ from tests.serve.server_process import running_server
 
 def test_tpot_is_the_mean_gap_after_the_first_token():
     rec = RequestRecord(input_len=3, output_len=4, arrival=10.0, token_times=[10.5, 10.7, 10.8, 11.1])
-    assert tpot(rec) == pytest.approx((1.1 - 0.5) / 3)
-    assert tpot(RequestRecord(3, 1, 10.0, [10.5])) is None
+    assert rec.tpot == pytest.approx((1.1 - 0.5) / 3)
+    assert RequestRecord(3, 1, 10.0, [10.5]).tpot is None
 
 
 def test_engine_counters_read_back_from_the_metrics_text():
