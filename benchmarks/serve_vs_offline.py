@@ -1,7 +1,7 @@
 """`ingot serve` against the offline engine on the same workload, alternated in one run.
 
     python -m benchmarks.serve_vs_offline --shape qwen2.5-1.5b --tokenizer default --max-model-len 2048 \\
-        --num-requests 1000 --input-len 64-1024 --output-len 64-512 --rounds 3 --json out.json
+        --num-requests 1000 --input-len 64-1024 --output-len 64-512 --rounds 4 --json out.json
 
 Why alternated: on a shared GPU host one run of a serving workload can differ from the
 next by 40%, and the machine drifts within minutes, so an offline run measured first and
@@ -153,7 +153,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--input-len", type=parse_range, default=(64, 1024), metavar="LOW-HIGH")
     p.add_argument("--output-len", type=parse_range, default=(64, 512), metavar="LOW-HIGH")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=3, help="counted rounds (default 3)")
+    p.add_argument("--rounds", type=int, default=4, help="counted rounds (default 4: an even count runs each order as often)")
     p.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not counted (default 1)")
     p.add_argument("--server-memory", type=float, default=0.45,
                    help="the server's gpu_memory_utilization; the offline engine gets the rest of the default 0.9 (default 0.45)")
