@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None, help="the model name clients send (default: the model path's last part)")
     srv.add_argument("--max-queued-requests", type=int, default=None,
                      help="requests that may wait beyond the running batch; more get HTTP 503 (default: no limit)")
-    srv.add_argument("--max-num-seqs", type=int, default=None, help="sequences in the running batch (default 256)")
+    srv.add_argument("--max-num-seqs", type=int, default=None, help="sequences in the running batch (default 512 on a GPU of 70 GiB or more, else 256)")
     srv.add_argument("--shape", default=None, help="serve a random-weight model of this benchmark shape instead of --model "
                                                   "(see `ingot bench decode --help`), for `ingot bench serve --url`")
     srv.add_argument("--tokenizer", default=None, help="with --shape: this model's tokenizer ('default': the default model's)")

@@ -70,3 +70,27 @@ def test_a_bad_argument_names_the_argument_not_the_environment():
     with pytest.raises(ConfigError) as info:
         EngineConfig.create(env={"INGOT_MAX_NUM_SEQS": "8"}, max_num_seqs=0)
     assert str(info.value).startswith("max_num_seqs must be")
+
+
+def test_max_num_seqs_defaults_by_device_memory():
+    """Left open (None), it is 512 on a GPU of 70 GiB or more and 256 elsewhere; a set value stays."""
+    from ingot.config import max_num_seqs_for
+
+    gib = 2**30
+    cfg = EngineConfig.create(env={})
+    assert cfg.max_num_seqs is None
+    assert cfg.for_device(None).max_num_seqs == 256  # CPU
+    assert cfg.for_device(40 * gib).max_num_seqs == 256
+    assert cfg.for_device(70 * gib).max_num_seqs == 512 and cfg.for_device(141 * gib).max_num_seqs == 512
+    assert EngineConfig.create(env={}, max_num_seqs=64).for_device(141 * gib).max_num_seqs == 64
+    assert EngineConfig.create(env={"INGOT_MAX_NUM_SEQS": "none"}).max_num_seqs is None
+    assert [max_num_seqs_for(m) for m in (None, 70 * gib - 1, 70 * gib)] == [256, 256, 512]
+
+
+def test_an_engine_resolves_max_num_seqs_for_its_device(tmp_path):
+    from ingot.engine.engine import Engine
+    from tests.helpers import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path / "llama", "llama")
+    engine = Engine.from_config(EngineConfig.create(env={}, model=str(path), device="cpu", show_progress=False))
+    assert engine.config.max_num_seqs == 256 == engine.scheduler.max_num_seqs == engine.info().max_num_seqs

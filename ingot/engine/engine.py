@@ -29,7 +29,7 @@ from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
-from ingot.models.loader import load_checkpoint, resolve_device, resolve_dtype
+from ingot.models.loader import device_memory, load_checkpoint, resolve_device, resolve_dtype
 from ingot.outputs import RequestOutput
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.kv_pool import blocks_for
@@ -57,6 +57,7 @@ class Engine:
         max_model_len: int,
         runner: Optional[ModelRunner] = None,
     ) -> None:
+        config = config.for_device(device_memory(device))  # from_config resolved it already; tests may not
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -90,6 +91,7 @@ class Engine:
     def from_config(cls, config: EngineConfig) -> "Engine":
         ckpt = open_checkpoint(config.model, config.tokenizer)
         device = resolve_device(config.device)
+        config = config.for_device(device_memory(device))  # before tensor-parallel workers get a copy
         dtype = resolve_dtype(config.dtype, device, ckpt.config.torch_dtype)
         mcfg = ckpt.config
         max_len = config.max_model_len or mcfg.max_position_embeddings

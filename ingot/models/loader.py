@@ -81,6 +81,14 @@ def resolve_dtype(name: str, device: torch.device, model_dtype: Optional[torch.d
     return torch.bfloat16 if bf16_ok else torch.float16
 
 
+def device_memory(device: torch.device) -> Optional[int]:
+    """Total bytes of a CUDA device (None for the CPU): what device-dependent defaults
+    (``EngineConfig.for_device``) look at."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def resolve_device(name: str) -> torch.device:
     """The device of ``name``; a CUDA device always with its index (the current GPU when
     ``name`` gives none), so that any thread can make it current."""

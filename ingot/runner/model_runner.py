@@ -25,6 +25,7 @@ from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
 from ingot.loading.model_config import ModelConfig
+from ingot.models.loader import device_memory
 from ingot.runner.prompt_logprobs import prompt_spans, span_entries
 from ingot.runner.step_inputs import StepInputs, build_step_inputs, last_token_indices
 
@@ -78,7 +79,7 @@ class ModelRunner:
         self.model = model
         self.tp = getattr(model, "tp", SINGLE)  # this rank's shard of a tensor-parallel model
         self.model_config = model_config  # under tensor parallelism: this rank's heads
-        self.config = config
+        self.config = config.for_device(device_memory(device))  # an engine passes it resolved already
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size

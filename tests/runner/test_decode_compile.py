@@ -503,7 +503,7 @@ def test_compiled_forward_gets_the_native_policy_and_raw_keeps_its_own(monkeypat
     monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", fake_build)
     model = PolicyRecorder()
     cfg = EngineConfig(decode_compile=True, compile_native_ops=("rms_norm", "silu_and_mul"), fake_graph_capture=True,
-                       cudagraph_capture_sizes=(2,), show_progress=False)
+                       cudagraph_capture_sizes=(2,), max_num_seqs=2, show_progress=False)
     base = OpPolicy(skinny_rows=1)
     runner = graph_runner.DecodeGraphRunner(model, cfg, torch.device("cpu"), 4, base)
     args = runner.buffers.view(2)
