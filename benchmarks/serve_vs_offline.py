@@ -96,10 +96,14 @@ def build_offline_engine(args: argparse.Namespace):
     return build_engine(bench_args, MODES["off"], Setting("on", "on"))
 
 
+LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"))
+
+
 def summary(metrics: Any) -> dict[str, Any]:
-    """The numbers of one run compared here (``metrics``: ServeMetrics): ``round_summary``'s
-    (TPOT included) and the engine's steps."""
-    return {**round_summary(metrics), "prefill_steps": metrics.prefill_steps, "decode_steps": metrics.decode_steps}
+    """The numbers of one run compared here (``metrics``: ServeMetrics): ``round_summary``'s,
+    the engine's steps, and the TTFT, TPOT and ITL statistics (mean, p50, p90, p99)."""
+    return {**round_summary(metrics), "prefill_steps": metrics.prefill_steps, "decode_steps": metrics.decode_steps,
+            **{key: getattr(metrics, key) for key, _ in LATENCIES}}
 
 
 def run_rounds(args: argparse.Namespace, engine, url: str) -> list[dict[str, Any]]:
@@ -134,6 +138,14 @@ def render(rounds: list[dict[str, Any]]) -> str:
         tpot = f"{o['tpot_p50_ms'] or 0:.1f} / {h['tpot_p50_ms'] or 0:.1f}"
         lines.append(f"| {x['round']}{' (warm-up)' if x['warmup'] else ''} | {' -> '.join(x['order'])} | {o['duration_s']:.2f} | "
                      f"{o['output_throughput']:,.0f} | {h['duration_s']:.2f} | {h['output_throughput']:,.0f} | {x['ratio']:.1%} | {tpot} |")
+    lines += ["", "| round | run | " + " | ".join(f"{name} p50 / p90 / p99 (ms)" for _, name in LATENCIES) + " |",
+              "| --- | --- |" + " --- |" * len(LATENCIES)]
+    for x in rounds:
+        if not x["warmup"]:
+            for mode in x["order"]:
+                cells = [" / ".join(f"{(x[mode].get(key) or {}).get(p) or 0:,.1f}" for p in ("p50", "p90", "p99"))
+                         for key, _ in LATENCIES]
+                lines.append(f"| {x['round']} | {mode} | " + " | ".join(cells) + " |")
     counted = [x["ratio"] for x in rounds if not x["warmup"]]
     lines.append(f"\nmedian HTTP / offline over {len(counted)} round(s): {statistics.median(counted):.1%}")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from ingot.engine.engine import Engine
 from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import Tokenizer
-from ingot.models.loader import device_memory, resolve_device, resolve_dtype
+from ingot.models.loader import resolve_device, resolve_dtype
 from ingot.runner.model_source import RandomSource
 from ingot.runner.tp_runner import start_tensor_parallel
 
@@ -46,7 +46,6 @@ def random_engine(shape: str, config: EngineConfig, num_layers: Optional[int] = 
         raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(sorted(SHAPES))}")
     config.validate()
     device = resolve_device(config.device)
-    config = config.for_device(device_memory(device))  # before tensor-parallel workers get a copy
     dtype = resolve_dtype(config.dtype, device)
     max_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
     tokenizer = shape_tokenizer(shape, config)

@@ -57,7 +57,7 @@ class Engine:
         max_model_len: int,
         runner: Optional[ModelRunner] = None,
     ) -> None:
-        config = config.for_device(device_memory(device))  # from_config resolved it already; tests may not
+        config = config.for_device(device_memory(device))  # the device's defaults (max_num_seqs), before the runner and scheduler
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -91,7 +91,6 @@ class Engine:
     def from_config(cls, config: EngineConfig) -> "Engine":
         ckpt = open_checkpoint(config.model, config.tokenizer)
         device = resolve_device(config.device)
-        config = config.for_device(device_memory(device))  # before tensor-parallel workers get a copy
         dtype = resolve_dtype(config.dtype, device, ckpt.config.torch_dtype)
         mcfg = ckpt.config
         max_len = config.max_model_len or mcfg.max_position_embeddings

@@ -79,7 +79,7 @@ class ModelRunner:
         self.model = model
         self.tp = getattr(model, "tp", SINGLE)  # this rank's shard of a tensor-parallel model
         self.model_config = model_config  # under tensor parallelism: this rank's heads
-        self.config = config.for_device(device_memory(device))  # an engine passes it resolved already
+        self.config = config.for_device(device_memory(device))  # resolved already when an engine builds it
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size

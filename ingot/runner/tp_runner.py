@@ -30,6 +30,7 @@ from ingot.config import ConfigError, EngineConfig
 from ingot.distributed import process_group
 from ingot.distributed.collectives import broadcast_object
 from ingot.loading.model_config import ModelConfig
+from ingot.models.loader import device_memory
 from ingot.models.registry import check_tensor_parallel
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.graph_runner import DecodeGraphRunner
@@ -302,4 +303,5 @@ def start_tensor_parallel(
     """ConfigError if ``model_config`` cannot be split over ``config.tensor_parallel_size`` ranks
     (nothing is spawned then); else the started runner."""
     check_tensor_parallel(model_config, config.tensor_parallel_size)
+    config = config.for_device(device_memory(device))  # every rank gets the resolved copy
     return TensorParallelRunner.start(config, source, device, dtype, max_model_len)

@@ -43,6 +43,10 @@ def test_rounds_alternate_and_compare_the_same_work(tmp_path):
         assert r["ratio"] == pytest.approx(r["http"]["output_throughput"] / r["offline"]["output_throughput"])
         for mode in ("offline", "http"):
             assert r[mode]["output_throughput"] == pytest.approx(expected / r[mode]["duration_s"])
+            for key in ("ttft_ms", "tpot_ms", "itl_ms"):  # both ways, every percentile
+                stats = r[mode][key]
+                assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"]
+            assert r[mode]["tpot_p50_ms"] == r[mode]["tpot_ms"]["p50"]
     assert doc["median_ratio"] == pytest.approx(rounds[1]["ratio"])  # warm-up rounds do not count
     assert (tmp_path / "r.json").exists()
     assert _serve_children() == [], "the server subprocess is stopped"
