@@ -90,7 +90,7 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
     host, port = sock.getsockname()[:2]
     info = llm.info
     ready = (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {info.kv_capacity_tokens} tokens "
-             f"in {info.num_kv_blocks} blocks, max_model_len {info.max_model_len})")
+             f"in {info.num_kv_blocks} blocks, max_model_len {info.max_model_len}, max_num_seqs {info.max_num_seqs})")
     freeze_heap()  # what this process serves with lives until it exits
     try:
         event_loop.run(_serve(server, sock, ready))

@@ -185,6 +185,8 @@ def test_error_statuses(server, client):
 
 
 def test_models_health_version_tokenize(server, offline):
+    ready = next(line for line in server.log if "ready on" in line)
+    assert ready.rstrip().endswith(", max_num_seqs 256)"), ready  # the default on a CPU
     models = raw(server, "GET", "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert raw(server, "GET", "/health", key=None).status_code == 200
