@@ -28,7 +28,8 @@ import torch
 
 from ingot.bench.decode import SHAPES, build_shape, decode_bench_runner
 from ingot.bench.report import env_info, write_json
-from ingot.config import EngineConfig
+from ingot.config import EngineConfig, max_num_seqs_for
+from ingot.models.loader import device_memory
 from ingot.runner.graph_runner import DecodeGraphRunner, default_buckets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,14 +70,15 @@ def cold_and_warm(shape: str, batches: list[int], context: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES), help="random-weight model shape")
-    ap.add_argument("--batches", default="1,8,32,64,256", help="buckets to capture, or 'all' (the default buckets up to 256)")
+    ap.add_argument("--batches", default="1,8,32,64,256", help="buckets to capture, or 'all' (the default buckets of this GPU's default max_num_seqs)")
     ap.add_argument("--context", type=int, default=512, help="cached tokens per sequence the block tables hold (default 512)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/startup-<shape>-<date>.json)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    batches = default_buckets(256) if args.batches == "all" else [int(b) for b in args.batches.split(",")]
     if not torch.cuda.is_available():
         sys.exit("python -m benchmarks.startup needs a CUDA GPU")
+    every = default_buckets(max_num_seqs_for(device_memory(torch.device("cuda"))))
+    batches = every if args.batches == "all" else [int(b) for b in args.batches.split(",")]
     if args.child:
         print(json.dumps(capture_once(args.shape, batches, args.context)))
         return
