@@ -8,7 +8,7 @@ compiled (the persistent caches a second engine start reuses). Each builds a
 random-weight model of the shape and times ``DecodeGraphRunner.capture_all()``
 with ``decode_compile`` on: the compile (three compiles with the default
 dynamic batch), the warm-up and capture of every bucket. ``--batches all``
-takes the engine's default buckets for 256 sequences. Needs CUDA; writes JSON.
+takes the engine's default buckets for its default max_num_seqs on this GPU. Needs CUDA; writes JSON.
 """
 
 from __future__ import annotations
