@@ -25,7 +25,6 @@ from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
 from ingot.loading.model_config import ModelConfig
-from ingot.models.loader import device_memory
 from ingot.runner.prompt_logprobs import prompt_spans, span_entries
 from ingot.runner.step_inputs import StepInputs, build_step_inputs, last_token_indices
 
@@ -79,7 +78,7 @@ class ModelRunner:
         self.model = model
         self.tp = getattr(model, "tp", SINGLE)  # this rank's shard of a tensor-parallel model
         self.model_config = model_config  # under tensor parallelism: this rank's heads
-        self.config = config.for_device(device_memory(device))  # resolved already when an engine builds it
+        self.config = config  # max_num_seqs resolved for the device (Engine, start_tensor_parallel)
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
