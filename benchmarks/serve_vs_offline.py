@@ -108,6 +108,7 @@ def summary(metrics: Any) -> dict[str, Any]:
 
 def run_rounds(args: argparse.Namespace, engine, url: str) -> list[dict[str, Any]]:
     from ingot.bench.http_serve import run_http
+    from ingot.bench.serve_cli import round_order
     from ingot.engine import event_loop
 
     vocab = engine.model_config.vocab_size
@@ -116,7 +117,7 @@ def run_rounds(args: argparse.Namespace, engine, url: str) -> list[dict[str, Any
         workload = Workload(args.num_requests, args.input_len, args.output_len, seed=args.seed + r)
         requests = make_requests(workload, vocab)
         runs: dict[str, dict[str, Any]] = {}
-        for mode in ("offline", "http") if r % 2 == 0 else ("http", "offline"):
+        for mode in round_order(["offline", "http"], r):
             if mode == "offline":
                 assert engine.reset_prefix_cache(), "the offline engine is idle between runs"
                 runs[mode] = summary(run_workload(engine, requests))

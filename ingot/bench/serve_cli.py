@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from ingot.config import DTYPES
 
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 MODES = {"off": False, "on": True, "auto": "auto"}
 # --prefix-caching / --overlap-scheduling names -> EngineConfig.enable_prefix_caching / overlap_scheduling
 ON_OFF = {"on": True, "off": False}
+T = TypeVar("T")
 
 
 class Setting(NamedTuple):
@@ -255,8 +256,8 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def round_order(settings: list[Setting], r: int) -> list[Setting]:
-    """The settings in the order round ``r`` runs them: as given in even rounds, reversed in
+def round_order(settings: list[T], r: int) -> list[T]:
+    """The settings (or any runs to compare) in the order round ``r`` runs them: as given in even rounds, reversed in
     odd ones, so over two rounds every setting runs as often early as late in a round (a
     machine that drifts within a round, or a run slowed by the one before it, does not
     favour the setting that always comes first)."""
