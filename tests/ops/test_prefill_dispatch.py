@@ -32,8 +32,18 @@ def test_prefill_class():
     assert pd.prefill_class(4096, 1, 4096) == (True, True)  # one prompt, no cached prefix
     assert pd.prefill_class(512, 1, 2048) == (True, False)  # a chunk after 1536 cached tokens
     assert pd.prefill_class(8 * 512, 8, 2048) == (False, False)  # kernels.py's chunked case
-    assert pd.prefill_class(8 * 512, 8, 512) == (False, True)
+    assert pd.prefill_class(8 * 512, 8, 512) == (True, True)  # 8 prompts of 512: one dense [8, 512] block
+    assert pd.prefill_class(8 * 496, 8, 496) == (False, True)  # one length, not a multiple of 256
+    assert pd.prefill_class(8 * 500, 8, 512) == (False, True)  # lengths unknown: rows not filled
     assert pd.prefill_class(1024, 8, 256) == (False, True)  # half the capacity: still "new"
+
+
+def test_dense_block_from_shapes_alone():
+    assert pd.fills_rows(8 * 512, 8, 512) and not pd.fills_rows(8 * 512 - 1, 8, 512)
+    assert pd.dense_block(17, 1, 4096)  # one sequence, with or without a cached prefix
+    assert pd.dense_block(4 * 256, 4, 256) and pd.dense_block(2 * 1024, 2, 1024)
+    assert not pd.dense_block(4 * 128, 4, 128)  # one length, but cuDNN would need a plan per such length
+    assert not pd.dense_block(4 * 256, 4, 512)  # some sequence has a cached prefix or a shorter prompt
 
 
 @pytest.fixture
@@ -45,12 +55,13 @@ def everything_supported(monkeypatch):
 
 
 def test_measured_rule_sends_one_long_prompt_to_cudnn_and_keeps_the_fused_kernel_elsewhere(everything_supported):
-    """The measured rule (kernels-prefill-2026-12-01.json): one prompt of 256 tokens or more
-    without a cached prefix runs cuDNN; shorter ones, cached context and mostly-new prompts
-    of 256 tokens or more on average run the fused kernel (only shorter ones go to flash)."""
-    for shape in ((4096, 1, 4096), (4001, 1, 4016), (256, 1, 256)):
+    """The measured rule (kernels-prefill-*-2026-12-01.json): one prompt of 256 tokens or more
+    without a cached prefix, or prompts of one length that is a multiple of 256, run cuDNN;
+    shorter ones, cached context and other mostly-new prompts of 256 tokens or more on
+    average run the fused kernel (only shorter ones go to flash)."""
+    for shape in ((4096, 1, 4096), (4001, 1, 4016), (256, 1, 256), (8 * 512, 8, 512), (2 * 1024, 2, 1024)):
         assert pd.choose_prefill_path(*shape, 28, 4, 128, BF16, CUDA) == "cudnn"
-    for shape in ((255, 1, 256), (512, 1, 2048), (4096, 8, 2048), (4096, 8, 512), (1, 1, 16)):
+    for shape in ((255, 1, 256), (512, 1, 2048), (4096, 8, 2048), (8 * 496, 8, 496), (4000, 8, 512), (1, 1, 16)):
         assert pd.choose_prefill_path(*shape, 28, 4, 128, BF16, CUDA) == "triton"
 
 
@@ -74,7 +85,8 @@ def test_rule_picks_by_class_and_tokens_per_sequence(everything_supported):
     assert choose(4096, 1, 4096) == "cudnn"
     assert choose(200, 1, 208) == "triton"  # below the rule's tokens per sequence
     assert choose(512, 1, 2048) == "gather"
-    assert choose(8 * 512, 8, 512) == "flash"
+    assert choose(8 * 512, 8, 512) == "cudnn"  # one dense block
+    assert choose(8 * 496, 8, 496) == "flash"
     assert choose(8 * 100, 8, 112) == "triton"  # 100 new tokens per sequence < 128
     assert choose(8 * 512, 8, 2048) == "triton"
 
@@ -82,7 +94,8 @@ def test_rule_picks_by_class_and_tokens_per_sequence(everything_supported):
 def test_rule_falls_back_where_a_path_cannot_run(everything_supported):
     rules = {key: pd.PathRule("cudnn") for key in pd.PREFILL_RULES}
     assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, BF16, CUDA, rules) == "cudnn"
-    assert pd.choose_prefill_path(4096, 2, 4096, 28, 4, 128, BF16, CUDA, rules) == "triton"  # cuDNN: one sequence
+    assert pd.choose_prefill_path(4096, 2, 4096, 28, 4, 128, BF16, CUDA, rules) == "triton"  # cuDNN: one dense block
+    assert pd.choose_prefill_path(4096, 2, 2048, 28, 4, 128, BF16, CUDA, rules) == "cudnn"
     assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, torch.float32, CUDA, rules) == "triton"
     assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, BF16, torch.device("cpu"), rules) == "triton"
 
@@ -100,7 +113,9 @@ def test_path_supported(everything_supported, monkeypatch, path):
     assert not ok(hq=10, hkv=4)
     assert ok(hq=28, hkv=4) and ok(hq=7, hkv=1) and ok(hq=8, hkv=8)
     assert ok(d=256) == (path != "cudnn")
-    assert ok(b=2, t=1024) == (path != "cudnn")
+    assert ok(b=2, t=1024, cap=1024) == (path != "cudnn")  # two sequences of unknown lengths
+    assert ok(b=2, t=1024, cap=512)  # two prompts of 512: one dense block
+    assert ok(b=4, t=512, cap=128) == (path != "cudnn")  # of 128: no plan per such length
     assert ok(t=1) == (path != "cudnn")  # cuDNN needs two keys
     if path == "gather":  # the gathered copy stays under GATHER_MAX_BYTES
         assert ok(b=32, t=4096, cap=4096, hkv=4, d=128)  # K and V: 256 MiB exactly
@@ -181,6 +196,25 @@ def test_cudnn_dense_views_one_sequence(monkeypatch):
     assert strides == (8 * 256, 256, 1) and not global_rows
     unpadded = cudnn_sdpa_reference(*(t.contiguous().transpose(0, 1).unsqueeze(0) for t in (q, k, v)), 0.125)[1]
     assert torch.allclose(lse, unpadded)  # the real rows' log-sum-exp, for the context kernel
+
+
+def test_cudnn_dense_batch_of_equal_prompts(monkeypatch):
+    """Prompts of one length, a multiple of 256, each filling its block-table row: the op
+    hands cuDNN one [B, H, L, D] view of each of q/k/v (no padding, no context kernel, no
+    log-sum-exp) and returns the reference's attention for every sequence."""
+    from ingot.ops.triton import prefill_attention as kernels
+
+    plans = []
+    monkeypatch.setattr(pd, "cudnn_sdpa", lambda q, k, v, *a: plans.append((q.shape, k.shape, v.shape, a)) or cudnn_sdpa_reference(q, k, v, *a))
+    monkeypatch.setattr(kernels, "merge_cached_context", lambda *a, **kw: pytest.fail("context kernel launched"))
+    gen = torch.Generator().manual_seed(8)
+    args = prefill_case([256] * 3, [256] * 3, 4, 2, 32, 16, gen, BF16, extra_cols=0)
+    out = pd.prefill_attention(*args, 0.125, path="cudnn")
+    assert plans == [((3, 4, 256, 32), (3, 2, 256, 32), (3, 2, 256, 32), (0.125, False))]
+    assert out.shape == args[0].shape
+    assert rel_err(out, ref.prefill_attention(*fp32(args), 0.125)) < 1e-2
+    with pytest.raises(ValueError, match="one length, a multiple of 256"):
+        pd.cudnn_dense(*args[:3], 0.125, lse=False, num_seqs=2)  # 768 tokens: two prompts of 384
 
 
 def test_lse_layouts():
@@ -270,7 +304,7 @@ def test_mostly_new_batches_take_flash_only_below_the_measured_length(everything
     """The measured rule: several mostly-new prompts averaging under 256 tokens run PyTorch's
     varlen flash, longer ones the fused kernel (kernels-prefill-2026-12-01.json)."""
     for tokens, seqs, want in ((32 * 128, 32, "flash"), (128 * 30, 128, "flash"), (8 * 255, 8, "flash"),
-                               (8 * 256, 8, "triton"), (8 * 512, 8, "triton"), (4 * 1000, 4, "triton")):
+                               (8 * 272, 8, "triton"), (8 * 500, 8, "triton"), (4 * 1000, 4, "triton")):
         cap = 16 * -(-tokens // seqs // 16)  # block-table capacity of the longest prompt
         assert pd.prefill_class(tokens, seqs, cap) == (False, True)
         assert pd.choose_prefill_path(tokens, seqs, cap, 28, 4, 128, BF16, CUDA) == want

@@ -558,6 +558,21 @@ def test_prefill_cudnn_path(K, q_len, ctx_len, extra_cols, hq, hkv, d):
 
 
 @gpu
+@pytest.mark.parametrize("num_seqs,length", [(8, 512), (2, 256), (3, 1024)])
+@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (8, 8, 64), (7, 1, 128)])
+def test_prefill_cudnn_path_equal_prompts(K, num_seqs, length, hq, hkv, d):
+    """Prompts of one length, a multiple of 256, each filling its block-table row: one dense
+    [B, H, L, D] cuDNN call, the path the rule picks for them."""
+    gen = torch.Generator().manual_seed(num_seqs + length + hq)
+    args = _prefill_case([length] * num_seqs, [length] * num_seqs, hq, hkv, d, 16, gen, BF16, device="cuda", extra_cols=0)
+    if not _supported(K, "cudnn", args):
+        pytest.skip("cuDNN attention cannot run here (prefill_dispatch.path_supported)")
+    assert K.prefill_dispatch.choose_prefill_path(length * num_seqs, num_seqs, length, hq, hkv, d, BF16, args[0].device) == "cudnn"
+    out = K.prefill_dispatch.prefill_attention(*args, d**-0.5)
+    assert rel_err(out, ref.prefill_attention(*fp32(args), d**-0.5)) < TOL
+
+
+@gpu
 @pytest.mark.parametrize("path", ["triton", "flash", "cudnn", "gather"])
 def test_prefill_op_follows_the_rule(K, monkeypatch, path):
     """torch.ops.ingot.prefill_attention runs the path PREFILL_RULES names (spied on)."""

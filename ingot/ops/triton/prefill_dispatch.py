@@ -11,14 +11,16 @@ from the GPU (no host sync: the engine launches steps ahead of the GPU).
   GQA native) over the new tokens among themselves (causal), then the Triton context
   kernel folds each sequence's cached prefix into that output through the log-sum-exp
   flash returns (sequences without a prefix: nothing to fold, those programs exit).
-- ``"cudnn"``: one sequence only: PyTorch's cuDNN attention
-  (``aten._scaled_dot_product_cudnn_attention``, dense ``[1, H, T, D]``, what
+- ``"cudnn"``: one dense block of new tokens (``dense_block``): PyTorch's cuDNN attention
+  (``aten._scaled_dot_product_cudnn_attention``, dense ``[B, H, L, D]``, what
   ``scaled_dot_product_attention`` runs on an H100/H200 when it prefers cuDNN) over
   the new tokens, then the context kernel. cuDNN builds one execution plan per shape
-  (cached by PyTorch; 45 ms on the H200), so the tokens are padded at the end to a
-  multiple of ``CUDNN_LENGTH_MULTIPLE``: a causal query never sees a later key, so the
-  real rows are exact, and a server pays for at most ``max_model_len / 256`` plans
-  instead of one per prompt length.
+  (cached by PyTorch; 45 ms on the H200), so one sequence's tokens are padded at the end
+  to a multiple of ``CUDNN_LENGTH_MULTIPLE``: a causal query never sees a later key, so
+  the real rows are exact, and a server pays for at most ``max_model_len / 256`` plans
+  instead of one per prompt length. Several sequences take this path only when they are
+  prompts of one length that is already such a multiple (each fills its block-table row:
+  nothing cached): ``[B, L]`` views, one plan per batch size and length.
 - ``"gather"``: the sequences' KV blocks are gathered into one contiguous buffer
   (``B x capacity`` rows, a block-granular copy) and one flash varlen call attends
   over the whole context with the bottom-right causal mask (``seqused_k`` = the
@@ -26,8 +28,9 @@ from the GPU (no host sync: the engine launches steps ahead of the GPU).
 
 Lengths are bounded from shapes: no sequence has more new tokens than the step
 (``T``) or than its block-table row holds (``capacity`` = table width x page). When
-``B x capacity == T`` every sequence's new tokens fill its row, so nothing is cached:
-the flash and cuDNN paths then skip the context kernel (and cuDNN its log-sum-exp).
+``B x capacity == T`` every sequence's new tokens fill its row (``fills_rows``), so nothing
+is cached: the flash and cuDNN paths then skip the context kernel (and cuDNN its
+log-sum-exp).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ if TYPE_CHECKING:  # the Triton kernels are imported when a path needs them (CPU
     from ingot.ops.triton.prefill_attention import PrefillConfig
 
 PATHS = ("triton", "flash", "cudnn", "gather")
+CUDNN_LENGTH_MULTIPLE = 256  # cuDNN's plans are per length: pad to this, bounding them to max_model_len / 256
 GATHER_MAX_BYTES = 256 << 20  # the gathered K and V together; beyond it the copy costs memory the pool sizing never saw
 
 
@@ -57,9 +61,10 @@ class PathRule:
     max_tokens_per_seq: Optional[int] = None
 
 
-# The launch rule, by (one sequence?, mostly new tokens?), where "mostly new" means the new
-# tokens fill at least half of the batch's block-table capacity (2 T >= B x capacity: no or
-# a short cached prefix). From `python -m benchmarks.kernels --sweep prefill` on the H200
+# The launch rule, by (one dense block?, mostly new tokens?), where "one dense block" means one
+# sequence, or prompts of one length that is a multiple of 256 (``dense_block``), and "mostly
+# new" that the new tokens fill at least half of the batch's block-table capacity (2 T >= B x
+# capacity: no or a short cached prefix). From `python -m benchmarks.kernels --sweep prefill` on the H200
 # (2026-12-01, torch 2.11, kernels-prefill-2026-12-01.json), 34 shapes, 28/4 and 12/2 heads:
 # - several mostly-new prompts averaging under 256 tokens: PyTorch's varlen flash (32 x 128
 #   tokens 0.050 vs 0.082 ms, 128 x 30 tokens 0.097 vs 0.256 ms); from 500 tokens on the
@@ -67,6 +72,8 @@ class PathRule:
 # - one prompt of 256 tokens or more: cuDNN (256 tokens 0.011 vs 0.016 ms, 1000 tokens 0.033
 #   vs 0.038 ms, 4096 tokens 0.229 vs 0.304 ms); its first call at a new length took 45 ms,
 #   so lengths are padded to a multiple of 256 (``cudnn_dense``): one plan per 256 tokens;
+# - 8 prompts of 512 tokens: cuDNN's dense batch 0.049 ms against the fused kernel's 0.100-0.106
+#   (kernels-prefill-*-2026-12-01.json), hence the dense blocks of equal prompts;
 # - cached context: the fused kernel, everywhere.
 PREFILL_RULES: dict[tuple[bool, bool], PathRule] = {
     (True, True): PathRule("cudnn", min_tokens_per_seq=256),
@@ -76,9 +83,24 @@ PREFILL_RULES: dict[tuple[bool, bool], PathRule] = {
 }
 
 
+def fills_rows(num_tokens: int, num_seqs: int, context_capacity: int) -> bool:
+    """Every sequence's new tokens fill its whole block-table row: prompts of one length
+    (``context_capacity``) with nothing cached."""
+    return num_seqs * context_capacity == num_tokens
+
+
+def dense_block(num_tokens: int, num_seqs: int, context_capacity: int) -> bool:
+    """The new tokens are one dense ``[B, L]`` block that cuDNN's dense attention takes:
+    one sequence (padded to ``CUDNN_LENGTH_MULTIPLE``), or prompts of one length that is
+    already a multiple of it (as views, no copy)."""
+    return num_seqs == 1 or (
+        fills_rows(num_tokens, num_seqs, context_capacity) and context_capacity % CUDNN_LENGTH_MULTIPLE == 0
+    )
+
+
 def prefill_class(num_tokens: int, num_seqs: int, context_capacity: int) -> tuple[bool, bool]:
-    """(one sequence, mostly new tokens): the key of ``PREFILL_RULES``."""
-    return num_seqs == 1, 2 * num_tokens >= num_seqs * context_capacity
+    """(one dense block, mostly new tokens): the key of ``PREFILL_RULES``."""
+    return dense_block(num_tokens, num_seqs, context_capacity), 2 * num_tokens >= num_seqs * context_capacity
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,7 +144,7 @@ def path_supported(
     if dtype not in (torch.float16, torch.bfloat16) or head_dim % 8 or num_q_heads % num_kv_heads:
         return False
     if path == "cudnn":
-        return num_seqs == 1 and num_tokens >= 2 and head_dim <= 128 and cudnn_available()
+        return dense_block(num_tokens, num_seqs, context_capacity) and num_tokens >= 2 and head_dim <= 128 and cudnn_available()
     if head_dim > 256 or not flash_available():
         return False
     if path == "gather":
@@ -170,9 +192,6 @@ def cudnn_sdpa(
     return res[0], res[1]
 
 
-CUDNN_LENGTH_MULTIPLE = 256  # cuDNN's plans are per length: pad to this, bounding them to max_model_len / 256
-
-
 def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """``t`` ([T, H, D]) as a contiguous ``[rows, H, D]`` tensor whose rows past T are zero
     (no copy when it already is one)."""
@@ -185,20 +204,26 @@ def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def cudnn_dense(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lse: bool = True,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lse: bool = True, num_seqs: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [T, Hq, D], log-sum-exp [1, Hq, T(, 1)] as a view of rows of the padded one):
-    ``cudnn_sdpa`` over one sequence's packed tokens, as ``[1, H, S, D]`` views of
-    contiguous ``[S, H, D]`` tensors (the layout PyTorch's SDPA hands cuDNN), ``S`` being T
-    rounded up to ``CUDNN_LENGTH_MULTIPLE`` with zero rows at the end (causal: no real
-    query sees them; q/k/v are copied when padded or not contiguous)."""
+    """(out [T, Hq, D], log-sum-exp [B, Hq, L(, 1)] as a view of rows of the padded one):
+    ``cudnn_sdpa`` over ``num_seqs`` packed sequences of ``L = T / B`` tokens each, as
+    ``[B, H, S, D]`` views of contiguous ``[B * S, H, D]`` tensors (the layout PyTorch's SDPA
+    hands cuDNN). One sequence is padded with zero rows at the end to ``S``, its length
+    rounded up to ``CUDNN_LENGTH_MULTIPLE`` (causal: no real query sees them); several must
+    already have such a length (``dense_block``). q/k/v are copied when padded or not
+    contiguous."""
     num_tokens = q.shape[0]
-    rows = -(-num_tokens // CUDNN_LENGTH_MULTIPLE) * CUDNN_LENGTH_MULTIPLE
-    qd, kd, vd = (_padded_rows(t, rows).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    length = num_tokens // num_seqs
+    rows = -(-length // CUDNN_LENGTH_MULTIPLE) * CUDNN_LENGTH_MULTIPLE
+    if num_seqs > 1 and (rows != length or length * num_seqs != num_tokens):
+        raise ValueError(f"cuDNN's dense batch takes sequences of one length, a multiple of {CUDNN_LENGTH_MULTIPLE}; "
+                         f"got {num_tokens} tokens in {num_seqs} sequences")
+    qd, kd, vd = (_padded_rows(t, num_seqs * rows).view(num_seqs, rows, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
     out, stats = cudnn_sdpa(qd, kd, vd, scale, lse)
     if lse:
-        stats = stats[:, :, :num_tokens]
-    return out[0].transpose(0, 1)[:num_tokens], stats
+        stats = stats[:, :, :length]
+    return out.transpose(1, 2)[:, :length].reshape(num_tokens, *q.shape[1:]), stats
 
 
 def lse_layout(lse: torch.Tensor) -> tuple[tuple[int, int, int], bool]:
@@ -264,12 +289,11 @@ def prefill_attention(
         k_all, v_all, cu_k = gather_paged_kv(k_cache, v_cache, block_tables)
         return flash_varlen(q, k_all, v_all, cu_q, cu_k, max_q, capacity, scale, seqused_k=seq_lens)[0]
     # each sequence's new tokens fill its whole table row: nothing is cached, no context to fold
-    no_context = num_seqs * capacity == num_tokens
+    no_context = fills_rows(num_tokens, num_seqs, capacity)
     if path == "flash":
         out, lse = flash_varlen(q, k, v, cu_q, cu_q, max_q, max_q, scale)
     elif path == "cudnn":
-        assert num_seqs == 1, "the cuDNN path takes one sequence"
-        out, lse = cudnn_dense(q, k, v, scale, lse=not no_context)
+        out, lse = cudnn_dense(q, k, v, scale, lse=not no_context, num_seqs=num_seqs)
     else:
         raise ValueError(f"unknown prefill path {path!r}; expected one of {PATHS}")
     if no_context:
@@ -286,6 +310,6 @@ def prefill_attention(
 
 
 __all__ = [
-    "PATHS", "PathRule", "PREFILL_RULES", "prefill_class", "choose_prefill_path", "path_supported",
+    "PATHS", "PathRule", "PREFILL_RULES", "fills_rows", "dense_block", "prefill_class", "choose_prefill_path", "path_supported",
     "gather_paged_kv", "flash_varlen", "cudnn_sdpa", "cudnn_dense", "CUDNN_LENGTH_MULTIPLE", "lse_layout", "prefill_attention",
 ]
