@@ -308,3 +308,24 @@ def test_mostly_new_batches_take_flash_only_below_the_measured_length(everything
         cap = 16 * -(-tokens // seqs // 16)  # block-table capacity of the longest prompt
         assert pd.prefill_class(tokens, seqs, cap) == (False, True)
         assert pd.choose_prefill_path(tokens, seqs, cap, 28, 4, 128, BF16, CUDA) == want
+
+
+def test_prefill_verdict_counts_a_difference_inside_the_pytorch_rows_spread_as_a_tie(capsys):
+    """The benchmark's verdict (benchmarks/kernels.py): no slower is 'AT OR ABOVE'; slower by
+    less than the PyTorch row's own spread between passes is 'TIE'; more is 'BELOW'."""
+    from benchmarks.kernels import _prefill_verdicts, run_spread
+
+    sdpa = dict(kernel="torch sdpa (context)", ms=0.2312, ms_runs=[0.2342, 0.2312, 0.2309], pct_of_ceiling=75.0)
+    assert run_spread(sdpa) == pytest.approx((0.2342 - 0.2309) / 0.2312)
+    assert run_spread(dict(ms=1.0)) == 0.0
+
+    def group(shape, op_ms):
+        op = dict(ms=op_ms, pct_of_ceiling=70.0)
+        return dict(shape=shape, chosen="cudnn", op=op, paths={"cudnn": op}, compare=sdpa)
+
+    verdicts = _prefill_verdicts([group("faster", 0.2300), group("same kernel", 0.2319), group("slower", 0.2400)])
+    printed = capsys.readouterr().out
+    assert "faster: the op [cudnn] 0.2300 ms (70.0% of matmul) AT OR ABOVE" in printed
+    assert "same kernel: the op [cudnn] 0.2319 ms (70.0% of matmul) TIE" in printed
+    assert "slower: the op [cudnn] 0.2400 ms (70.0% of matmul) BELOW" in printed
+    assert [(v["op_at_or_above"], v["op_within_spread"]) for v in verdicts] == [(True, True), (False, True), (False, False)]
