@@ -77,8 +77,10 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("python -m benchmarks.startup needs a CUDA GPU")
-    every = default_buckets(max_num_seqs_for(device_memory(torch.device("cuda"))))
-    batches = every if args.batches == "all" else [int(b) for b in args.batches.split(",")]
+    if args.batches == "all":
+        batches = default_buckets(max_num_seqs_for(device_memory(torch.device("cuda"))))
+    else:
+        batches = [int(b) for b in args.batches.split(",")]
     if args.child:
         print(json.dumps(capture_once(args.shape, batches, args.context)))
         return
