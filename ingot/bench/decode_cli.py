@@ -162,8 +162,11 @@ def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
             ms = row.ms.get(mode)
             if ms is None:
                 continue
+            queued = row.back_to_back_ms.get(mode)
             modes[mode] = {
                 "ms": ms,
+                "back_to_back_ms": queued,
+                "back_to_back_floor_fraction": floor_fraction(floor, queued) if queued is not None else None,
                 "tokens_per_s": tokens_per_s(row.batch, ms),
                 "floor_fraction": floor_fraction(floor, ms),
                 "speedup_vs_graph": graph_ms / ms if graph_ms is not None else None,
@@ -207,7 +210,8 @@ def to_json(bench: DecodeBench) -> dict[str, Any]:
 
 def make_table(bench: DecodeBench):
     """One row per (batch size, mode); a separator between batch sizes."""
-    columns = ["batch", "mode", "ms/step", "tokens/s", "vs graph", "% of floor", "floor ms", "warm-up s", "capture s"]
+    columns = ["batch", "mode", "ms/step", "back-to-back", "tokens/s", "vs graph", "% of floor", "floor ms", "warm-up s",
+               "capture s"]
     rows: list[list[str]] = []
     ends: list[int] = []
     for s in summarize(bench):
@@ -216,6 +220,7 @@ def make_table(bench: DecodeBench):
                 str(s["batch"]) if i == 0 else "",
                 mode,
                 report.fmt(m["ms"], ".3f"),
+                report.fmt(m["back_to_back_ms"], ".3f"),
                 report.fmt(m["tokens_per_s"], ",.0f"),
                 report.fmt(m["speedup_vs_graph"], ".2f") + ("x" if m["speedup_vs_graph"] is not None else ""),
                 report.fmt(100 * m["floor_fraction"], ".1f"),
@@ -231,18 +236,26 @@ def make_table(bench: DecodeBench):
     if mb.moe_layers:
         weights = (f"{mb.weight_bytes / 1e9:.2f} GB dense weights + {mb.moe_layers} layers x experts hit "
                    f"(uniform routing) x {mb.expert_bytes / 1e6:.1f} MB")
-    caption = f"floor = ({weights} + KV of the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile"
+    caption = (f"ms/step: each step timed alone (the device waits while the host launches it); back-to-back: "
+               f"steps queued while the one before runs, as overlap scheduling does; floor = ({weights} + KV of "
+               f"the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile")
     return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
 
 
 def profile_lines(bench: DecodeBench, top: int = 12) -> list[str]:
-    """Per profiled batch size and mode: step time, kernel time and launches, the gaps, the top kernels."""
+    """Per profiled batch size and mode: step time, kernel time and launches, the gaps, the top kernels.
+
+    Between kernels: the back-to-back step less its kernels (gaps inside the graph);
+    host: a step timed alone less the back-to-back one (the device idle while the host
+    copies the inputs and launches the graph)."""
     lines = []
     for row in bench.rows:
         for mode, prof in row.profiles.items():
             step_us = 1e3 * row.ms[mode]
-            lines.append(f"batch {row.batch}, {mode}: step {step_us:.1f} us, kernels {prof.kernel_us:.1f} us "
-                         f"({prof.launches:.0f} launches), between kernels {step_us - prof.kernel_us:.1f} us")
+            queued_us = 1e3 * row.back_to_back_ms.get(mode, row.ms[mode])
+            lines.append(f"batch {row.batch}, {mode}: step {step_us:.1f} us alone, {queued_us:.1f} us back to back; "
+                         f"kernels {prof.kernel_us:.1f} us ({prof.launches:.0f} launches), between kernels "
+                         f"{queued_us - prof.kernel_us:.1f} us, host {step_us - queued_us:.1f} us")
             lines += [f"  {us:8.1f} us {n:5.0f}x  {name}" for name, n, us in prof.kernels[:top]]
     return lines
 

@@ -119,12 +119,14 @@ def test_model_bytes_of_counts_tied_weights_once():
 def fabricated(modes=("eager", "graph", "compiled")) -> DecodeBench:
     rows = [
         BucketTiming(1, ms={"eager": 16.5, "graph": 1.8, "compiled": 1.6},
+                     back_to_back_ms={"eager": 16.4, "graph": 1.7, "compiled": 1.45},
                      warmup_s={"graph": 0.4, "compiled": 27.1}, capture_s={"graph": 0.011, "compiled": 0.013}),
         BucketTiming(8, ms={"eager": 18.0, "graph": 2.5, "compiled": 2.0},
+                     back_to_back_ms={"eager": 17.9, "graph": 2.4, "compiled": 1.875},
                      warmup_s={"graph": 0.5, "compiled": 25.9}, capture_s={"graph": 0.012, "compiled": 0.014}),
     ]
     for r in rows:
-        for d in (r.ms, r.warmup_s, r.capture_s):
+        for d in (r.ms, r.back_to_back_ms, r.warmup_s, r.capture_s):
             for m in list(d):
                 if m not in modes:
                     del d[m]
@@ -142,6 +144,8 @@ def test_summarize():
     assert b8["compiled_speedup_vs_graph"] == pytest.approx(2.5 / 2.0)
     assert b8["modes"]["graph"]["tokens_per_s"] == pytest.approx(3200.0)
     assert b8["modes"]["compiled"]["floor_fraction"] == pytest.approx(b8["floor_ms"] / 2.0)
+    assert b8["modes"]["compiled"]["back_to_back_ms"] == 1.875
+    assert b8["modes"]["compiled"]["back_to_back_floor_fraction"] == pytest.approx(b8["floor_ms"] / 1.875)
     assert b8["modes"]["eager"]["warmup_s"] is None
     assert b8["modes"]["compiled"]["warmup_s"] == 25.9 and b8["modes"]["compiled"]["capture_s"] == 0.014
 
@@ -165,10 +169,26 @@ def test_profile_lines():
     bench.rows[0].profiles["graph"] = StepProfile([("GEMM", 113.0, 1200.0), ("_decode_kernel", 28.0, 216.0)])
     bench.rows[0].profiles["compiled"] = StepProfile([("triton_fused", 50.0, 1000.0)])
     lines = decode_cli.profile_lines(bench)
-    assert lines[0] == "batch 1, graph: step 1800.0 us, kernels 1416.0 us (141 launches), between kernels 384.0 us"
+    # graph: 1.8 ms alone, 1.7 back to back: 1416 us of kernels, 284 us between them, 100 us of host
+    assert lines[0] == ("batch 1, graph: step 1800.0 us alone, 1700.0 us back to back; kernels 1416.0 us "
+                        "(141 launches), between kernels 284.0 us, host 100.0 us")
     assert lines[1:3] == ["    1200.0 us   113x  GEMM", "     216.0 us    28x  _decode_kernel"]  # heaviest first, as given
-    step = 1e3 * bench.rows[0].ms["compiled"]
-    assert lines[3] == f"batch 1, compiled: step {step:.1f} us, kernels 1000.0 us (50 launches), between kernels {step - 1000:.1f} us"
+    assert lines[3] == ("batch 1, compiled: step 1600.0 us alone, 1450.0 us back to back; kernels 1000.0 us "
+                        "(50 launches), between kernels 450.0 us, host 150.0 us")
+
+
+def test_back_to_back_divides_one_run_of_queued_steps(monkeypatch):
+    """On CPU: a clock that each call advances by 1.5 ms gives 1.5 ms per step, whatever the run length."""
+    from ingot.bench import decode as decode_mod
+
+    clock = [0.0]
+
+    def step():
+        clock[0] += 1.5e-3
+
+    monkeypatch.setattr(decode_mod.time, "perf_counter", lambda: clock[0])
+    assert decode_mod.time_back_to_back(step, 4, torch.device("cpu")) == pytest.approx(1.5)
+    assert decode_mod.time_back_to_back(step, 7, torch.device("cpu"), repeats=3) == pytest.approx(1.5)
 
 
 def test_summarize_without_compiled():
@@ -179,8 +199,8 @@ def test_summarize_without_compiled():
 
 def test_table_text():
     text = report.table_text(decode_cli.make_table(fabricated()))
-    for needle in ["ms/step", "tokens/s", "% of floor", "eager", "graph", "compiled",
-                   "16.500", "1.600", "3,200", "4,000", "1.25x", "27.1", "0.013", "4,000 GB/s"]:
+    for needle in ["ms/step", "back-to-back", "tokens/s", "% of floor", "eager", "graph", "compiled",
+                   "16.500", "1.600", "1.875", "3,200", "4,000", "1.25x", "27.1", "0.013", "4,000 GB/s"]:
         assert needle in text, needle
     floor8 = decode_cli.floor_ms(MB, 8, 100, 4e12)
     assert f"{floor8:.3f}" in text
@@ -208,7 +228,8 @@ def test_json_round_trip(tmp_path):
                                    "expert_bytes": 0, "moe_layers": 0, "num_experts": 0, "top_k": 0}
     # every measured number comes back exactly
     for row, got in zip(bench.rows, data["timings"]):
-        assert got == {"batch": row.batch, "ms": row.ms, "warmup_s": row.warmup_s, "capture_s": row.capture_s,
+        assert got == {"batch": row.batch, "ms": row.ms, "back_to_back_ms": row.back_to_back_ms,
+                       "warmup_s": row.warmup_s, "capture_s": row.capture_s,
                        "auto_choice": row.auto_choice, "profiles": {}}
     # and every derived number
     assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
@@ -301,6 +322,8 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
     assert [r["batch"] for r in data["summary"]] == [1, 2]
     for row in data["summary"]:
         assert set(row["modes"]) == {"eager", "graph", "compiled", "gemm_only"} and all(m["ms"] > 0 for m in row["modes"].values())
+        assert all(row["modes"][m]["back_to_back_ms"] > 0 for m in ("eager", "graph", "compiled"))
+        assert row["modes"]["gemm_only"]["back_to_back_ms"] is None
 
 
 def test_command_pipeline_tensor_parallel_with_cpu_timer(tmp_path, monkeypatch, capsys):
