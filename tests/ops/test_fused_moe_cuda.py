@@ -84,12 +84,12 @@ def test_table_choice(M, weights_of, name, e, k, h, i, batch):
 
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("batch", [1, 16, 256])
-@pytest.mark.parametrize("path", ["per_pair", "grouped16", "grouped64"])
+@pytest.mark.parametrize("path", ["per_pair", "per_pair_long_k", "grouped16", "grouped64"])
 @pytest.mark.parametrize("name,e,k,h,i", [ARCHS[0], ARCHS[2]], ids=[ARCHS[0][0], ARCHS[2][0]])
 def test_paths_and_routings(M, weights_of, name, e, k, h, i, path, batch, routing):
     """Both paths forced at small and large batches, with every token on one expert (one expert's
     blocks hold every pair: 256 x k rows) and with the tokens spread evenly."""
-    launch = {"per_pair": M.PER_PAIR, "grouped16": M.MoeLaunch(True, 16, (64, 64, 4, 3), (64, 64, 4, 3)),
+    launch = {"per_pair": M.PER_PAIR, "per_pair_long_k": M.PER_PAIR_LONG_K, "grouped16": M.MoeLaunch(True, 16, (64, 64, 4, 3), (64, 64, 4, 3)),
               "grouped64": M.MoeLaunch(True, 64, (64, 64, 4, 3), (128, 64, 8, 3))}[path]
     args = arch_inputs(weights_of, name, e, k, h, i, batch, routing=routing)
     check_fused_moe(lambda *a: M.run(*a, launch=launch), args, tol=1e-2)

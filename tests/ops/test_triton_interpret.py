@@ -528,8 +528,9 @@ def test_fused_moe_routings_bf16(MOE, routing, grouped):
     gen = torch.Generator().manual_seed(11)
     args = moe_inputs(18, 8, 2, 64, 32, torch.bfloat16, gen, routing=routing, fp32_weights=routing == "even")
     check_fused_moe(lambda *a: MOE.run(*a, launch=launch), args, tol=1e-2)
-    if not grouped:  # the 8-row gate/up tiles of the Qwen3-30B-A3B batch-1 launch
+    if not grouped:  # the batch-1 launches of Qwen3-30B-A3B (8-row gate/up tiles) and Mixtral (8 x 512 down tiles)
         check_fused_moe(lambda *a: MOE.run(*a, launch=MOE.PER_PAIR_NARROW), args, tol=1e-2)
+        check_fused_moe(lambda *a: MOE.run(*a, launch=MOE.PER_PAIR_LONG_K), args, tol=1e-2)
 
 
 def test_fused_moe_table_path(MOE):
@@ -540,6 +541,7 @@ def test_fused_moe_table_path(MOE):
     assert MOE.launch_config(128, 768, 1, torch.device("cpu")) == MOE.PER_PAIR_NARROW  # the H200 sweep's batch-1 choice
     assert MOE.launch_config(128, 768, 2, torch.device("cpu")) == MOE.PER_PAIR
     assert MOE.launch_config(128, 768, 16, torch.device("cpu")).grouped
+    assert MOE.launch_config(8, 14336, 1, torch.device("cpu")) == MOE.PER_PAIR_LONG_K
     assert MOE.launch_config(8, 14336, 2, torch.device("cpu")).grouped
 
 

@@ -58,6 +58,10 @@ PER_PAIR = MoeLaunch(False, 1, (16, 256, 4, 4), (16, 256, 4, 4))
 # one token over 128 experts of 768 (Qwen3-30B-A3B): 8-row gate/up tiles, 25.9 against 27.7 us a
 # layer in two sweeps (fused_moe_sweep-2026-12-01.json); more tokens keep PER_PAIR (within 1%)
 PER_PAIR_NARROW = MoeLaunch(False, 1, (8, 256, 4, 4), (16, 256, 4, 4))
+# one token over 8 experts of 14336 (Mixtral-8x7B): the down projection (K = 14336) in 8-row tiles
+# of 512 columns, 7,621 against 7,751-7,887 us a graph step, timed inside the step
+# (decode-fused-moe-in-step-sweep-2026-12-02.json); the other shapes' table launches held there
+PER_PAIR_LONG_K = MoeLaunch(False, 1, (16, 256, 4, 4), (8, 512, 4, 4))
 
 
 def _grouped(block_m: int, block_n: int = 64, block_k: int = 64, warps: int = 4, stages: int = 3) -> MoeLaunch:
@@ -74,7 +78,7 @@ _TABLE: dict[str, dict[tuple[int, int], tuple[tuple[int, MoeLaunch], ...]]] = {
         (128, 768): ((1, PER_PAIR_NARROW), (4, PER_PAIR), (64, _grouped(16)), (256, _grouped(32)), (_ANY, _grouped(64))),  # Qwen3-30B-A3B
         (60, 1408): ((3, PER_PAIR), (64, _grouped(16)), (256, _grouped(32)), (_ANY, _grouped(64))),  # Qwen1.5-MoE-A2.7B
         (64, 1024): ((2, PER_PAIR), (64, _grouped(16)), (256, _grouped(32)), (_ANY, _grouped(64))),  # OLMoE-1B-7B
-        (8, 14336): ((1, PER_PAIR), (16, _grouped(16)), (64, _grouped(32)), (_ANY, _grouped(64))),  # Mixtral-8x7B
+        (8, 14336): ((1, PER_PAIR_LONG_K), (16, _grouped(16)), (64, _grouped(32)), (_ANY, _grouped(64))),  # Mixtral-8x7B
     },
 }
 _DEFAULT_ROWS = ((2, PER_PAIR), (64, _grouped(16)), (256, _grouped(32)), (_ANY, _grouped(64)))
@@ -320,4 +324,4 @@ def run(
     return out
 
 
-__all__ = ["fused_moe", "run", "launch_config", "MoeLaunch", "PER_PAIR", "PER_PAIR_NARROW"]
+__all__ = ["fused_moe", "run", "launch_config", "MoeLaunch", "PER_PAIR", "PER_PAIR_NARROW", "PER_PAIR_LONG_K"]
