@@ -2,8 +2,9 @@
 
 ``ingot bench decode --profile`` runs a few replays of each bucket's captured
 graph under ``torch.profiler`` and sums the kernels' GPU time per step. The
-step's measured time minus that sum is the time between kernels (launch gaps
-between graph nodes), which at batch 1 is a large share of a step.
+back-to-back step's time minus that sum is the time between kernels (gaps
+between graph nodes); a step timed alone adds the host's share (the input
+copies and the graph launch, with the device idle).
 """
 
 from __future__ import annotations

@@ -1,0 +1,145 @@
+"""Launch candidates of the batch-1 GEMV and fused-MoE kernels, timed inside the whole decode step.
+
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny|moe|both] [--rounds 2] [--out PATH]
+
+``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
+kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh weights
+and the split-K merges change the picture, so this script swaps one launch at a time
+into the tables the ops read (``skinny_gemm.launch_config``, ``fused_moe._TABLE``),
+captures the random-weight model's batch-1 decode graph, and times replays queued back
+to back (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates;
+each candidate's figure is its median over rounds, against the table's. The tables
+are restored afterwards. Needs CUDA; prints a table and writes JSON (default
+benchmarks/results/step_launch_sweep-<shape>-<date>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ingot.bench.decode import SHAPES, build_shape, decode_bench_runner, synthetic_decode_batch, time_back_to_back  # noqa: E402
+from ingot.bench.report import env_info, write_json  # noqa: E402
+from ingot.config import EngineConfig  # noqa: E402
+from ingot.ops.triton import fused_moe as moe  # noqa: E402
+from ingot.ops.triton import skinny_gemm as skinny  # noqa: E402
+
+# skinny GEMM variants for the wide projections (1,024 to 16,384 outputs; the router and lm_head keep the table's)
+SKINNY_VARIANTS: dict[str, dict] = {
+    "whole K": {"splits": 1},
+    "whole K, half-height tiles": {"splits": 1, "block_n": 8},
+    "2 K splits": {"splits": 2},
+    "2 programs an SM": {"waves": 2},
+    "8 programs an SM": {"waves": 8},
+    "512-wide K tiles": {"block_k": 512},
+    "128-wide K tiles": {"block_k": 128},
+    "8 warps": {"num_warps": 8},
+}
+# fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
+MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
+             (16, 128, 4, 4), (16, 256, 8, 4), (16, 256, 4, 3)]
+
+
+def skinny_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
+    """name -> install(): swaps ``skinny_gemm.launch_config`` and returns the undo."""
+    table = skinny.launch_config
+
+    def install(changes: dict) -> Callable[[], None]:
+        def pick(m, n, k, device, prologue=skinny.NONE):
+            cfg = table(m, n, k, device, prologue)
+            if m != 1 or not 1024 <= n <= 16384:
+                return cfg
+            ch = dict(changes)
+            if "block_n" in ch and prologue != skinny.NONE:
+                ch["block_n"] *= 2  # the prologue tiles are twice as tall in the table too
+            return replace(cfg, **ch)
+
+        skinny.launch_config = pick
+        return lambda: setattr(skinny, "launch_config", table)
+
+    return {f"skinny: {name}": (lambda ch=ch: install(ch)) for name, ch in SKINNY_VARIANTS.items()}
+
+
+def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[[], None]]]:
+    """name -> install(): the one-token row of ``fused_moe._TABLE`` for this shape with other tiles."""
+    rows = moe._TABLE["sm90"].get((experts, width))
+    if rows is None or rows[0][1].grouped:
+        return {}  # no per-pair row of its own for this shape
+    first = rows[0][1]
+    out = {}
+    for part in ("gate_up", "down"):
+        for tiles in MOE_TILES:
+            if tiles == getattr(first, part):
+                continue
+            launch = replace(first, **{part: tiles})
+
+            def install(launch=launch) -> Callable[[], None]:
+                moe._TABLE["sm90"][(experts, width)] = ((rows[0][0], launch),) + rows[1:]
+                return lambda: moe._TABLE["sm90"].__setitem__((experts, width), rows)
+
+            out[f"moe {part}: {tiles}"] = install
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--kernel", choices=["skinny", "moe", "both"], default="both")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved passes over the candidates (default 2)")
+    ap.add_argument("--steps", type=int, default=30, help="replays queued per timing (default 30)")
+    ap.add_argument("--context-len", type=int, default=512)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("step_launch_sweep needs CUDA")
+    dev = torch.device("cuda")
+    model, cfg = build_shape(args.shape, torch.bfloat16, dev, args.context_len + 64)
+    base, runner, per_seq = decode_bench_runner(model, cfg, EngineConfig.create(show_progress=False), [1],
+                                                args.context_len, torch.bfloat16)
+    candidates: dict[str, Callable[[], Callable[[], None]]] = {"table": lambda: (lambda: None)}
+    if args.kernel in ("skinny", "both"):
+        candidates.update(skinny_candidates())
+    if args.kernel in ("moe", "both") and cfg.num_experts:
+        candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
+    inputs = runner.stage(synthetic_decode_batch(1, args.context_len, base.block_size, cfg.vocab_size))
+    us: dict[str, list[float]] = {name: [] for name in candidates}
+    for rnd in range(args.rounds):
+        for name, install in candidates.items():
+            undo = install()
+            try:
+                graphs = runner.decode_variant(base.replace(decode_compile=False), per_seq)
+                us[name].append(1e3 * time_back_to_back(lambda: runner.logits_of(graphs, inputs), args.steps, dev))
+                runner.drop_variant(graphs)
+                del graphs
+            finally:
+                undo()
+            torch.cuda.empty_cache()
+            print(f"round {rnd} {name:40s} {us[name][-1]:9.1f} us a step", flush=True)
+    table_us = statistics.median(us["table"])
+    print(f"\n{args.shape}, batch 1, graph steps back to back (median of {args.rounds} rounds)")
+    rows = []
+    for name, runs in sorted(us.items(), key=lambda kv: statistics.median(kv[1])):
+        med = statistics.median(runs)
+        rows.append({"candidate": name, "us_per_step": runs, "median_us": med, "vs_table": med / table_us})
+        print(f"  {name:40s} {med:9.1f} us  {med / table_us:6.3f}x the table   rounds: "
+              + " ".join(f"{x:.1f}" for x in runs))
+    date = dt.date.today().isoformat()
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"step_launch_sweep-{args.shape}-{date}.json"
+    write_json(out, {"command": "python -m benchmarks.step_launch_sweep " + " ".join(sys.argv[1:]), "env": env_info(),
+                     "shape": args.shape, "context_len": args.context_len, "rounds": args.rounds, "rows": rows})
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

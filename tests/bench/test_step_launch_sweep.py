@@ -1,0 +1,45 @@
+"""The in-step launch sweep swaps one launch into the tables the ops read, and puts the table back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from benchmarks import step_launch_sweep as sweep  # noqa: E402
+from ingot.ops.triton import fused_moe as moe  # noqa: E402
+from ingot.ops.triton import skinny_gemm as skinny  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def test_skinny_candidate_changes_wide_batch1_projections_only_and_undoes():
+    table = skinny.launch_config
+    before = {(m, n, k, p): table(m, n, k, CPU, p) for m, n, k, p in
+              ((1, 5120, 2048, skinny.NORM), (1, 2048, 4096, skinny.NONE), (1, 128, 2048, skinny.NONE), (4, 5120, 2048, skinny.NONE))}
+    undo = sweep.skinny_candidates()["skinny: whole K, half-height tiles"]()
+    try:
+        assert skinny.launch_config(1, 2048, 4096, CPU).splits == 1 and skinny.launch_config(1, 2048, 4096, CPU).block_n == 8
+        # the norm prologue's tiles are twice as tall, as in the table
+        assert skinny.launch_config(1, 5120, 2048, CPU, skinny.NORM).block_n == 16
+        assert skinny.launch_config(1, 128, 2048, CPU) == before[(1, 128, 2048, skinny.NONE)]  # the router keeps its launch
+        assert skinny.launch_config(4, 5120, 2048, CPU) == before[(4, 5120, 2048, skinny.NONE)]  # more rows too
+    finally:
+        undo()
+    assert skinny.launch_config is table
+
+
+def test_moe_candidates_swap_the_one_token_row_and_undo():
+    rows = moe._TABLE["sm90"][(8, 14336)]
+    cands = sweep.moe_candidates(8, 14336)
+    assert "moe down: (16, 256, 4, 4)" in cands and "moe down: (8, 512, 4, 4)" not in cands  # the table's own is not a candidate
+    undo = cands["moe down: (16, 256, 4, 4)"]()
+    try:
+        launch = moe.launch_config(8, 14336, 1, CPU)
+        assert launch.down == (16, 256, 4, 4) and launch.gate_up == rows[0][1].gate_up
+        assert moe.launch_config(8, 14336, 2, CPU) == rows[1][1]  # other token counts keep their rows
+    finally:
+        undo()
+    assert moe._TABLE["sm90"][(8, 14336)] is rows
+    assert sweep.moe_candidates(1, 1) == {}  # a shape without a row of its own
