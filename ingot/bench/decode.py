@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import array
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -114,25 +113,11 @@ def time_back_to_back(fn, steps: int, device: torch.device, repeats: int = 5) ->
     device runs the one before, as the engine's overlap scheduling lets it, so this is
     the device's time per step (on CPU the two are the same thing).
     """
-    for _ in range(3):
-        fn()
-    runs = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(steps):
-                fn()
-            end.record()
-            end.synchronize()
-            runs.append(start.elapsed_time(end) / steps)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            runs.append((time.perf_counter() - t0) * 1e3 / steps)
-    return statistics.median(runs)
+    def queued() -> None:
+        for _ in range(steps):
+            fn()
+
+    return statistics.median(time_ms(queued, repeats, device, warmup=1)) / steps
 
 
 def shape_config(shape: str, vocab_size: Optional[int] = None, num_layers: Optional[int] = None) -> dict:

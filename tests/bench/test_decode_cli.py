@@ -180,13 +180,14 @@ def test_profile_lines():
 def test_back_to_back_divides_one_run_of_queued_steps(monkeypatch):
     """On CPU: a clock that each call advances by 1.5 ms gives 1.5 ms per step, whatever the run length."""
     from ingot.bench import decode as decode_mod
+    from ingot.runner import auto_compile
 
     clock = [0.0]
 
     def step():
         clock[0] += 1.5e-3
 
-    monkeypatch.setattr(decode_mod.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(auto_compile.time, "perf_counter", lambda: clock[0])
     assert decode_mod.time_back_to_back(step, 4, torch.device("cpu")) == pytest.approx(1.5)
     assert decode_mod.time_back_to_back(step, 7, torch.device("cpu"), repeats=3) == pytest.approx(1.5)
 
