@@ -8,8 +8,9 @@ fp32, top-k, optional renormalisation, and the weights cast back to the model
 dtype (Mixtral keeps them in fp32, as HF does). Inductor (PyTorch 2.11) keeps
 ``torch.topk`` an ATen call, two kernels that took 9 us of an 85 us layer at
 batch 1 on the H200 (Qwen3-30B-A3B shape); traced, the top-k is written as k rounds of max-and-mask
-(``select_topk``: the same values and ids, ties aside), which Inductor fuses with
-the softmax and the renormalisation into one kernel. The experts run as one opaque
+(``select_topk``: the same values and ids, ties aside; the renormalisation and the
+cast applied to each value before they are joined), which Inductor fuses with the
+softmax into one kernel. The experts run as one opaque
 op, ``torch.ops.ingot.fused_moe`` (``layers/fused_moe.py``). Qwen2-MoE adds a
 shared expert on every token, scaled by a sigmoid gate; its gate row rides
 along in the router's GEMM.
@@ -53,16 +54,29 @@ def _renamed(name: str) -> str:
     return name
 
 
-def select_topk(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def select_topk(
+    probs: torch.Tensor, k: int, normalize: bool = False, out_dtype: Optional[torch.dtype] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(probs, k, dim=-1)`` (largest first) as k rounds of max, then mask the
-    winner: reductions over one row and pointwise ops, which Inductor fuses into one kernel."""
+    winner: reductions over one row and pointwise ops, which Inductor fuses into one kernel.
+
+    ``normalize`` divides each value by the k values' sum (added up round by round) and
+    ``out_dtype`` casts it, both before the values are joined: every op then works on one
+    row's reduction results, so Inductor keeps them in the same kernel (after the join, a
+    pointwise op over [T, k] or a sum over k is a kernel of its own)."""
     lanes = torch.arange(probs.shape[-1], device=probs.device)
     values, ids = [], []
+    total: Optional[torch.Tensor] = None
     for _ in range(k):
         v, i = probs.max(dim=-1, keepdim=True)
         values.append(v)
         ids.append(i)
+        total = v if total is None else total + v
         probs = probs.masked_fill(lanes == i, float("-inf"))
+    if normalize:
+        values = [v / total for v in values]
+    if out_dtype is not None:
+        values = [v.to(out_dtype) for v in values]
     return torch.cat(values, dim=-1), torch.cat(ids, dim=-1)
 
 
@@ -86,9 +100,9 @@ class MoEBlock(nn.Module):
         """(top-k weights [T, k], expert ids [T, k]) from router logits [T, E], as HF computes them."""
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         if torch.compiler.is_compiling():
-            weights, ids = select_topk(probs, self.top_k)
-        else:
-            weights, ids = torch.topk(probs, self.top_k, dim=-1)
+            out_dtype = logits.dtype if self.weights_in_model_dtype else None
+            return select_topk(probs, self.top_k, self.norm_topk_prob, out_dtype)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.weights_in_model_dtype:

@@ -50,18 +50,21 @@ def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path):
     stats = cs.stats_since(snap)
     assert stats.graph_breaks == 0, stats.describe()
     assert len(graphs) == 1
-    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
     assert sum("ingot.fused_moe" in t for t in targets) == sparse_layers
     # the reference's host loop (unique, where, index_add) was not traced into the graph
     assert not any(op in t for t in targets for op in ("unique", "nonzero", "index_add", "where"))
     # the routing is compiled, its top-k as rounds of max-and-mask (one fused kernel on CUDA)
     assert any("softmax" in t for t in targets) and any("max" in t for t in targets)
     assert not any("topk" in t for t in targets)
+    # the renormalisation divides by the values added up round by round: no reduction over k
+    assert "sum" not in targets and any("truediv" in t for t in targets)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_select_topk_equals_torch_topk():
-    """Values and ids of ``select_topk`` equal torch.topk's (largest first) on rows without ties."""
+    """Values and ids of ``select_topk`` equal torch.topk's (largest first) on rows without ties;
+    renormalised and cast, the values are HF's ``topk / topk.sum()`` up to the order of an fp32 sum."""
     from ingot.models.moe import select_topk
 
     gen = torch.Generator().manual_seed(0)
@@ -71,3 +74,9 @@ def test_select_topk_equals_torch_topk():
         want_v, want_i = torch.topk(probs, k, dim=-1)
         got_v, got_i = select_topk(probs, k)
         assert torch.equal(got_i, want_i) and torch.equal(got_v, want_v)
+        got_w, got_i = select_topk(probs, k, normalize=True)
+        assert torch.equal(got_i, want_i)
+        torch.testing.assert_close(got_w, want_v / want_v.sum(dim=-1, keepdim=True), rtol=1e-6, atol=0)
+        got_w, _ = select_topk(probs, k, normalize=True, out_dtype=torch.bfloat16)
+        assert got_w.dtype == torch.bfloat16
+        torch.testing.assert_close(got_w, (want_v / want_v.sum(dim=-1, keepdim=True)).bfloat16(), rtol=8e-3, atol=0)
