@@ -11,16 +11,17 @@ tokens) and device:
 
 * **per pair** (few tokens: a decode batch of 1..~4): one program per (pair, N
   tile), GEMV-like (a multiply-reduce over K, no tensor-core padding), reading
-  only the chosen experts' weight rows; no sorting, no padding. Three launches:
-  gate/up + SiLU-and-mul -> ``a [P, I]``; down -> ``y [P, H]`` (fp32, weighted);
-  the per-token sum.
+  only the chosen experts' weight rows; no sorting, no padding. Two launches:
+  gate/up + SiLU-and-mul -> ``a [P, I]``; down -> ``y [P, H]`` (fp32, weighted),
+  where the last of a token's k programs on an N tile (a counter per token and
+  tile) also adds up the token's k rows of that tile.
 * **grouped** (more tokens): ``_align_kernel`` lists each expert's pairs (in pair
   order) padded to a multiple of ``BLOCK_M``, at the expert's offset in one
   sorted list, and the expert of each block; the two GEMM kernels then run
   ``tl.dot`` over blocks of ``BLOCK_M`` pairs of one expert, so each expert's
   weights are read once per block instead of once per pair. The grid is the
   largest block count the routing can produce; blocks past the real count exit.
-  Four launches.
+  Four launches (the per-token sum its own).
 
 Numerics follow ``reference.fused_moe``: gate/up and down outputs rounded to the
 model dtype, SiLU then the product rounded as the reference op rounds them, the
@@ -40,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import cdiv, interpreting, next_pow2
+from ingot.ops.triton._common import cdiv, interpreting, next_pow2, split_counters
 from ingot.ops.triton.rounding import round_to
 
 
@@ -198,13 +199,31 @@ def _gate_up_kernel(
 
 
 @triton.jit
+def _sum_token(y_ptr, ids_ptr, out_ptr, t, offs, mask, H, TOP_K: tl.constexpr, K_POW2: tl.constexpr, BF16: tl.constexpr):
+    """out[t, offs] = the sum of token t's k rows of y there, in ascending expert id (the
+    reference's order), fp32, rounded once. Reads y through L2 (other programs wrote it)."""
+    slots = tl.arange(0, K_POW2)
+    ids = tl.load(ids_ptr + t * TOP_K + slots, mask=slots < TOP_K, other=2147483647).to(tl.int32)
+    before = (ids[None, :] < ids[:, None]) | ((ids[None, :] == ids[:, None]) & (slots[None, :] < slots[:, None]))
+    rank = tl.sum(before.to(tl.int32), axis=1)
+    acc = tl.zeros(offs.shape, dtype=tl.float32)
+    for r in tl.static_range(TOP_K):
+        j = tl.sum(tl.where(rank == r, slots, 0), axis=0)
+        acc += tl.load(y_ptr + (t * TOP_K + j).to(tl.int64) * H + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + t.to(tl.int64) * H + offs, round_to(acc, dtype, BF16).to(dtype), mask=mask)
+
+
+@triton.jit
 def _down_kernel(
     a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-    P, H, I, stride_we, stride_wn,
+    P, H, I, stride_we, stride_wn, out_ptr, counter_ptr,
     ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SUM_HERE: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
 ):
-    """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``."""
+    """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``.
+    ``SUM_HERE`` (per pair): the last of a token's k programs on this tile also sums them into out."""
     e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
@@ -233,6 +252,13 @@ def _down_kernel(
         if ROUND_PRODUCT:
             y = round_to(y, dtype, BF16)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
+        if SUM_HERE:  # one pair a program: p = program 0; its token's counter for this tile
+            t = tl.program_id(0) // TOP_K
+            counter = counter_ptr + t * tl.num_programs(1) + tl.program_id(1)
+            tl.debug_barrier()  # every thread's part of y is written before the release below
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
+                _sum_token(y_ptr, ids_ptr, out_ptr, t, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -240,19 +266,8 @@ def _sum_kernel(
     y_ptr, ids_ptr, out_ptr, H, TOP_K: tl.constexpr, K_POW2: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """out[t] = sum of token t's k rows of y, in ascending expert id (the reference's order), fp32."""
-    t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < H
-    slots = tl.arange(0, K_POW2)
-    ids = tl.load(ids_ptr + t * TOP_K + slots, mask=slots < TOP_K, other=2147483647).to(tl.int32)
-    before = (ids[None, :] < ids[:, None]) | ((ids[None, :] == ids[:, None]) & (slots[None, :] < slots[:, None]))
-    rank = tl.sum(before.to(tl.int32), axis=1)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for r in tl.static_range(TOP_K):
-        j = tl.sum(tl.where(rank == r, slots, 0), axis=0)
-        acc += tl.load(y_ptr + (t * TOP_K + j).to(tl.int64) * H + offs, mask=mask, other=0.0)
-    dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + t.to(tl.int64) * H + offs, round_to(acc, dtype, BF16).to(dtype), mask=mask)
+    _sum_token(y_ptr, ids_ptr, out_ptr, tl.program_id(0), offs, offs < H, H, TOP_K, K_POW2, BF16)
 
 
 _SUM_BLOCK = 256
@@ -312,15 +327,20 @@ def run(
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )
     bn, bk, warps, stages = launch.down
+    k_pow2 = max(2, next_pow2(top_k))
+    # per pair, the down kernel sums each token's pairs itself (one counter per token and tile)
+    counters = None if launch.grouped else split_counters(hidden.device, t * cdiv(h, bn))
     _down_kernel[(m_blocks, cdiv(h, bn))](
         a, w_down, y, weights, ids, sorted_ids, block_expert,
-        pairs, h, inter, w_down.stride(0), w_down.stride(1),
+        pairs, h, inter, w_down.stride(0), w_down.stride(1), out, counters if counters is not None else ids,
         ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
-        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, SUM_HERE=counters is not None, TOP_K=top_k, K_POW2=k_pow2,
+        num_warps=warps, num_stages=stages,
     )
-    _sum_kernel[(t, cdiv(h, _SUM_BLOCK))](
-        y, ids, out, h, TOP_K=top_k, K_POW2=max(2, next_pow2(top_k)), BF16=bf16, BLOCK=_SUM_BLOCK, num_warps=2,
-    )
+    if counters is None:
+        _sum_kernel[(t, cdiv(h, _SUM_BLOCK))](
+            y, ids, out, h, TOP_K=top_k, K_POW2=k_pow2, BF16=bf16, BLOCK=_SUM_BLOCK, num_warps=2,
+        )
     return out
 
 
