@@ -1,13 +1,13 @@
-"""Launch candidates of the batch-1 GEMV and fused-MoE kernels, timed inside the whole decode step.
+"""Launch candidates of the batch-1 GEMV, decode attention and fused-MoE kernels, timed inside the whole decode step.
 
-    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny|moe|both] [--rounds 2] [--out PATH]
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,attention,moe] [--rounds 2] [--out PATH]
 
 ``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
 kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh weights
 and the split-K merges change the picture, so this script swaps one launch at a time
-into the tables the ops read (``skinny_gemm.launch_config``, ``fused_moe._TABLE``),
-captures the random-weight model's batch-1 decode graph, and times replays queued back
-to back (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates;
+into the tables the ops read (``skinny_gemm.launch_config``,
+``decode_attention.launch_config``, ``fused_moe._TABLE``), captures the random-weight
+model's batch-1 decode graph, and times replays queued back to back (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates;
 each candidate's figure is its median over rounds, against the table's. The tables
 are restored afterwards. Needs CUDA; prints a table and writes JSON (default
 benchmarks/results/step_launch_sweep-<shape>-<date>.json).
@@ -32,8 +32,10 @@ if str(ROOT) not in sys.path:
 from ingot.bench.decode import SHAPES, build_shape, decode_bench_runner, synthetic_decode_batch, time_back_to_back  # noqa: E402
 from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.config import EngineConfig  # noqa: E402
+from ingot.ops.triton import decode_attention as attention  # noqa: E402
 from ingot.ops.triton import fused_moe as moe  # noqa: E402
 from ingot.ops.triton import skinny_gemm as skinny  # noqa: E402
+from ingot.ops.triton._common import num_sms  # noqa: E402
 
 # skinny GEMM variants for the wide projections (1,024 to 16,384 outputs; the router and lm_head keep the table's)
 SKINNY_VARIANTS: dict[str, dict] = {
@@ -46,19 +48,46 @@ SKINNY_VARIANTS: dict[str, dict] = {
     "128-wide K tiles": {"block_k": 128},
     "8 warps": {"num_warps": 8},
 }
+# and for the MoE routers (at most 256 outputs: 8 to 128 experts, Qwen2-MoE's shared-expert gate row
+# included), latency-bound GEMVs of 64 KB to 1 MB
+ROUTER_VARIANTS: dict[str, dict] = {
+    "whole K": {"splits": 1},
+    "whole K, 4-row tiles": {"splits": 1, "block_n": 4},
+    "whole K, 8-row tiles": {"splits": 1, "block_n": 8},
+    "4-row tiles": {"block_n": 4},
+    "2 K splits": {"splits": 2},
+    "1 warp": {"num_warps": 1},
+    "2 warps": {"num_warps": 2},
+    "128-wide K tiles": {"block_k": 128},
+    "8 programs an SM": {"waves": 8},
+}
+# decode attention at batch 1 (the latency-bound branch of its table: fewer (sequence, KV head)
+# programs than half the SMs)
+ATTENTION_VARIANTS: dict[str, dict] = {
+    "32-token tiles": {"block_n": 32},
+    "32-token tiles, 4 warps": {"block_n": 32, "num_warps": 4},
+    "128-token tiles": {"block_n": 128},
+    "4 warps": {"num_warps": 4},
+    "1 stage": {"num_stages": 1},
+    "3 stages": {"num_stages": 3},
+    "2 programs an SM": {"waves": 2},
+}
+
 # fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
 MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
              (16, 128, 4, 4), (16, 256, 8, 4), (16, 256, 4, 3)]
 
 
-def skinny_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
-    """name -> install(): swaps ``skinny_gemm.launch_config`` and returns the undo."""
+def skinny_candidates(kind: str = "skinny") -> dict[str, Callable[[], Callable[[], None]]]:
+    """name -> install(): swaps ``skinny_gemm.launch_config`` for one-row GEMVs of the wide
+    projections (``kind`` "skinny") or of the routers ("router"), and returns the undo."""
     table = skinny.launch_config
+    variants, lo, hi = (SKINNY_VARIANTS, 1024, 16384) if kind == "skinny" else (ROUTER_VARIANTS, 1, 256)
 
     def install(changes: dict) -> Callable[[], None]:
         def pick(m, n, k, device, prologue=skinny.NONE):
             cfg = table(m, n, k, device, prologue)
-            if m != 1 or not 1024 <= n <= 16384:
+            if m != 1 or not lo <= n <= hi:
                 return cfg
             ch = dict(changes)
             if "block_n" in ch and prologue != skinny.NONE:
@@ -68,7 +97,23 @@ def skinny_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
         skinny.launch_config = pick
         return lambda: setattr(skinny, "launch_config", table)
 
-    return {f"skinny: {name}": (lambda ch=ch: install(ch)) for name, ch in SKINNY_VARIANTS.items()}
+    return {f"{kind}: {name}": (lambda ch=ch: install(ch)) for name, ch in variants.items()}
+
+
+def attention_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
+    """name -> install(): swaps ``decode_attention.launch_config`` for the latency-bound
+    launches (few programs: batch 1), and returns the undo."""
+    table = attention.launch_config
+
+    def install(changes: dict) -> Callable[[], None]:
+        def pick(head_dim, programs, device):
+            cfg = table(head_dim, programs, device)
+            return cfg if 2 * programs >= num_sms(device) else replace(cfg, **changes)
+
+        attention.launch_config = pick
+        return lambda: setattr(attention, "launch_config", table)
+
+    return {f"attention: {name}": (lambda ch=ch: install(ch)) for name, ch in ATTENTION_VARIANTS.items()}
 
 
 def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[[], None]]]:
@@ -95,12 +140,18 @@ def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
-    ap.add_argument("--kernel", choices=["skinny", "moe", "both"], default="both")
+    ap.add_argument("--kernel", default="skinny,moe",
+                    help="comma-separated candidate families: skinny (wide GEMVs), router, attention, moe "
+                         "(default skinny,moe)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved passes over the candidates (default 2)")
     ap.add_argument("--steps", type=int, default=30, help="replays queued per timing (default 30)")
     ap.add_argument("--context-len", type=int, default=512)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    kernels = [k.strip() for k in args.kernel.split(",") if k.strip()]
+    unknown = sorted(set(kernels) - {"skinny", "router", "attention", "moe"})
+    if unknown or not kernels:
+        ap.error(f"--kernel: unknown candidate families {unknown}; choose from skinny, router, attention, moe")
     if not torch.cuda.is_available():
         sys.exit("step_launch_sweep needs CUDA")
     dev = torch.device("cuda")
@@ -108,10 +159,13 @@ def main() -> None:
     base, runner, per_seq = decode_bench_runner(model, cfg, EngineConfig.create(show_progress=False), [1],
                                                 args.context_len, torch.bfloat16)
     candidates: dict[str, Callable[[], Callable[[], None]]] = {"table": lambda: (lambda: None)}
-    if args.kernel in ("skinny", "both"):
-        candidates.update(skinny_candidates())
-    if args.kernel in ("moe", "both") and cfg.num_experts:
-        candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
+    for family in kernels:
+        if family in ("skinny", "router"):
+            candidates.update(skinny_candidates(family))
+        elif family == "attention":
+            candidates.update(attention_candidates())
+        elif cfg.num_experts:
+            candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
     inputs = runner.stage(synthetic_decode_batch(1, args.context_len, base.block_size, cfg.vocab_size))
     us: dict[str, list[float]] = {name: [] for name in candidates}
     for rnd in range(args.rounds):

@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from benchmarks import step_launch_sweep as sweep  # noqa: E402
+from ingot.ops.triton import decode_attention as attention  # noqa: E402
 from ingot.ops.triton import fused_moe as moe  # noqa: E402
 from ingot.ops.triton import skinny_gemm as skinny  # noqa: E402
 
@@ -43,3 +44,31 @@ def test_moe_candidates_swap_the_one_token_row_and_undo():
         undo()
     assert moe._TABLE["sm90"][(8, 14336)] is rows
     assert sweep.moe_candidates(1, 1) == {}  # a shape without a row of its own
+
+
+def test_router_candidate_changes_batch1_routers_only_and_undoes():
+    table = skinny.launch_config
+    wide = table(1, 5120, 2048, CPU)
+    undo = sweep.skinny_candidates("router")["router: whole K, 4-row tiles"]()
+    try:
+        for n, k in ((128, 2048), (8, 4096), (61, 2048)):  # Qwen3-30B-A3B, Mixtral-8x7B, Qwen1.5-MoE (+ shared gate)
+            cfg = skinny.launch_config(1, n, k, CPU)
+            assert (cfg.splits, cfg.block_n) == (1, 4) and cfg.block_k == table(1, n, k, CPU).block_k
+        assert skinny.launch_config(1, 5120, 2048, CPU) == wide  # the wide projections keep theirs
+        assert skinny.launch_config(2, 128, 2048, CPU) == table(2, 128, 2048, CPU)
+    finally:
+        undo()
+    assert skinny.launch_config is table
+
+
+def test_attention_candidate_changes_latency_bound_launches_only_and_undoes():
+    table = attention.launch_config
+    few, many = 4, 10_000  # (sequence, KV head) programs: batch 1 of 4 KV heads; a large batch
+    undo = sweep.attention_candidates()["attention: 32-token tiles, 4 warps"]()
+    try:
+        cfg = attention.launch_config(128, few, CPU)
+        assert (cfg.block_n, cfg.num_warps) == (32, 4) and cfg.num_stages == table(128, few, CPU).num_stages
+        assert attention.launch_config(128, many, CPU) == table(128, many, CPU)
+    finally:
+        undo()
+    assert attention.launch_config is table
