@@ -211,6 +211,27 @@ def test_prologue_linear(K, prologue, m, n, k, bias, splits):
     check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), config=cfg)
 
 
+def test_in_step_sweep_candidates_compute_the_reference(K):
+    """Every router and decode-attention launch that ``benchmarks/step_launch_sweep.py`` times on
+    the GPU is a correct launch: none can win there by computing something else."""
+    from benchmarks.step_launch_sweep import ATTENTION_VARIANTS, ROUTER_VARIANTS
+
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(23)
+    n, k = 24, 600  # a router of 24 experts; several 128- or 256-wide K tiles per split
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    for name, changes in ROUTER_VARIANTS.items():
+        cfg = replace(K.skinny_gemm.launch_config(1, n, k, cpu), **changes)
+        out = K.skinny_gemm.skinny_linear(x, w, None, cfg)
+        assert rel_err(out, ref.skinny_linear(x.float(), w.float(), None)) < 1e-2, name
+    args = rope_decode_case([100, 33, 1], 8, 2, 64, 16, torch.bfloat16, gen, qk_norm=True)
+    for name, changes in ATTENTION_VARIANTS.items():
+        cfg = replace(K.decode_attention.launch_config(64, 3 * 2, cpu), **changes)
+        fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        check_rope_decode(lambda *a, cfg=cfg: K.decode_attention.decode_attention_rope(*a, config=cfg), fresh)
+
+
 def test_decode_zero_length_is_finite(K):
     gen = torch.Generator().manual_seed(1)
     k_cache, v_cache, table = paged([5, 3], 16, 2, 64, torch.bfloat16, gen)
