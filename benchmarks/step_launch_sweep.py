@@ -7,9 +7,10 @@ kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh 
 and the split-K merges change the picture, so this script swaps one launch at a time
 into the tables the ops read (``skinny_gemm.launch_config``,
 ``decode_attention.launch_config``, ``fused_moe._TABLE``), captures the random-weight
-model's batch-1 decode graph, and times replays queued back to back (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates;
-each candidate's figure is its median over rounds, against the table's. The tables
-are restored afterwards. Needs CUDA; prints a table and writes JSON (default
+model's batch-1 decode graph, and times replays queued back to back
+(``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates; each
+candidate's figure is its median over rounds, against the table's. The tables are
+restored afterwards. Needs CUDA; prints a table and writes JSON (default
 benchmarks/results/step_launch_sweep-<shape>-<date>.json).
 """
 
@@ -73,6 +74,9 @@ ATTENTION_VARIANTS: dict[str, dict] = {
     "2 programs an SM": {"waves": 2},
 }
 
+# candidate families --kernel takes: skinny GEMVs of the wide projections, of the routers, decode
+# attention, fused-MoE per-pair tiles
+FAMILIES = ("skinny", "router", "attention", "moe")
 # fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
 MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
              (16, 128, 4, 4), (16, 256, 8, 4), (16, 256, 4, 3)]
@@ -141,17 +145,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
     ap.add_argument("--kernel", default="skinny,moe",
-                    help="comma-separated candidate families: skinny (wide GEMVs), router, attention, moe "
-                         "(default skinny,moe)")
+                    help=f"comma-separated candidate families, of {', '.join(FAMILIES)} (default skinny,moe)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved passes over the candidates (default 2)")
     ap.add_argument("--steps", type=int, default=30, help="replays queued per timing (default 30)")
     ap.add_argument("--context-len", type=int, default=512)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     kernels = [k.strip() for k in args.kernel.split(",") if k.strip()]
-    unknown = sorted(set(kernels) - {"skinny", "router", "attention", "moe"})
+    unknown = sorted(set(kernels) - set(FAMILIES))
     if unknown or not kernels:
-        ap.error(f"--kernel: unknown candidate families {unknown}; choose from skinny, router, attention, moe")
+        ap.error(f"--kernel: unknown candidate families {unknown}; choose from {', '.join(FAMILIES)}")
     if not torch.cuda.is_available():
         sys.exit("step_launch_sweep needs CUDA")
     dev = torch.device("cuda")
