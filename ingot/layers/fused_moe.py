@@ -93,6 +93,9 @@ class FusedMoE(nn.Module):
         keys = {f"w_gate_up#{e}#{s}" for e in range(self.num_experts) for s in (0, 1)}
         return keys | {f"w_down#{e}#0" for e in range(self.num_experts)}
 
-    def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """hidden [T, H] through each token's experts ``topk_ids`` [T, k], weighted by ``topk_weights``."""
-        return torch.ops.ingot.fused_moe(hidden, self.w_gate_up, self.w_down, topk_weights, topk_ids)
+    def forward(
+        self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, row_scale: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """hidden [T, H] through each token's experts ``topk_ids`` [T, k], weighted by ``topk_weights``
+        (each row's gate/up sums times ``row_scale`` [T], when given: see ``norm_linear_scaled``)."""
+        return torch.ops.ingot.fused_moe(hidden, self.w_gate_up, self.w_down, topk_weights, topk_ids, row_scale)

@@ -21,7 +21,8 @@ through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead of
 (``layers/policy.py``). On that path ``norm_linear`` and ``silu_mul_linear``
 also fold the RMSNorm or SiLU-and-mul in front of a projection into the GEMV's
 load of its input (one launch instead of two), unless the policy keeps that op
-native.
+native; ``norm_linear_scaled`` also hands the normed input on, in two factors, to
+a MoE block's experts, which read it after the router's GEMV.
 
 The norm is fused only into projections of at most ``NORM_PROLOGUE_MAX_N``
 outputs: every N tile of the GEMV recomputes it over all of K, so a wide
@@ -65,11 +66,33 @@ def norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(proj(norm(x + residual)), x + residual), the norm fused into the GEMV on the skinny path
     (for projections of at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
-    if policy.skinny(x) and not policy.is_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N:
+    if _fuses_norm(x, proj, policy):
         out, residual = torch.ops.ingot.rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
         return proj.reduce(out), residual
     h, residual = norm(x, residual, policy)
     return proj(h, policy), residual
+
+
+def norm_linear_scaled(
+    x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(proj(h), x + residual, hw, scale) with h = norm(x + residual) = hw * scale up to
+    rounding: ``norm_linear`` for a block whose experts also read h (a MoE layer). On the
+    skinny path the GEMV writes hw = norm_w * (x + residual) and each row's rstd as it goes,
+    and the experts scale their sums by it (``fused_moe``'s ``row_scale``): the norm's own
+    launch goes. Otherwise hw = h and scale is None."""
+    if _fuses_norm(x, proj, policy):
+        out, residual, hw, rstd = torch.ops.ingot.rms_norm_linear_scaled(
+            x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
+        return proj.reduce(out), residual, hw, rstd
+    h, residual = norm(x, residual, policy)
+    return proj(h, policy), residual, h, None
+
+
+def _fuses_norm(x: torch.Tensor, proj: "MergedLinear", policy: OpPolicy) -> bool:
+    """Whether the norm in front of ``proj`` folds into its GEMV (skinny rows, the norm not
+    kept native, at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
+    return policy.skinny(x) and not policy.is_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N
 
 
 def silu_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:

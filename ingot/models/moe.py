@@ -32,7 +32,7 @@ from torch import nn
 from ingot.distributed.collectives import all_reduce
 from ingot.distributed.parallel import SINGLE, TensorParallel
 from ingot.layers.fused_moe import FusedMoE
-from ingot.layers.linear import MergedLinear
+from ingot.layers.linear import MergedLinear, norm_linear_scaled
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import OpPolicy
 from ingot.loading.errors import CheckpointError
@@ -111,9 +111,15 @@ class MoEBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, policy: OpPolicy) -> torch.Tensor:
         """The block's output for normed hidden states ``h`` [T, H]."""
-        logits = self.gate(h, policy)
+        return self.experts_forward(h, self.gate(h, policy), policy)
+
+    def experts_forward(
+        self, h: torch.Tensor, logits: torch.Tensor, policy: OpPolicy, row_scale: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """The block's output for normed hidden states ``h`` (or, with ``row_scale``, rows whose
+        product with it is the normed states: ``norm_linear_scaled``) and their router logits."""
         weights, ids = self.route(logits[:, : self.num_experts])
-        out = self.experts(h, weights, ids)
+        out = self.experts(h, weights, ids, row_scale)
         if self.shared_expert is not None:
             shared = self.shared_expert(self.shared_expert.gate_up_proj(h, policy), policy)
             out = out + torch.sigmoid(logits[:, self.num_experts :]) * shared
@@ -122,9 +128,14 @@ class MoEBlock(nn.Module):
     def norm_forward(
         self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(block(norm(x + residual)), x + residual): the decoder layer's MLP protocol."""
-        h, residual = norm(x, residual, policy)
-        return self(h, policy), residual
+        """(block(norm(x + residual)), x + residual): the decoder layer's MLP protocol. Without
+        a shared expert (whose GEMVs take no row scale) the norm rides in the router's GEMV,
+        and the experts scale their sums by its rstd."""
+        if self.shared_expert is not None:
+            h, residual = norm(x, residual, policy)
+            return self(h, policy), residual
+        logits, residual, hw, rstd = norm_linear_scaled(x, residual, norm, self.gate, policy)
+        return self.experts_forward(hw, logits, policy, rstd), residual
 
 
 def moe_tensor_parallel_error(cfg: ModelConfig, size: int) -> Optional[str]:

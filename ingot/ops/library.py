@@ -172,6 +172,20 @@ def _(x, residual, norm_weight, eps, weight, bias):
     return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x)
 
 
+@custom_op("ingot::rms_norm_linear_scaled", mutates_args=())
+def rms_norm_linear_scaled(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return ref.rms_norm_linear_scaled(x, residual, norm_weight, eps, weight, bias)
+
+
+@rms_norm_linear_scaled.register_fake
+def _(x, residual, norm_weight, eps, weight, bias):
+    rstd = x.new_empty(x.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x), torch.empty_like(x), rstd
+
+
 @custom_op("ingot::silu_mul_linear", mutates_args=())
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     return ref.silu_mul_linear(x, weight, bias)
@@ -189,11 +203,12 @@ def fused_moe(
     w_down: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    row_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The experts of a MoE layer for routed tokens (routing itself stays PyTorch in the model)."""
-    return ref.fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+    return ref.fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, row_scale)
 
 
 @fused_moe.register_fake
-def _(hidden, w_gate_up, w_down, topk_weights, topk_ids):
+def _(hidden, w_gate_up, w_down, topk_weights, topk_ids, row_scale=None):
     return torch.empty_like(hidden)

@@ -193,6 +193,18 @@ def rms_norm_linear(
     return skinny_linear(h, weight, bias), new_residual
 
 
+def rms_norm_linear_scaled(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rms_norm_linear``, and its normed input in two factors for a second consumer:
+    ``norm_weight * (x + residual)`` (model dtype) and each row's rstd (fp32, [T]); their
+    product is the normed row up to rounding (``fused_moe``'s ``row_scale`` takes the rstd)."""
+    out, new_residual = rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+    rstd = torch.rsqrt(new_residual.float().pow(2).mean(-1) + eps)
+    return out, new_residual, norm_weight * new_residual, rstd
+
+
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """silu_and_mul(x) projected by weight: the activation fused in front of the down projection."""
     return skinny_linear(silu_and_mul(x), weight, bias)
@@ -204,11 +216,14 @@ def fused_moe(
     w_down: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    row_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Mixture-of-experts MLP: each token through its ``k`` chosen experts, weighted and summed.
 
     hidden [T, H]; w_gate_up [E, 2I, H] (gate rows first, then up); w_down [E, H, I];
-    topk_weights [T, k] (model dtype, or fp32 as Mixtral keeps them); topk_ids [T, k].
+    topk_weights [T, k] (model dtype, or fp32 as Mixtral keeps them); topk_ids [T, k];
+    row_scale [T] (fp32), optional: multiplies each token's gate/up sums before they are
+    rounded, so ``hidden`` can be a normed row's two factors (``rms_norm_linear_scaled``).
 
     HF transformers' eager experts loop, step for step: experts in ascending id,
     each computing ``down(silu(gate) * up)`` of its tokens in the model dtype and
@@ -222,12 +237,12 @@ def fused_moe(
     runs on every token instead, the unrouted ones weighted by zero (same sums).
     """
     capturing = hidden.is_cuda and torch.cuda.is_current_stream_capturing()
-    return _experts_loop(hidden, w_gate_up, w_down, topk_weights, topk_ids, every_expert=capturing)
+    return _experts_loop(hidden, w_gate_up, w_down, topk_weights, topk_ids, every_expert=capturing, row_scale=row_scale)
 
 
 def _experts_loop(
     hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor, every_expert: bool,
+    topk_ids: torch.Tensor, every_expert: bool, row_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     t, h = hidden.shape
     out = torch.zeros(t, h, dtype=torch.float32, device=hidden.device)
@@ -242,7 +257,11 @@ def _experts_loop(
         else:
             slot, token_idx = torch.where(topk_ids.T == e)  # HF's row order (slot-major): CPU GEMMs see the same rows
             weight = topk_weights[token_idx, slot, None]
-        gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
+        if row_scale is None:
+            gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
+        else:  # scaled in fp32, rounded once
+            sums = torch.nn.functional.linear(hidden[token_idx].float(), w_gate_up[e].float())
+            gate_up = (sums * row_scale[token_idx, None]).to(hidden.dtype)
         act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         y = torch.nn.functional.linear(act, w_down[e]) * weight
         # = index_add_ (each token once per expert), whose CPU kernel stalls for ms on a busy machine

@@ -7,10 +7,12 @@ no graph break, and the compiled step must equal the raw one.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
+from ingot.layers.policy import OpPolicy
 from ingot.models.moe import MoEBlock
 from ingot.runner import compile_stats as cs
 from ingot.runner import decode_compile
@@ -18,7 +20,10 @@ from ingot.runner.graph_runner import StaticBuffers, make_decode_forward
 from tests.helpers import write_tiny_checkpoint
 
 
-def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path):
+@pytest.mark.parametrize("skinny", [False, True], ids=["batch4", "batch1_skinny"])
+def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path, skinny):
+    """On the skinny path (one row) the block's norm rides in the router's GEMV: one opaque
+    ``ingot.rms_norm_linear_scaled`` per sparse layer, whose rstd the experts take."""
     path = write_tiny_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
     cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, num_kv_blocks=64,
                        decode_compile=True)
@@ -35,7 +40,8 @@ def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path):
         graphs.append(gm)
         return compile_fx(gm, example_inputs)
 
-    raw = make_decode_forward(model, engine.runner.policy)
+    batch = 1 if skinny else 4
+    raw = make_decode_forward(model, OpPolicy(skinny_rows=1) if skinny else engine.runner.policy)
     compiled = decode_compile.build_decode_forward(raw, cfg, torch.device("cpu"), backend=backend, allow_cpu=True)
     assert getattr(compiled, "compiled", False)
     buf = StaticBuffers.allocate(4, 8, torch.device("cpu"))
@@ -45,13 +51,14 @@ def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path):
     buf.block_tables[:, 0] = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
     snap = cs.stats_snapshot()
     with torch.inference_mode():
-        expected = raw(*buf.view(4)).clone()
-        got = compiled(*buf.view(4))
+        expected = raw(*buf.view(batch)).clone()
+        got = compiled(*buf.view(batch))
     stats = cs.stats_since(snap)
     assert stats.graph_breaks == 0, stats.describe()
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
     assert sum("ingot.fused_moe" in t for t in targets) == sparse_layers
+    assert sum("ingot.rms_norm_linear_scaled" in t for t in targets) == (sparse_layers if skinny else 0)
     # the reference's host loop (unique, where, index_add) was not traced into the graph
     assert not any(op in t for t in targets for op in ("unique", "nonzero", "index_add", "where"))
     # the routing is compiled, its top-k as rounds of max-and-mask (one fused kernel on CUDA)

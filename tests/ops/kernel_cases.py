@@ -103,13 +103,16 @@ def check_store_kv(fn, t, hkv, d, page, nb, gen, device="cpu", dtype=torch.bfloa
 
 
 def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool, gen, device="cpu", config=None) -> None:
-    """``rms_norm_linear`` / ``silu_mul_linear`` of module ``mod`` (skinny_gemm) against the
-    reference ops: a random projection within bf16 tolerance, and an identity projection,
-    whose output is the prologue's bf16 result itself, element for element. ``config``: the
-    launch configuration of both (None: the kernel's default)."""
+    """``rms_norm_linear`` / ``rms_norm_linear_scaled`` (prologue "norm" / "norm_scaled") or
+    ``silu_mul_linear`` of module ``mod`` (skinny_gemm) against the reference ops: a random
+    projection within bf16 tolerance, and an identity projection, whose output is the
+    prologue's bf16 result itself, element for element; "norm_scaled"'s two factors of the
+    normed rows against the reference's. ``config``: the launch configuration of all (None:
+    the kernel's default)."""
     from ingot.ops import reference as ref
 
-    cols = k if prologue == "norm" else 2 * k
+    norm = prologue.startswith("norm")
+    cols = k if norm else 2 * k
     x = torch.randn(m, cols, generator=gen).to(torch.bfloat16).to(device)
     residual = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
     norm_w = (1 + 0.3 * torch.randn(k, generator=gen)).to(torch.bfloat16).to(device)
@@ -117,24 +120,32 @@ def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool
 
     def run(w, b):
         if prologue == "norm":
-            return mod.rms_norm_linear(x, residual, norm_w, 1e-6, w, b, config)
-        return mod.silu_mul_linear(x, w, b, config), None
+            return *mod.rms_norm_linear(x, residual, norm_w, 1e-6, w, b, config), None, None
+        if prologue == "norm_scaled":
+            return mod.rms_norm_linear_scaled(x, residual, norm_w, 1e-6, w, b, config)
+        return mod.silu_mul_linear(x, w, b, config), None, None, None
 
     def expected_input():
-        if prologue == "norm":
+        if norm:
             return ref.add_rms_norm(x.cpu(), residual.cpu(), norm_w.cpu(), 1e-6)
         return ref.silu_and_mul(x.cpu()), None
 
     h, new_residual = expected_input()
     w = (0.05 * torch.randn(n, k, generator=gen)).to(torch.bfloat16).to(device)
-    y, r_out = run(w, b)
+    y, r_out, hw, rstd = run(w, b)
     expected = torch.nn.functional.linear(h.float(), w.float().cpu(), None if b is None else b.float().cpu())
     assert y.dtype == torch.bfloat16 and y.shape == (m, n)
     assert rel_err(y.cpu(), expected) < 1e-2
-    if prologue == "norm":
+    if norm:
         assert torch.equal(r_out.cpu(), new_residual)  # x + residual, every row and column written
+    if prologue == "norm_scaled":
+        _, _, hw_ref, rstd_ref = ref.rms_norm_linear_scaled(x.cpu(), residual.cpu(), norm_w.cpu(), 1e-6, w.cpu(), None)
+        assert hw.dtype == torch.bfloat16 and torch.equal(hw.cpu(), hw_ref)  # norm_w * s, rounded alike
+        assert rstd.dtype == torch.float32 and rstd.shape == (m,)
+        torch.testing.assert_close(rstd.cpu(), rstd_ref, rtol=1e-5, atol=0)  # sums of squares in another order
+        assert rel_err((hw.float() * rstd[:, None]).cpu(), h.float()) < 1e-2  # the two factors make the normed row
     eye = torch.eye(k, dtype=torch.bfloat16, device=device)
-    same, _ = run(eye, None)
+    same = run(eye, None)[0]
     if prologue == "silu":  # the activation rounds as the reference does
         assert torch.equal(same.cpu(), h)
     else:  # rstd scales after the sum (skinny_gemm.py): bf16-rounding-level differences only

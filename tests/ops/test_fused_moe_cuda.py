@@ -93,6 +93,9 @@ def test_paths_and_routings(M, weights_of, name, e, k, h, i, path, batch, routin
               "grouped64": M.MoeLaunch(True, 64, (64, 64, 4, 3), (128, 64, 8, 3))}[path]
     args = arch_inputs(weights_of, name, e, k, h, i, batch, routing=routing)
     check_fused_moe(lambda *a: M.run(*a, launch=launch), args, tol=1e-2)
+    if routing == "random":  # each token's gate/up sums scaled (the norm's rstd handed on by the router)
+        scale = torch.rand(batch, device=args[0].device) + 0.5
+        check_fused_moe(lambda *a: M.run(*a, launch=launch), args + [scale], tol=1e-2)
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3, 4, 6, 8])

@@ -103,3 +103,17 @@ def test_graph_safe_form_sums_the_same():
     routed = ref._experts_loop(*args, every_expert=False)
     torch.testing.assert_close(ref._experts_loop(*args, every_expert=True), routed, rtol=1e-6, atol=1e-6)
     assert torch.equal(routed, ref.fused_moe(*args))
+    scale = torch.rand(13, generator=torch.Generator().manual_seed(3)) + 0.5
+    torch.testing.assert_close(ref._experts_loop(*args, every_expert=True, row_scale=scale),
+                               ref._experts_loop(*args, every_expert=False, row_scale=scale), rtol=1e-6, atol=1e-6)
+
+
+def test_row_scale_multiplies_each_tokens_gate_up_sums():
+    """``row_scale`` [T] scales token t's gate and up sums: the plain fp64 loop on the scaled rows,
+    whichever way the tokens' experts overlap."""
+    hidden, w_gate_up, w_down, weights, ids = moe_case(6, 8, 3, 16, 12, seed=4)
+    scale = torch.rand(6, generator=torch.Generator().manual_seed(5)) + 0.5
+    got = ref.fused_moe(hidden, w_gate_up, w_down, weights, ids, scale)
+    want = plain_loop(hidden * scale[:, None], w_gate_up, w_down, weights, ids)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got, ref.fused_moe(hidden, w_gate_up, w_down, weights, ids), rtol=1e-3)

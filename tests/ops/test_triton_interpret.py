@@ -200,12 +200,13 @@ def test_skinny_linear(K, m, n, k, bias, splits):
     assert all(int(c.count_nonzero()) == 0 for c in _counters.values())  # left at zero
 
 
-@pytest.mark.parametrize("prologue", ["norm", "silu"])
+@pytest.mark.parametrize("prologue", ["norm", "norm_scaled", "silu"])
 @pytest.mark.parametrize("m,n,k,bias,splits", [(1, 40, 96, True, None), (1, 24, 300, False, 3), (3, 33, 64, True, 2)])
 def test_prologue_linear(K, prologue, m, n, k, bias, splits):
-    """RMSNorm / SiLU-and-mul fused in front of the skinny GEMM, one row (multiply-reduce) and a
-    few (tl.dot); a narrower prologue tile for the first case."""
-    code = {"norm": K.skinny_gemm.NORM, "silu": K.skinny_gemm.SILU}[prologue]
+    """RMSNorm (also handing on its input in two factors) / SiLU-and-mul fused in front of the
+    skinny GEMM, one row (multiply-reduce) and a few (tl.dot), whole-K programs and split K; a
+    narrower prologue tile for the first case."""
+    code = K.skinny_gemm.SILU if prologue == "silu" else K.skinny_gemm.NORM
     narrow = {"block_n": 16} if splits is None else {}
     cfg = skinny_config(K, m, n, k, code, splits=splits, **narrow)
     check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), config=cfg)
@@ -486,7 +487,8 @@ def test_kernels_take_their_ops_arguments(K):
         "store_kv": K.kv_store.store_kv, "decode_attention": K.decode_attention.decode_attention,
         "decode_attention_rope": K.decode_attention.decode_attention_rope,
         "prefill_attention": K.prefill_dispatch.prefill_attention, "skinny_linear": K.skinny_gemm.skinny_linear,
-        "rms_norm_linear": K.skinny_gemm.rms_norm_linear, "silu_mul_linear": K.skinny_gemm.silu_mul_linear,
+        "rms_norm_linear": K.skinny_gemm.rms_norm_linear,
+        "rms_norm_linear_scaled": K.skinny_gemm.rms_norm_linear_scaled, "silu_mul_linear": K.skinny_gemm.silu_mul_linear,
     }
     for name, fn in kernels.items():
         op_params = [a.name for a in getattr(torch.ops.ingot, name).default._schema.arguments]
@@ -538,6 +540,8 @@ def test_fused_moe(MOE, grouped, t, e, k, h, i):
     launch = MOE.MoeLaunch(True, 16, (16, 16, 4, 1), (16, 32, 4, 1)) if grouped else MOE.MoeLaunch(False, 1, (16, 32, 4, 1), (16, 16, 4, 1))
     args = moe_inputs(t, e, k, h, i, torch.float32, torch.Generator().manual_seed(t * 31 + e), routing="random")
     check_fused_moe(lambda *a: MOE.run(*a, launch=launch), args, tol=1e-5)
+    scale = torch.rand(t, generator=torch.Generator().manual_seed(t)) + 0.5  # each token's gate/up sums scaled
+    check_fused_moe(lambda *a: MOE.run(*a, launch=launch), args + [scale], tol=1e-5)
     from ingot.ops.triton._common import _counters
 
     assert all(int(c.count_nonzero()) == 0 for c in _counters.values())  # the per-pair sum's counters left at zero

@@ -398,14 +398,18 @@ def test_skinny_linear(K, m, n, k, bias):
 
 
 @gpu
-@pytest.mark.parametrize("prologue", ["norm", "silu"])
+@pytest.mark.parametrize("prologue", ["norm", "norm_scaled", "silu"])
 @pytest.mark.parametrize("m", [1, 4, 16])
-@pytest.mark.parametrize("n,k,bias", [(2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True)])
-@pytest.mark.parametrize("fields", [{}, {"block_n": 64}, {"block_n": 8, "num_warps": 1, "waves": 16}])
+@pytest.mark.parametrize("n,k,bias", [
+    (2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True),
+    (128, 2048, False), (8, 4096, False),  # MoE routers: Qwen3-30B-A3B, Mixtral-8x7B
+])
+@pytest.mark.parametrize("fields", [{}, {"block_n": 64}, {"block_n": 8, "num_warps": 1, "waves": 16}, {"splits": 1}])
 def test_prologue_linear(K, prologue, m, n, k, bias, fields):
-    """The norm and SiLU prologues of the skinny GEMM against the reference ops (kernel_cases),
-    with the default tiles, wide tiles, and narrow one-warp programs."""
-    code = {"norm": K.skinny_gemm.NORM, "silu": K.skinny_gemm.SILU}[prologue]
+    """The norm (also handing on its input in two factors) and SiLU prologues of the skinny GEMM
+    against the reference ops (kernel_cases), with the default tiles, wide tiles, narrow one-warp
+    programs and whole-K programs."""
+    code = K.skinny_gemm.SILU if prologue == "silu" else K.skinny_gemm.NORM
     cfg = replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cuda"), code), **fields)
     check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda", cfg)
 

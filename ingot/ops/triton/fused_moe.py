@@ -23,6 +23,10 @@ tokens) and device:
   largest block count the routing can produce; blocks past the real count exit.
   Four launches (the per-token sum its own).
 
+An optional ``row_scale`` [T] multiplies each token's gate/up sums before they are
+rounded: a MoE layer's router GEMV hands over ``norm_w * s`` and the norm's rstd
+(``skinny_gemm.rms_norm_linear_scaled``), so the norm needs no launch of its own.
+
 Numerics follow ``reference.fused_moe``: gate/up and down outputs rounded to the
 model dtype, SiLU then the product rounded as the reference op rounds them, the
 routing weight applied in fp32 (rounded to the model dtype when the weights are
@@ -153,12 +157,13 @@ def _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED: tl.constexpr, BL
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
+    x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, scale_ptr,
     P, H, I, stride_x, stride_we, stride_wn,
-    TOP_K: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
+    TOP_K: tl.constexpr, GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``."""
+    """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``
+    (each sum times ``scale[t]`` first, with ``HAS_SCALE``)."""
     e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
@@ -191,6 +196,10 @@ def _gate_up_kernel(
                 xf = x.to(tl.float32)
                 acc_g += tl.sum(wg.to(tl.float32) * xf, axis=1)[None, :]
                 acc_u += tl.sum(wu.to(tl.float32) * xf, axis=1)[None, :]
+        if HAS_SCALE:
+            row_scale = tl.load(scale_ptr + tok, mask=row_mask, other=0.0)[:, None]
+            acc_g *= row_scale
+            acc_u *= row_scale
         g = round_to(acc_g, dtype, BF16)
         act = round_to(g / (1.0 + tl.exp(-g)), dtype, BF16)
         a = round_to(act * round_to(acc_u, dtype, BF16), dtype, BF16)
@@ -275,10 +284,11 @@ _ALIGN_CHUNK = 1024
 
 
 def fused_moe(
-    hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    row_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.fused_moe``: ``run`` with ``launch_config``'s launch."""
-    return run(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+    return run(hidden, w_gate_up, w_down, topk_weights, topk_ids, row_scale)
 
 
 def run(
@@ -287,6 +297,7 @@ def run(
     w_down: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    row_scale: Optional[torch.Tensor] = None,
     launch: Optional[MoeLaunch] = None,
 ) -> torch.Tensor:
     """The launches of one call; ``launch`` overrides the table (tests, sweeps)."""
@@ -321,9 +332,9 @@ def run(
     ieee = hidden.dtype == torch.float32 and not dot_f32
     bn, bk, warps, stages = launch.gate_up
     _gate_up_kernel[(m_blocks, cdiv(inter, bn))](
-        x, w_gate_up, a, ids, sorted_ids, block_expert,
+        x, w_gate_up, a, ids, sorted_ids, block_expert, row_scale.contiguous() if row_scale is not None else ids,
         pairs, h, inter, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
-        TOP_K=top_k, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
+        TOP_K=top_k, GROUPED=launch.grouped, HAS_SCALE=row_scale is not None, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )
     bn, bk, warps, stages = launch.down

@@ -22,6 +22,12 @@ costs more than its bytes):
   merging program (or a whole-K program) adds them up. A first pass over the
   row in every program instead cost 2.4 us per GEMV on the H200, more than
   the launch it saves.
+* ``rms_norm_linear_scaled``: the same, and the GEMV's own input for a second consumer
+  (a MoE layer's experts, after its router): ``norm_w * s``, which the first tile's
+  programs write as they stream it, and each row's ``rstd``, which its merging program
+  writes with the output. The consumer scales its sums by ``rstd`` as this GEMV does
+  (``fused_moe``'s ``row_scale``), so the norm's own launch goes and nothing waits for
+  a normed row to be written.
 * ``silu_mul_linear``: ``silu(gate) * up`` of a merged gate/up output, then the GEMM.
 
 Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
@@ -65,11 +71,11 @@ class SkinnyConfig:
 @triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
-    r_ptr, nw_ptr, r_out_ptr, ss_ptr, eps,
+    r_ptr, nw_ptr, r_out_ptr, ss_ptr, xw_ptr, rstd_ptr, eps,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, BF16: tl.constexpr,
+    PROLOGUE: tl.constexpr, WRITE_SCALED: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -99,6 +105,8 @@ def _skinny_gemm_kernel(
             sumsq += tl.sum(s * s, axis=1)
             nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             x = round_to(nw[None, :] * s, x.dtype, BF16).to(x.dtype)
+            if WRITE_SCALED and pid_n == 0:  # the experts' input, to be scaled by rstd as here
+                tl.store(xw_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], x, mask=mk)
         elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
             g = x.to(tl.float32)
             up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
@@ -116,7 +124,10 @@ def _skinny_gemm_kernel(
     y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     if DIRECT:
         if PROLOGUE == 1:
-            acc *= tl.rsqrt(sumsq / K + eps)[:, None]
+            rstd = tl.rsqrt(sumsq / K + eps)
+            acc *= rstd[:, None]
+            if WRITE_SCALED and pid_n == 0:
+                tl.store(rstd_ptr + offs_m, rstd, mask=m_mask)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mn_mask)
@@ -136,7 +147,10 @@ def _skinny_gemm_kernel(
                 if PROLOGUE == 1:  # summed in split order, whichever program merges: deterministic
                     row_sumsq += tl.load(ss_ptr + (pid_n * num_splits + s) * BLOCK_M + offs_m, cache_modifier=".cg")
             if PROLOGUE == 1:
-                total *= tl.rsqrt(row_sumsq / K + eps)[:, None]
+                rstd = tl.rsqrt(row_sumsq / K + eps)
+                total *= rstd[:, None]
+                if WRITE_SCALED and pid_n == 0:
+                    tl.store(rstd_ptr + offs_m, rstd, mask=m_mask)
             if HAS_BIAS:
                 total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mn_mask)
@@ -163,9 +177,10 @@ def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = 
 def _launch(
     x: torch.Tensor, k: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
     prologue: int = NONE, residual: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None,
-    eps: float = 0.0, config: Optional[SkinnyConfig] = None,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """y [M, N] (and the new residual for the norm prologue); ``x`` holds ``K`` (SILU: 2K) columns."""
+    eps: float = 0.0, config: Optional[SkinnyConfig] = None, write_scaled: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """y [M, N], and for the norm prologue the new residual, and with ``write_scaled`` the
+    GEMV's input ``norm_w * s`` and each row's rstd; ``x`` holds ``K`` (SILU: 2K) columns."""
     m = x.shape[0]
     n = weight.shape[0]
     assert m <= MAX_ROWS, f"skinny GEMMs take at most {MAX_ROWS} rows, got {m}"
@@ -173,14 +188,20 @@ def _launch(
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    r_out = None
-    if prologue == NORM:  # residual rows and the new residual share one (contiguous) stride
+    r_out = xw = rstd = None
+    if prologue == NORM:  # residual rows, the new residual and the scaled input share one (contiguous) stride
         residual = residual.contiguous()
         r_out = torch.empty(m, k, dtype=x.dtype, device=x.device)
+        if write_scaled:
+            xw = torch.empty(m, k, dtype=x.dtype, device=x.device)
+            rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         if r_out is not None:
             r_out.copy_(x + residual)
-        return y, r_out
+        if xw is not None:  # no GEMM to fold them into
+            xw.copy_(norm_weight * r_out)
+            rstd.copy_(torch.rsqrt(r_out.float().pow(2).mean(-1) + eps))
+        return y, r_out, xw, rstd
     cfg = config or launch_config(m, n, k, x.device, prologue)
     assert cfg.use_dot or m == 1, "the multiply-reduce form takes one row"
     use_dot, block_n, block_k = cfg.use_dot, cfg.block_n, cfg.block_k
@@ -198,15 +219,16 @@ def _launch(
     _skinny_gemm_kernel[(tiles, splits)](
         x, weight, bias if bias is not None else y, y, part, counters if counters is not None else y,
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-        r_out if r_out is not None else y, partial_sumsq, eps,
+        r_out if r_out is not None else y, partial_sumsq,
+        xw if xw is not None else y, rstd if rstd is not None else y, eps,
         m, n, k, k_per_split,
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
-        PROLOGUE=prologue, BF16=x.dtype == torch.bfloat16,
+        PROLOGUE=prologue, WRITE_SCALED=xw is not None, BF16=x.dtype == torch.bfloat16,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return y, r_out
+    return y, r_out, xw, rstd
 
 
 def skinny_linear(
@@ -221,7 +243,15 @@ def rms_norm_linear(
     weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of ``torch.ops.ingot.rms_norm_linear``."""
-    return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config)
+    return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config)[:2]
+
+
+def rms_norm_linear_scaled(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton implementation of ``torch.ops.ingot.rms_norm_linear_scaled``."""
+    return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config, write_scaled=True)
 
 
 def silu_mul_linear(
@@ -231,4 +261,4 @@ def silu_mul_linear(
     return _launch(x, x.shape[1] // 2, weight, bias, SILU, config=config)[0]
 
 
-__all__ = ["skinny_linear", "rms_norm_linear", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
+__all__ = ["skinny_linear", "rms_norm_linear", "rms_norm_linear_scaled", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
