@@ -215,13 +215,13 @@ def _skinny_gemm_kernel(
                     tl.store(rstd_ptr + offs_m, rstd, mask=m_mask)
             if HAS_BIAS:
                 total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
             if ROUTER:
                 _router_epilogue(total, w_router, offs_n, n_mask, pid_n, counter_ptr + tl.num_programs(0), r_ptr,
                                  nw_ptr, r_out_ptr, xw_ptr, ss_ptr, lp_ptr, y_ptr, rstd_ptr, eps, N, E, BF16, BLOCK_E,
                                  BLOCK_P)
             else:
                 tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mn_mask)
+            tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
 def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = NONE) -> SkinnyConfig:
