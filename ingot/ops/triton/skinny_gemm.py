@@ -344,7 +344,9 @@ def linear_norm_linear_scaled(
     """Triton implementation of ``torch.ops.ingot.linear_norm_linear_scaled``: one launch for
     one row; more rows (or none) run the projection and ``rms_norm_linear_scaled`` in turn."""
     cfg = config or launch_config(x.shape[0], weight.shape[0], x.shape[1], x.device)
-    if x.shape[0] != 1 or cfg.use_dot or weight.shape[0] == 0 or router_weight.shape[0] > MAX_ROUTER_ROWS:
+    one_launch = x.shape[0] == 1 and not cfg.use_dot and weight.shape[0] > 0 and router_weight.shape[0] <= MAX_ROUTER_ROWS
+    # one launch also needs its last-tile counter, which a graph capture cannot allocate
+    if not one_launch or split_counters(x.device, cdiv(weight.shape[0], cfg.block_n) + 1) is None:
         y = skinny_linear(x, weight, bias)
         return rms_norm_linear_scaled(y, residual, norm_weight, eps, router_weight, None)
     return _launch(x, x.shape[1], weight, bias, NONE, residual, norm_weight, eps, cfg, router_weight=router_weight)
