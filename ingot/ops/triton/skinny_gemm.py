@@ -347,7 +347,7 @@ def linear_norm_linear_scaled(
     one_launch = x.shape[0] == 1 and not cfg.use_dot and weight.shape[0] > 0 and router_weight.shape[0] <= MAX_ROUTER_ROWS
     # one launch also needs its last-tile counter, which a graph capture cannot allocate
     if not one_launch or split_counters(x.device, cdiv(weight.shape[0], cfg.block_n) + 1) is None:
-        y = skinny_linear(x, weight, bias)
+        y = skinny_linear(x, weight, bias, cfg)
         return rms_norm_linear_scaled(y, residual, norm_weight, eps, router_weight, None)
     return _launch(x, x.shape[1], weight, bias, NONE, residual, norm_weight, eps, cfg, router_weight=router_weight)
 
