@@ -50,7 +50,8 @@ SKINNY_VARIANTS: dict[str, dict] = {
     "8 warps": {"num_warps": 8},
 }
 # and for the MoE routers (at most 256 outputs: 8 to 128 experts, Qwen2-MoE's shared-expert gate row
-# included), latency-bound GEMVs of 64 KB to 1 MB
+# included), latency-bound GEMVs of 64 KB to 1 MB; blocks without a shared expert run their router in
+# o_proj's launch at one row (``linear_norm_linear_scaled``), which the wide-projection variants reach
 ROUTER_VARIANTS: dict[str, dict] = {
     "whole K": {"splits": 1},
     "whole K, 4-row tiles": {"splits": 1, "block_n": 4},

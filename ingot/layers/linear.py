@@ -22,7 +22,9 @@ through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead of
 also fold the RMSNorm or SiLU-and-mul in front of a projection into the GEMV's
 load of its input (one launch instead of two), unless the policy keeps that op
 native; ``norm_linear_scaled`` also hands the normed input on, in two factors, to
-a MoE block's experts, which read it after the router's GEMV.
+a MoE block's experts, which read it after the router's GEMV, and
+``linear_norm_linear_scaled`` puts that router's GEMV in the epilogue of the
+projection before it (o_proj).
 
 The norm is fused only into projections of at most ``NORM_PROLOGUE_MAX_N``
 outputs: every N tile of the GEMV recomputes it over all of K, so a wide
@@ -87,6 +89,21 @@ def norm_linear_scaled(
         return proj.reduce(out), residual, hw, rstd
     h, residual = norm(x, residual, policy)
     return proj(h, policy), residual, h, None
+
+
+def linear_norm_linear_scaled(
+    x: torch.Tensor, proj: "MergedLinear", residual: torch.Tensor, norm: RMSNorm, router: "MergedLinear",
+    policy: OpPolicy = DEFAULT_POLICY,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """``norm_linear_scaled(proj(x), residual, norm, router)``: a projection joining the residual
+    stream (attention's o_proj), then a MoE layer's norm and router. On the skinny path, one
+    op: for one row one launch, the router's GEMV riding in the projection's (each tile adds
+    its share of the router's sums; the last tile adds them up). Not under tensor parallelism,
+    where the projection's output is summed over ranks first."""
+    if _fuses_norm(x, router, policy) and not proj.all_reduce and router.bias is None:
+        return torch.ops.ingot.linear_norm_linear_scaled(
+            x, proj.weight, proj.bias, residual, norm.weight, norm.eps, router.weight)
+    return norm_linear_scaled(proj(x, policy), residual, norm, router, policy)
 
 
 def _fuses_norm(x: torch.Tensor, proj: "MergedLinear", policy: OpPolicy) -> bool:

@@ -5,7 +5,8 @@ on flattened tokens [T] and never looks at batch structure: that lives in
 AttentionMetadata, so the same code serves prefill, eager decode and graphs.
 The mixture-of-experts models (``moe.py``) are this model with another MLP in
 some or all layers: ``make_mlp`` picks each layer's MLP, and every MLP runs
-from the layer's residual stream through ``norm_forward``.
+from the layer's residual stream through ``norm_forward``, which also takes the
+attention's output before its o_proj (a MoE layer's router rides in that GEMV).
 
 Under tensor parallelism (``tp``) each rank holds ``num_heads / size`` query
 heads and its KV heads (split, or replicated when there are fewer KV heads
@@ -73,8 +74,12 @@ class LlamaAttention(nn.Module):
         self.splits = self.qkv_proj.local_sizes
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy) -> torch.Tensor:
-        """Attention output projected by o_proj, from this layer's qkv projection (the layer
-        computes it, so the norm before it can fuse into the GEMM)."""
+        """Attention output projected by o_proj."""
+        return self.o_proj(self.attend(positions, qkv, meta, policy), policy)
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy) -> torch.Tensor:
+        """Attention output [T, heads * head_dim] before o_proj, from this layer's qkv projection
+        (the layer computes it, so the norm before it can fuse into the GEMM)."""
         t = qkv.shape[0]
         q, k, v = qkv.split(self.splits, dim=-1)
         if self.q_norm is not None and self.qk_norm_full_width:
@@ -92,7 +97,7 @@ class LlamaAttention(nn.Module):
             c = self.clip_qkv
             q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         out = self.attn(positions, q, k, v, meta, self.rotary, policy, head_norms)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim), policy)
+        return out.reshape(t, self.num_heads * self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -109,10 +114,11 @@ class LlamaMLP(nn.Module):
         return silu_mul_linear(gate_up, self.act, self.down_proj, policy)
 
     def norm_forward(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy
+        self, x: torch.Tensor, proj: MergedLinear, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp(norm(x + residual)), x + residual): the norm fused into gate_up where it pays."""
-        gate_up, residual = norm_linear(x, residual, norm, self.gate_up_proj, policy)
+        """(mlp(norm(proj(x) + residual)), proj(x) + residual): the decoder layer's MLP protocol
+        (``proj`` is the attention's o_proj); the norm fused into gate_up where it pays."""
+        gate_up, residual = norm_linear(proj(x, policy), residual, norm, self.gate_up_proj, policy)
         return self(gate_up, policy), residual
 
 
@@ -122,7 +128,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, rotary, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = mlp  # anything with norm_forward(x, residual, norm, policy): LlamaMLP, moe.MoEBlock
+        self.mlp = mlp  # anything with norm_forward(x, proj, residual, norm, policy): LlamaMLP, moe.MoEBlock
 
     def forward(
         self,
@@ -137,8 +143,8 @@ class LlamaDecoderLayer(nn.Module):
             qkv = self.self_attn.qkv_proj(self.input_layernorm(x, None, policy), policy)
         else:
             qkv, residual = norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, policy)
-        x = self.self_attn(positions, qkv, meta, policy)
-        return self.mlp.norm_forward(x, residual, self.post_attention_layernorm, policy)
+        x = self.self_attn.attend(positions, qkv, meta, policy)
+        return self.mlp.norm_forward(x, self.self_attn.o_proj, residual, self.post_attention_layernorm, policy)
 
 
 # HF checkpoint name -> (our module suffix, shard index) for fused projections

@@ -32,7 +32,7 @@ from torch import nn
 from ingot.distributed.collectives import all_reduce
 from ingot.distributed.parallel import SINGLE, TensorParallel
 from ingot.layers.fused_moe import FusedMoE
-from ingot.layers.linear import MergedLinear, norm_linear_scaled
+from ingot.layers.linear import MergedLinear, linear_norm_linear_scaled
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import OpPolicy
 from ingot.loading.errors import CheckpointError
@@ -126,15 +126,16 @@ class MoEBlock(nn.Module):
         return all_reduce(out, self.tp)
 
     def norm_forward(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy
+        self, x: torch.Tensor, proj: MergedLinear, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(block(norm(x + residual)), x + residual): the decoder layer's MLP protocol. Without
-        a shared expert (whose GEMVs take no row scale) the norm rides in the router's GEMV,
-        and the experts scale their sums by its rstd."""
+        """(block(norm(proj(x) + residual)), proj(x) + residual): the decoder layer's MLP protocol
+        (``proj`` is the attention's o_proj). Without a shared expert (whose GEMVs take no row
+        scale) the norm and the router's GEMV ride in o_proj's GEMV, and the experts scale
+        their sums by the norm's rstd (``linear_norm_linear_scaled``)."""
         if self.shared_expert is not None:
-            h, residual = norm(x, residual, policy)
+            h, residual = norm(proj(x, policy), residual, policy)
             return self(h, policy), residual
-        logits, residual, hw, rstd = norm_linear_scaled(x, residual, norm, self.gate, policy)
+        logits, residual, hw, rstd = linear_norm_linear_scaled(x, proj, residual, norm, self.gate, policy)
         return self.experts_forward(hw, logits, policy, rstd), residual
 
 

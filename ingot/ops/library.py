@@ -186,6 +186,21 @@ def _(x, residual, norm_weight, eps, weight, bias):
     return x.new_empty(x.shape[0], weight.shape[0]), torch.empty_like(x), torch.empty_like(x), rstd
 
 
+@custom_op("ingot::linear_norm_linear_scaled", mutates_args=())
+def linear_norm_linear_scaled(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
+    norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return ref.linear_norm_linear_scaled(x, weight, bias, residual, norm_weight, eps, router_weight)
+
+
+@linear_norm_linear_scaled.register_fake
+def _(x, weight, bias, residual, norm_weight, eps, router_weight):
+    rows = x.shape[0]
+    rstd = x.new_empty(rows, dtype=torch.float32)
+    return x.new_empty(rows, router_weight.shape[0]), torch.empty_like(residual), torch.empty_like(residual), rstd
+
+
 @custom_op("ingot::silu_mul_linear", mutates_args=())
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     return ref.silu_mul_linear(x, weight, bias)

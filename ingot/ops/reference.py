@@ -205,6 +205,16 @@ def rms_norm_linear_scaled(
     return out, new_residual, norm_weight * new_residual, rstd
 
 
+def linear_norm_linear_scaled(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
+    norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rms_norm_linear_scaled`` of ``x`` projected by ``weight``: a projection whose output
+    joins the residual stream (attention's o_proj), then a MoE layer's norm and router, in one
+    op, so the router's GEMV needs no launch of its own (kernel: ops/triton/skinny_gemm.py)."""
+    return rms_norm_linear_scaled(skinny_linear(x, weight, bias), residual, norm_weight, eps, router_weight, None)
+
+
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """silu_and_mul(x) projected by weight: the activation fused in front of the down projection."""
     return skinny_linear(silu_and_mul(x), weight, bias)

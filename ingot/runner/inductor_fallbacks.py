@@ -52,6 +52,7 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
     out.append(ops.decode_attention_rope(q, k, v, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, 1.0))
     out += [ops.skinny_linear(x, weight, None), *ops.rms_norm_linear(x, x, w, 1e-6, weight, None)]
     out += [*ops.rms_norm_linear_scaled(x, x, w, 1e-6, weight, None)]
+    out += [*ops.linear_norm_linear_scaled(x, w_gate_up[0], None, x, w, 1e-6, weight)]
     out.append(ops.silu_mul_linear(x2, weight, None))
     out.append(ops.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids))
     out.append(ops.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, topk_weights[:, 0].float()))

@@ -22,8 +22,8 @@ from tests.helpers import write_tiny_checkpoint
 
 @pytest.mark.parametrize("skinny", [False, True], ids=["batch4", "batch1_skinny"])
 def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path, skinny):
-    """On the skinny path (one row) the block's norm rides in the router's GEMV: one opaque
-    ``ingot.rms_norm_linear_scaled`` per sparse layer, whose rstd the experts take."""
+    """On the skinny path (one row) the block's norm and router ride in o_proj's GEMV: one opaque
+    ``ingot.linear_norm_linear_scaled`` per sparse layer, whose rstd the experts take."""
     path = write_tiny_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
     cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, num_kv_blocks=64,
                        decode_compile=True)
@@ -58,7 +58,8 @@ def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path, skinny):
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
     assert sum("ingot.fused_moe" in t for t in targets) == sparse_layers
-    assert sum("ingot.rms_norm_linear_scaled" in t for t in targets) == (sparse_layers if skinny else 0)
+    assert sum("ingot.linear_norm_linear_scaled" in t for t in targets) == (sparse_layers if skinny else 0)
+    assert not any("ingot.rms_norm_linear_scaled" in t for t in targets)
     # the reference's host loop (unique, where, index_add) was not traced into the graph
     assert not any(op in t for t in targets for op in ("unique", "nonzero", "index_add", "where"))
     # the routing is compiled, its top-k as rounds of max-and-mask (one fused kernel on CUDA)

@@ -148,31 +148,31 @@ def test_op_policy_reaches_the_moe_block(tmp_path, monkeypatch, policy):
     if policy == "skinny":  # per decode step and sparse layer: the router GEMV, the shared gate_up GEMV + fused down
         assert calls["silu_mul_linear"] >= decode_steps * sparse
         assert calls["skinny_linear"] >= decode_steps * 2 * sparse
-        assert "ingot.rms_norm_linear_scaled" not in ran.names  # the shared expert needs the normed rows themselves
+        assert "ingot.linear_norm_linear_scaled" not in ran.names  # the shared expert needs the normed rows themselves
     else:  # no SiLU-and-mul op anywhere (dense MLP or shared expert): its PyTorch form ran instead
         assert calls == {"skinny_linear": 0, "silu_mul_linear": 0} and "ingot.silu_and_mul" not in ran.names
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
-def test_norm_rides_in_the_router_gemv(tmp_path, monkeypatch, arch):
-    """Without a shared expert, decode rows on the skinny path fold the MoE block's norm into the
-    router's GEMV (ingot.rms_norm_linear_scaled, once per sparse layer and step), and the experts
-    scale their sums by the rstd it hands on: the logits still equal HF's."""
+def test_norm_and_router_ride_in_o_proj(tmp_path, monkeypatch, arch):
+    """Without a shared expert, decode rows on the skinny path run o_proj, the MoE block's norm
+    and its router as one op (ingot.linear_norm_linear_scaled, once per sparse layer and step),
+    and the experts scale their sums by the rstd it hands on: the logits still equal HF's."""
     import ingot.ops.reference as reference
     from ingot.layers.policy import OpPolicy
 
-    calls = {"rms_norm_linear_scaled": 0, "fused_moe_scaled": 0}
-    original_norm, original_moe = reference.rms_norm_linear_scaled, reference.fused_moe
+    calls = {"linear_norm_linear_scaled": 0, "fused_moe_scaled": 0}
+    original_op, original_moe = reference.linear_norm_linear_scaled, reference.fused_moe
 
-    def norm(*args):
-        calls["rms_norm_linear_scaled"] += 1
-        return original_norm(*args)
+    def fused(*args):
+        calls["linear_norm_linear_scaled"] += 1
+        return original_op(*args)
 
     def moe(*args):
         calls["fused_moe_scaled"] += len(args) > 5 and args[5] is not None
         return original_moe(*args)
 
-    monkeypatch.setattr(reference, "rms_norm_linear_scaled", norm)
+    monkeypatch.setattr(reference, "linear_norm_linear_scaled", fused)
     monkeypatch.setattr(reference, "fused_moe", moe)
     path = write_tiny_checkpoint(tmp_path / arch, arch)
     engine = _engine(path)
@@ -183,4 +183,5 @@ def test_norm_rides_in_the_router_gemv(tmp_path, monkeypatch, arch):
     assert (got - ref).norm() / ref.norm() < 1e-5 and torch.equal(got.argmax(-1), ref.argmax(-1))
     sparse = sum(isinstance(layer.mlp, MoEBlock) for layer in engine.runner.model.layers)
     decode_steps = len(ids) - 16
-    assert sparse > 0 and calls == {"rms_norm_linear_scaled": decode_steps * sparse, "fused_moe_scaled": decode_steps * sparse}
+    assert sparse > 0 and calls == {"linear_norm_linear_scaled": decode_steps * sparse,
+                                    "fused_moe_scaled": decode_steps * sparse}

@@ -152,6 +152,35 @@ def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool
         assert rel_err(same.cpu(), h) < 1e-2
 
 
+def check_linear_norm_router(mod, m: int, n: int, k: int, experts: int, bias: bool, gen, device="cpu", config=None) -> None:
+    """``linear_norm_linear_scaled`` of module ``mod`` (skinny_gemm): a projection of ``m`` rows
+    joining the residual stream, then a MoE layer's norm and router. Its new residual is the
+    same module's plain GEMM (same ``config``, so the same sums) plus the residual, bit for
+    bit; ``norm_w * s`` is that residual times the norm weight, rounded alike; rstd and the
+    logits match the hand computation from them, and the reference op within bf16 tolerance."""
+    from ingot.ops import reference as ref
+
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
+    w = (0.05 * torch.randn(n, k, generator=gen)).to(torch.bfloat16).to(device)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16).to(device) if bias else None
+    residual = torch.randn(m, n, generator=gen).to(torch.bfloat16).to(device)
+    norm_w = (1 + 0.3 * torch.randn(n, generator=gen)).to(torch.bfloat16).to(device)
+    router = (0.1 * torch.randn(experts, n, generator=gen)).to(torch.bfloat16).to(device)
+    logits, s, hw, rstd = mod.linear_norm_linear_scaled(x, w, b, residual, norm_w, 1e-6, router, config)
+    assert logits.shape == (m, experts) and logits.dtype == torch.bfloat16
+    assert s.shape == hw.shape == (m, n) and rstd.shape == (m,) and rstd.dtype == torch.float32
+    assert torch.equal(s, mod.skinny_linear(x, w, b, config) + residual)
+    assert torch.equal(hw, norm_w * s)
+    expected_rstd = torch.rsqrt(s.float().pow(2).mean(-1) + 1e-6)
+    torch.testing.assert_close(rstd, expected_rstd, rtol=1e-5, atol=0)  # sums of squares in another order
+    by_hand = torch.nn.functional.linear(hw.float(), router.float()) * expected_rstd[:, None]
+    assert rel_err(logits.cpu(), by_hand.cpu()) < 1e-2
+    cpu = [t.cpu() if t is not None else None for t in (x, w, b, residual, norm_w)]
+    ref_logits, ref_s, _, ref_rstd = ref.linear_norm_linear_scaled(*cpu, 1e-6, router.cpu())
+    assert rel_err(logits.cpu(), ref_logits) < 2e-2 and rel_err(s.cpu(), ref_s) < 1e-2
+    torch.testing.assert_close(rstd.cpu(), ref_rstd, rtol=1e-2, atol=0)
+
+
 def prefill_case(q_lens, ctx_lens, hq, hkv, d, page, gen, dtype=torch.bfloat16, device="cpu", extra_cols=1):
     """Arguments of ``prefill_attention`` (without the scale): sequence ``b`` has ``ctx_lens[b]``
     tokens, its last ``q_lens[b]`` new (packed in q/k/v, and already stored in the cache, as

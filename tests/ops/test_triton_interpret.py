@@ -98,8 +98,8 @@ def K():
 
 from ingot.ops import reference as ref  # noqa: E402
 from tests.ops.kernel_cases import (  # noqa: E402
-    check_prologue_linear, check_rope_decode, check_store_kv, cudnn_sdpa_reference, mixed_prefill_lens, prefill_case,
-    rel_err, rope_decode_case, rope_table, varlen_attention_reference,
+    check_linear_norm_router, check_prologue_linear, check_rope_decode, check_store_kv, cudnn_sdpa_reference,
+    mixed_prefill_lens, prefill_case, rel_err, rope_decode_case, rope_table, varlen_attention_reference,
 )
 from tests.ops.kernel_cases import paged as _paged  # noqa: E402
 
@@ -210,6 +210,35 @@ def test_prologue_linear(K, prologue, m, n, k, bias, splits):
     narrow = {"block_n": 16} if splits is None else {}
     cfg = skinny_config(K, m, n, k, code, splits=splits, **narrow)
     check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), config=cfg)
+
+
+@pytest.mark.parametrize("m,n,k,experts,bias,fields", [
+    (1, 64, 96, 8, False, {}), (1, 40, 300, 24, True, {"splits": 3}), (1, 48, 64, 128, False, {"splits": 1}),
+    (1, 33, 200, 5, False, {"splits": 2, "block_n": 8}), (3, 40, 64, 6, True, {}), (3, 40, 300, 6, False, {"splits": 3}),
+])
+def test_linear_norm_router(K, m, n, k, experts, bias, fields):
+    """A projection joining the residual stream, then a MoE layer's norm and router, in one
+    launch (one row: split K and whole-K tiles, a tile count the last tile's loop does not
+    divide) and as two launches (more rows); the counters are left at zero."""
+    cfg = skinny_config(K, m, n, k, **fields)
+    check_linear_norm_router(K.skinny_gemm, m, n, k, experts, bias, torch.Generator().manual_seed(n + k), config=cfg)
+    from ingot.ops.triton._common import _counters
+
+    assert all(int(c.count_nonzero()) == 0 for c in _counters.values())
+
+
+def test_in_step_sweep_reaches_the_router_epilogue(K, monkeypatch):
+    """The wide-projection launches ``benchmarks/step_launch_sweep.py`` times also drive o_proj with
+    a MoE router in its epilogue (it asks the same ``launch_config``): each computes that op right."""
+    from benchmarks.step_launch_sweep import SKINNY_VARIANTS
+
+    cpu = torch.device("cpu")
+    table = K.skinny_gemm.launch_config
+    n, k = 48, 320  # K tiles of 128 or 256 columns split it; 3 or 6 tiles of rows
+    for name, changes in SKINNY_VARIANTS.items():
+        cfg = replace(table(1, n, k, cpu), **changes)
+        monkeypatch.setattr(K.skinny_gemm, "launch_config", lambda *a, cfg=cfg, **kw: cfg)
+        check_linear_norm_router(K.skinny_gemm, 1, n, k, 12, False, torch.Generator().manual_seed(31))
 
 
 def test_in_step_sweep_candidates_compute_the_reference(K):
@@ -489,6 +518,7 @@ def test_kernels_take_their_ops_arguments(K):
         "prefill_attention": K.prefill_dispatch.prefill_attention, "skinny_linear": K.skinny_gemm.skinny_linear,
         "rms_norm_linear": K.skinny_gemm.rms_norm_linear,
         "rms_norm_linear_scaled": K.skinny_gemm.rms_norm_linear_scaled, "silu_mul_linear": K.skinny_gemm.silu_mul_linear,
+        "linear_norm_linear_scaled": K.skinny_gemm.linear_norm_linear_scaled,
     }
     for name, fn in kernels.items():
         op_params = [a.name for a in getattr(torch.ops.ingot, name).default._schema.arguments]

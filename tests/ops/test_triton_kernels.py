@@ -23,7 +23,8 @@ import torch
 
 from ingot.ops import reference as ref
 from ingot.ops.triton._common import next_pow2
-from tests.ops.kernel_cases import check_prologue_linear, check_rope_decode, check_store_kv, rel_err, rope_decode_case, rope_table
+from tests.ops.kernel_cases import check_linear_norm_router, check_prologue_linear, check_rope_decode, check_store_kv
+from tests.ops.kernel_cases import rel_err, rope_decode_case, rope_table
 from tests.ops.kernel_cases import mixed_prefill_lens, paged as _paged, prefill_case as _prefill_case
 
 
@@ -412,6 +413,21 @@ def test_prologue_linear(K, prologue, m, n, k, bias, fields):
     code = K.skinny_gemm.SILU if prologue == "silu" else K.skinny_gemm.NORM
     cfg = replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cuda"), code), **fields)
     check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda", cfg)
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("n,k,experts,bias", [
+    (2048, 4096, 128, False), (4096, 4096, 8, False), (2048, 2048, 64, False),  # Qwen3-30B-A3B, Mixtral, OLMoE o_proj
+    (131, 200, 5, True),
+])
+@pytest.mark.parametrize("fields", [{}, {"block_n": 32}, {"block_n": 8, "num_warps": 1, "waves": 16}, {"splits": 1}])
+def test_linear_norm_router(K, m, n, k, experts, bias, fields):
+    """o_proj with a MoE layer's norm and router in its epilogue against the plain GEMV and the
+    reference ops (kernel_cases), with the default tiles, wide tiles, narrow one-warp programs
+    and whole-K programs; four rows run the two-launch form."""
+    cfg = replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cuda")), **fields)
+    check_linear_norm_router(K.skinny_gemm, m, n, k, experts, bias, torch.Generator().manual_seed(n + k), "cuda", cfg)
 
 
 @gpu

@@ -9,7 +9,8 @@ keeps the references too, for debugging a suspected kernel: registration is
 process-wide, so it applies from the first engine of the process.
 
 Kernel modules, one per family: decode_attention, prefill_attention, kv_store,
-rms_norm, rotary, activation, skinny_gemm (also rms_norm_linear, rms_norm_linear_scaled, silu_mul_linear). Each exposes a
+rms_norm, rotary, activation, skinny_gemm (also rms_norm_linear, rms_norm_linear_scaled,
+linear_norm_linear_scaled, silu_mul_linear). Each exposes a
 function with its op's signature; the tuned ones also a ``launch_config(...)`` that picks the
 launch parameters from shapes and device (a frozen config the function accepts as an optional
 last argument, for sweeps and tests). rounding.py holds the bf16 rounding they share.
@@ -72,6 +73,7 @@ def register_cuda_kernels() -> bool:
     library.skinny_linear.register_kernel("cuda")(skinny_gemm.skinny_linear)
     library.rms_norm_linear.register_kernel("cuda")(skinny_gemm.rms_norm_linear)
     library.rms_norm_linear_scaled.register_kernel("cuda")(skinny_gemm.rms_norm_linear_scaled)
+    library.linear_norm_linear_scaled.register_kernel("cuda")(skinny_gemm.linear_norm_linear_scaled)
     library.silu_mul_linear.register_kernel("cuda")(skinny_gemm.silu_mul_linear)
     library.prefill_attention.register_kernel("cuda")(_prefill_op(prefill_dispatch.prefill_attention))
     library.fused_moe.register_kernel("cuda")(fused_moe.fused_moe)

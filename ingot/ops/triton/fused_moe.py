@@ -25,7 +25,8 @@ tokens) and device:
 
 An optional ``row_scale`` [T] multiplies each token's gate/up sums before they are
 rounded: a MoE layer's router GEMV hands over ``norm_w * s`` and the norm's rstd
-(``skinny_gemm.rms_norm_linear_scaled``), so the norm needs no launch of its own.
+(``skinny_gemm.rms_norm_linear_scaled`` / ``linear_norm_linear_scaled``), so the norm needs no
+launch of its own.
 
 Numerics follow ``reference.fused_moe``: gate/up and down outputs rounded to the
 model dtype, SiLU then the product rounded as the reference op rounds them, the

@@ -30,6 +30,15 @@ costs more than its bytes):
   a normed row to be written.
 * ``silu_mul_linear``: ``silu(gate) * up`` of a merged gate/up output, then the GEMM.
 
+One epilogue: ``linear_norm_linear_scaled`` is a projection joining the residual
+stream (attention's o_proj) followed by a MoE layer's ``rms_norm_linear_scaled``,
+in one launch for one row. Each tile's merging program adds the residual, writes
+``s`` and ``norm_w * s`` for its columns and leaves its share of the router's sums
+(its columns of the router, loaded while the tile's splits finish) and of the sum
+of squares; the grid's last tile adds the shares up in tile order (deterministic)
+and writes the logits and rstd. The router's GEMV then has no launch of its own,
+and no program waits on a whole normed row.
+
 Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
 unfused path's input bit for bit. The norm rounds ``x + residual`` and
 ``norm_w * s`` to the model dtype but scales by ``rstd`` in fp32 after the
@@ -52,6 +61,7 @@ from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, spl
 from ingot.ops.triton.rounding import round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
+MAX_ROUTER_ROWS = 256  # experts a router epilogue holds (a tile's router columns live in registers)
 NONE, NORM, SILU = 0, 1, 2  # prologues
 
 
@@ -69,14 +79,57 @@ class SkinnyConfig:
 
 
 @triton.jit
+def _router_epilogue(
+    out, w_router, offs_n, n_mask, pid_n, done_ptr, r_ptr, nw_ptr, r_out_ptr, xw_ptr, ss_ptr, lp_ptr,
+    logits_ptr, rstd_ptr, eps, N, E,
+    BF16: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """One row's tile ``out`` [1, BLOCK_N] (fp32) of a projection joining the residual stream,
+    then that row's RMSNorm and router (``linear_norm_linear_scaled``). The tile adds the
+    residual, writes the new residual ``s`` and ``norm_w * s``, and leaves its share of the
+    router's sums and of the sum of squares in ``lp`` [tiles, E] / ``ss`` [tiles]; the grid's
+    last tile adds the shares up in tile order and writes the logits, scaled by rstd, and rstd."""
+    dtype = r_out_ptr.dtype.element_ty
+    o = out.to(dtype).to(tl.float32)  # the projection's output, rounded as the unfused GEMV stores it
+    s = round_to(o + tl.load(r_ptr + offs_n[None, :], mask=n_mask[None, :], other=0.0).to(tl.float32), dtype, BF16)
+    tl.store(r_out_ptr + offs_n[None, :], s.to(dtype), mask=n_mask[None, :])
+    nw = tl.load(nw_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    hw = round_to(nw[None, :] * s, dtype, BF16)
+    tl.store(xw_ptr + offs_n[None, :], hw.to(dtype), mask=n_mask[None, :])
+    offs_e = tl.arange(0, BLOCK_E)
+    e_mask = offs_e < E
+    tl.store(lp_ptr + pid_n * E + offs_e, tl.sum(w_router * hw, axis=1), mask=e_mask)
+    tl.store(ss_ptr + pid_n + tl.arange(0, 1), tl.sum(s * s, axis=1))
+    tl.debug_barrier()  # every thread's share is written before the release below
+    tiles = tl.num_programs(0)
+    done = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == tiles - 1:
+        logits = tl.zeros([BLOCK_E], dtype=tl.float32)
+        sumsq = tl.zeros([1], dtype=tl.float32)
+        for p0 in range(0, tiles, BLOCK_P):  # in tile order, whichever tile is last: deterministic
+            offs_p = p0 + tl.arange(0, BLOCK_P)
+            p_mask = offs_p < tiles
+            shares = tl.load(lp_ptr + offs_p[:, None] * E + offs_e[None, :], mask=p_mask[:, None] & e_mask[None, :],
+                             other=0.0, cache_modifier=".cg")
+            logits += tl.sum(shares, axis=0)
+            sumsq += tl.sum(tl.load(ss_ptr + offs_p, mask=p_mask, other=0.0, cache_modifier=".cg"), axis=0)
+        rstd = tl.rsqrt(sumsq / N + eps)
+        tl.store(logits_ptr + offs_e, (logits * rstd).to(logits_ptr.dtype.element_ty), mask=e_mask)
+        tl.store(rstd_ptr + tl.arange(0, 1), rstd)
+        tl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
     r_ptr, nw_ptr, r_out_ptr, ss_ptr, xw_ptr, rstd_ptr, eps,
+    rw_ptr, lp_ptr, E,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym, stride_rm,
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, WRITE_SCALED: tl.constexpr, BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PROLOGUE: tl.constexpr, WRITE_SCALED: tl.constexpr, ROUTER: tl.constexpr, BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -122,6 +175,11 @@ def _skinny_gemm_kernel(
             acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
     mn_mask = m_mask[:, None] & n_mask[None, :]
     y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    offs_e = tl.arange(0, BLOCK_E)
+    w_router = tl.zeros([BLOCK_E, BLOCK_N], dtype=tl.float32)
+    if ROUTER:  # this tile's columns of the router, loaded while the tile's other splits finish
+        w_router = tl.load(rw_ptr + offs_e[:, None] * N + offs_n[None, :],
+                           mask=(offs_e < E)[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
     if DIRECT:
         if PROLOGUE == 1:
             rstd = tl.rsqrt(sumsq / K + eps)
@@ -130,7 +188,11 @@ def _skinny_gemm_kernel(
                 tl.store(rstd_ptr + offs_m, rstd, mask=m_mask)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mn_mask)
+        if ROUTER:
+            _router_epilogue(acc, w_router, offs_n, n_mask, pid_n, counter_ptr + tl.num_programs(0), r_ptr, nw_ptr,
+                             r_out_ptr, xw_ptr, ss_ptr, lp_ptr, y_ptr, rstd_ptr, eps, N, E, BF16, BLOCK_E, BLOCK_P)
+        else:
+            tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mn_mask)
     else:
         # partials [S, BLOCK_M, N] fp32; the tile's last program sums them
         part_tile = part_ptr + offs_m[:, None] * N + offs_n[None, :]
@@ -153,7 +215,12 @@ def _skinny_gemm_kernel(
                     tl.store(rstd_ptr + offs_m, rstd, mask=m_mask)
             if HAS_BIAS:
                 total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mn_mask)
+            if ROUTER:
+                _router_epilogue(total, w_router, offs_n, n_mask, pid_n, counter_ptr + tl.num_programs(0), r_ptr,
+                                 nw_ptr, r_out_ptr, xw_ptr, ss_ptr, lp_ptr, y_ptr, rstd_ptr, eps, N, E, BF16, BLOCK_E,
+                                 BLOCK_P)
+            else:
+                tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mn_mask)
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
@@ -178,22 +245,26 @@ def _launch(
     x: torch.Tensor, k: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
     prologue: int = NONE, residual: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None,
     eps: float = 0.0, config: Optional[SkinnyConfig] = None, write_scaled: bool = False,
+    router_weight: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """y [M, N], and for the norm prologue the new residual, and with ``write_scaled`` the
-    GEMV's input ``norm_w * s`` and each row's rstd; ``x`` holds ``K`` (SILU: 2K) columns."""
+    GEMV's input ``norm_w * s`` and each row's rstd; ``x`` holds ``K`` (SILU: 2K) columns.
+    With ``router_weight`` [E, N] (one row, no prologue: ``linear_norm_linear_scaled``): the
+    router's logits [1, E], the new residual, ``norm_w * s`` and rstd of y + residual."""
     m = x.shape[0]
     n = weight.shape[0]
     assert m <= MAX_ROWS, f"skinny GEMMs take at most {MAX_ROWS} rows, got {m}"
     assert weight.shape[1] == k and weight.stride(1) == 1, "weight must be [N, K] with K contiguous"
     if x.stride(1) != 1:
         x = x.contiguous()
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    router = router_weight is not None
+    y = torch.empty(m, router_weight.shape[0] if router else n, dtype=x.dtype, device=x.device)
     r_out = xw = rstd = None
-    if prologue == NORM:  # residual rows, the new residual and the scaled input share one (contiguous) stride
+    if prologue == NORM or router:  # residual rows, the new residual and the scaled input share one (contiguous) stride
         residual = residual.contiguous()
-        r_out = torch.empty(m, k, dtype=x.dtype, device=x.device)
-        if write_scaled:
-            xw = torch.empty(m, k, dtype=x.dtype, device=x.device)
+        r_out = torch.empty(m, n if router else k, dtype=x.dtype, device=x.device)
+        if write_scaled or router:
+            xw = torch.empty_like(r_out)
             rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         if r_out is not None:
@@ -204,28 +275,40 @@ def _launch(
         return y, r_out, xw, rstd
     cfg = config or launch_config(m, n, k, x.device, prologue)
     assert cfg.use_dot or m == 1, "the multiply-reduce form takes one row"
+    assert not router or (m == 1 and not cfg.use_dot and prologue == NONE), "the router epilogue takes one row"
     use_dot, block_n, block_k = cfg.use_dot, cfg.block_n, cfg.block_k
-    splits = cfg.splits or max(1, min(cdiv(cfg.waves * num_sms(x.device), cdiv(n, block_n)), cdiv(k, 2 * block_k)))
+    tiles = cdiv(n, block_n)
+    splits = cfg.splits or max(1, min(cdiv(cfg.waves * num_sms(x.device), tiles), cdiv(k, 2 * block_k)))
     k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
     splits = cdiv(k, k_per_split)
-    counters = None if splits == 1 else split_counters(x.device, cdiv(n, block_n))
-    if splits > 1 and counters is None:  # capture with too few counters: whole-K tiles
-        splits, k_per_split = 1, cdiv(k, block_k) * block_k
+    # one counter per tile for its splits; the router epilogue's last-tile counter after them
+    needed = tiles + 1 if router else (tiles if splits > 1 else 0)
+    counters = split_counters(x.device, needed) if needed else None
+    if needed and counters is None:  # capture with too few counters
+        assert not router, "linear_norm_linear_scaled needs its counters allocated before a capture"
+        splits, k_per_split = 1, cdiv(k, block_k) * block_k  # whole-K tiles
     block_m = max(16, next_pow2(m)) if use_dot else 1
     part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
-    tiles = cdiv(n, block_n)
-    partial_sumsq = y if splits == 1 or prologue != NORM else torch.empty(
-        tiles * splits * block_m, dtype=torch.float32, device=x.device)
+    partial_sumsq = y
+    if router:  # each tile's share of the router's sums and of the sum of squares
+        shares = torch.empty(tiles, router_weight.shape[0], dtype=torch.float32, device=x.device)
+        partial_sumsq = torch.empty(tiles, dtype=torch.float32, device=x.device)
+    elif splits > 1 and prologue == NORM:
+        partial_sumsq = torch.empty(tiles * splits * block_m, dtype=torch.float32, device=x.device)
+    experts = router_weight.shape[0] if router else 1
+    block_e = next_pow2(experts)
     _skinny_gemm_kernel[(tiles, splits)](
         x, weight, bias if bias is not None else y, y, part, counters if counters is not None else y,
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         r_out if r_out is not None else y, partial_sumsq,
         xw if xw is not None else y, rstd if rstd is not None else y, eps,
+        router_weight.contiguous() if router else y, shares if router else y, experts,
         m, n, k, k_per_split,
         x.stride(0), weight.stride(0), y.stride(0), k,
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
-        PROLOGUE=prologue, WRITE_SCALED=xw is not None, BF16=x.dtype == torch.bfloat16,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PROLOGUE=prologue, WRITE_SCALED=write_scaled, ROUTER=router, BF16=x.dtype == torch.bfloat16,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
+        BLOCK_P=max(1, min(next_pow2(tiles), 4096 // block_e)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y, r_out, xw, rstd
@@ -254,6 +337,21 @@ def rms_norm_linear_scaled(
     return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config, write_scaled=True)
 
 
+def linear_norm_linear_scaled(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
+    norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor, config: Optional[SkinnyConfig] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton implementation of ``torch.ops.ingot.linear_norm_linear_scaled``: one launch for
+    one row; more rows (or none) run the projection and ``rms_norm_linear_scaled`` in turn."""
+    cfg = config or launch_config(x.shape[0], weight.shape[0], x.shape[1], x.device)
+    one_launch = x.shape[0] == 1 and not cfg.use_dot and weight.shape[0] > 0 and router_weight.shape[0] <= MAX_ROUTER_ROWS
+    # one launch also needs its last-tile counter, which a graph capture cannot allocate
+    if not one_launch or split_counters(x.device, cdiv(weight.shape[0], cfg.block_n) + 1) is None:
+        y = skinny_linear(x, weight, bias, cfg)
+        return rms_norm_linear_scaled(y, residual, norm_weight, eps, router_weight, None)
+    return _launch(x, x.shape[1], weight, bias, NONE, residual, norm_weight, eps, cfg, router_weight=router_weight)
+
+
 def silu_mul_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None
 ) -> torch.Tensor:
@@ -261,4 +359,4 @@ def silu_mul_linear(
     return _launch(x, x.shape[1] // 2, weight, bias, SILU, config=config)[0]
 
 
-__all__ = ["skinny_linear", "rms_norm_linear", "rms_norm_linear_scaled", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
+__all__ = ["skinny_linear", "rms_norm_linear", "rms_norm_linear_scaled", "linear_norm_linear_scaled", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
