@@ -1,6 +1,6 @@
 """Launch candidates of the batch-1 GEMV, decode attention and fused-MoE kernels, timed inside the whole decode step.
 
-    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,attention,moe] [--rounds 2] [--out PATH]
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe] [--rounds 2] [--out PATH]
 
 ``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
 kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh weights
@@ -63,6 +63,18 @@ ROUTER_VARIANTS: dict[str, dict] = {
     "128-wide K tiles": {"block_k": 128},
     "8 programs an SM": {"waves": 8},
 }
+# and for o_proj with the router epilogue alone (``linear_norm_linear_scaled``; the router's last
+# tile adds one share per o_proj tile, so wider tiles leave it fewer to add)
+O_ROUTER_VARIANTS: dict[str, dict] = {
+    "32-row tiles": {"block_n": 32},
+    "64-row tiles": {"block_n": 64},
+    "32-row tiles, 8 programs an SM": {"block_n": 32, "waves": 8},
+    "2 programs an SM": {"waves": 2},
+    "8 programs an SM": {"waves": 8},
+    "2 K splits": {"splits": 2},
+    "whole K": {"splits": 1},
+    "512-wide K tiles": {"block_k": 512},
+}
 # decode attention at batch 1 (the latency-bound branch of its table: fewer (sequence, KV head)
 # programs than half the SMs)
 ATTENTION_VARIANTS: dict[str, dict] = {
@@ -75,9 +87,10 @@ ATTENTION_VARIANTS: dict[str, dict] = {
     "2 programs an SM": {"waves": 2},
 }
 
-# candidate families --kernel takes: skinny GEMVs of the wide projections, of the routers, decode
-# attention, fused-MoE per-pair tiles
-FAMILIES = ("skinny", "router", "attention", "moe")
+# candidate families --kernel takes: skinny GEMVs of the wide projections (o_proj with the router
+# epilogue included), of the routers, of o_proj with the router epilogue alone, decode attention,
+# fused-MoE per-pair tiles
+FAMILIES = ("skinny", "router", "o_router", "attention", "moe")
 # fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
 MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
              (16, 128, 4, 4), (16, 256, 8, 4), (16, 256, 4, 3)]
@@ -85,14 +98,16 @@ MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (
 
 def skinny_candidates(kind: str = "skinny") -> dict[str, Callable[[], Callable[[], None]]]:
     """name -> install(): swaps ``skinny_gemm.launch_config`` for one-row GEMVs of the wide
-    projections (``kind`` "skinny") or of the routers ("router"), and returns the undo."""
+    projections (``kind`` "skinny"), of the routers ("router") or of o_proj with the router
+    epilogue ("o_router"), and returns the undo."""
     table = skinny.launch_config
-    variants, lo, hi = (SKINNY_VARIANTS, 1024, 16384) if kind == "skinny" else (ROUTER_VARIANTS, 1, 256)
+    variants, lo, hi = {"skinny": (SKINNY_VARIANTS, 1024, 16384), "router": (ROUTER_VARIANTS, 1, 256),
+                        "o_router": (O_ROUTER_VARIANTS, 1, 16384)}[kind]
 
     def install(changes: dict) -> Callable[[], None]:
-        def pick(m, n, k, device, prologue=skinny.NONE):
-            cfg = table(m, n, k, device, prologue)
-            if m != 1 or not lo <= n <= hi:
+        def pick(m, n, k, device, prologue=skinny.NONE, router=False):
+            cfg = table(m, n, k, device, prologue, router)
+            if m != 1 or not lo <= n <= hi or (kind == "o_router" and not router):
                 return cfg
             ch = dict(changes)
             if "block_n" in ch and prologue != skinny.NONE:
@@ -164,7 +179,7 @@ def main() -> None:
                                                 args.context_len, torch.bfloat16)
     candidates: dict[str, Callable[[], Callable[[], None]]] = {"table": lambda: (lambda: None)}
     for family in kernels:
-        if family in ("skinny", "router"):
+        if family in ("skinny", "router", "o_router"):
             candidates.update(skinny_candidates(family))
         elif family == "attention":
             candidates.update(attention_candidates())

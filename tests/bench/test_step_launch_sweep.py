@@ -61,6 +61,24 @@ def test_router_candidate_changes_batch1_routers_only_and_undoes():
     assert skinny.launch_config is table
 
 
+def test_o_router_candidate_changes_the_router_epilogue_launch_only_and_undoes():
+    table = skinny.launch_config
+    plain = table(1, 2048, 4096, CPU)
+    undo = sweep.skinny_candidates("o_router")["o_router: 64-row tiles"]()
+    try:
+        for n, k in ((2048, 4096), (4096, 4096)):  # o_proj of Qwen3-30B-A3B, Mixtral-8x7B
+            cfg = skinny.launch_config(1, n, k, CPU, router=True)
+            assert cfg.block_n == 64 and cfg.block_k == table(1, n, k, CPU).block_k
+        assert skinny.launch_config(1, 2048, 4096, CPU) == plain  # the same projection without a router
+        assert skinny.launch_config(1, 5120, 2048, CPU, skinny.NORM) == table(1, 5120, 2048, CPU, skinny.NORM)
+        assert skinny.launch_config(4, 2048, 4096, CPU, router=True) == table(4, 2048, 4096, CPU)  # more rows
+    finally:
+        undo()
+    assert skinny.launch_config is table
+    # the table itself runs the plain one-row launch for it
+    assert table(1, 2048, 4096, CPU, router=True) == plain
+
+
 def test_attention_candidate_changes_latency_bound_launches_only_and_undoes():
     table = attention.launch_config
     few, many = 4, 10_000  # (sequence, KV head) programs: batch 1 of 4 KV heads; a large batch

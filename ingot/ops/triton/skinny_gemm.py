@@ -224,7 +224,7 @@ def _skinny_gemm_kernel(
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = NONE) -> SkinnyConfig:
+def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = NONE, router: bool = False) -> SkinnyConfig:
     """Launch parameters for ``m`` rows of ``x`` and an [n, k] weight.
 
     From the H200 sweep (``benchmarks/kernels.py --sweep skinny``, 1.5B
@@ -234,6 +234,8 @@ def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = 
     (whole 1.5B / 7B steps 1.494 / 4.095 ms against 1.552 / 4.282 ms 16-wide,
     ``batch1-knobs-2026-11-30.json``; 64 and 128 wide were slower at both shapes,
     ``batch1-prologue-width-2026-11-30.json``).
+    ``router``: a projection with the router epilogue (``linear_norm_linear_scaled``), which
+    runs the plain one-row launch; asked apart so a sweep can time its own tiles.
     """
     if m > 1:
         return SkinnyConfig(use_dot=True, block_n=64, block_k=64, num_warps=4, num_stages=4, waves=2)
@@ -343,7 +345,7 @@ def linear_norm_linear_scaled(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton implementation of ``torch.ops.ingot.linear_norm_linear_scaled``: one launch for
     one row; more rows (or none) run the projection and ``rms_norm_linear_scaled`` in turn."""
-    cfg = config or launch_config(x.shape[0], weight.shape[0], x.shape[1], x.device)
+    cfg = config or launch_config(x.shape[0], weight.shape[0], x.shape[1], x.device, router=True)
     one_launch = x.shape[0] == 1 and not cfg.use_dot and weight.shape[0] > 0 and router_weight.shape[0] <= MAX_ROUTER_ROWS
     # one launch also needs its last-tile counter, which a graph capture cannot allocate
     if not one_launch or split_counters(x.device, cdiv(weight.shape[0], cfg.block_n) + 1) is None:
