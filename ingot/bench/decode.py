@@ -225,7 +225,8 @@ def bench_decode(
             results[b].ms[mode] = time_cuda(lambda: runner.logits_of(graphs, inputs), iters)
             results[b].back_to_back_ms[mode] = time_back_to_back(lambda: runner.logits_of(graphs, inputs), iters, runner.device)
             if mode in ("graph", "compiled") and profile_steps:
-                results[b].profiles[mode] = profile_step(lambda: runner.logits_of(graphs, inputs), profile_steps)
+                results[b].profiles[mode] = profile_step(lambda: runner.logits_of(graphs, inputs), profile_steps,
+                                                         cfg.num_layers)
         if graphs is not None:
             runner.drop_variant(graphs)
             del graphs

@@ -243,7 +243,8 @@ def make_table(bench: DecodeBench):
 
 
 def profile_lines(bench: DecodeBench, top: int = 12) -> list[str]:
-    """Per profiled batch size and mode: step time, kernel time and launches, the gaps, the top kernels.
+    """Per profiled batch size and mode: step time, kernel time and launches, the gaps, the top
+    kernels, and one decoder layer's kernels in launch order where the step folds into its layers.
 
     Between kernels: the back-to-back step less its kernels (gaps inside the graph);
     host: a step timed alone less the back-to-back one (the device idle while the host
@@ -257,6 +258,10 @@ def profile_lines(bench: DecodeBench, top: int = 12) -> list[str]:
                          f"kernels {prof.kernel_us:.1f} us ({prof.launches:.0f} launches), between kernels "
                          f"{queued_us - prof.kernel_us:.1f} us, host {step_us - queued_us:.1f} us")
             lines += [f"  {us:8.1f} us {n:5.0f}x  {name}" for name, n, us in prof.kernels[:top]]
+            if prof.layer:
+                lines.append(f"  a layer, {sum(span for _, span, _ in prof.layer):.1f} us: each kernel from the end of the "
+                             "one before to its end (its own time), median over layers and replays")
+                lines += [f"    {span:7.2f} us ({us:6.2f})  {name[:70]}" for name, span, us in prof.layer]
     return lines
 
 

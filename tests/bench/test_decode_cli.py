@@ -177,6 +177,41 @@ def test_profile_lines():
                         "(50 launches), between kernels 450.0 us, host 150.0 us")
 
 
+def test_fold_layers_splits_a_replay_into_its_layers():
+    """Two replays of a step: two input copies, three layers of (gemm, attn, gemm), a head.
+    Spans are end minus the previous end (hand-computed: a 1 us gap before each attn)."""
+    from ingot.bench.step_profile import fold_layers
+
+    def replay(t0: float, attn_us: float) -> list[tuple[str, float, float]]:
+        events, t = [("Memcpy", t0, t0 + 1.0), ("Memcpy", t0 + 1.0, t0 + 2.0)], t0 + 2.0
+        for _ in range(3):
+            for name, dur, gap in (("gemm", 5.0, 0.0), ("attn", attn_us, 1.0), ("gemm", 4.0, 0.0)):
+                events.append((name, t + gap, t + gap + dur))
+                t += gap + dur
+        events.append(("lm_head", t, t + 50.0))
+        return events
+
+    layer = fold_layers([replay(0.0, 7.0), replay(1000.0, 9.0)], num_layers=3)
+    assert [name for name, _, _ in layer] == ["gemm", "attn", "gemm"]
+    assert [span for _, span, _ in layer] == [5.0, 9.0, 4.0]  # attn: median of 8.0 (x3) and 10.0 (x3)
+    assert [own for _, _, own in layer] == [5.0, 8.0, 4.0]
+    assert fold_layers([replay(0.0, 7.0)], num_layers=4) == []  # three layers do not fold into four
+    mixed = replay(0.0, 7.0)
+    mixed[5] = ("moe", *mixed[5][1:])  # the second layer's first kernel differs: no three equal layers
+    assert fold_layers([mixed], num_layers=3) == []
+
+
+def test_profile_lines_list_a_layer():
+    from ingot.bench.step_profile import StepProfile
+
+    bench = fabricated()
+    bench.rows[0].profiles["graph"] = StepProfile([("GEMM", 113.0, 1200.0)], layer=[("_skinny_gemm_kernel", 9.5, 9.25),
+                                                                                      ("_decode_kernel", 7.75, 7.5)])
+    lines = decode_cli.profile_lines(bench)
+    assert lines[2].startswith("  a layer, 17.2 us: each kernel from the end of the one before to its end")
+    assert lines[3:] == ["       9.50 us (  9.25)  _skinny_gemm_kernel", "       7.75 us (  7.50)  _decode_kernel"]
+
+
 def test_back_to_back_divides_one_run_of_queued_steps(monkeypatch):
     """On CPU: a clock that each call advances by 1.5 ms gives 1.5 ms per step, whatever the run length."""
     from ingot.bench import decode as decode_mod
