@@ -12,8 +12,8 @@ functions that also run on CPU.
 ``--gemm-floor`` also times the model's linear layers alone at each batch
 size (one graph of every projection and the lm_head), so "graph - GEMMs" is
 the time spent in attention, norms, rotary, activations and glue.
-``--profile`` lists each bucket's kernels per graph-replayed step
-(``step_profile.py``).
+``--profile`` lists each bucket's kernels per graph-replayed step, and one
+decoder layer's kernels in launch order (``step_profile.py``).
 
     ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --json out.json --plot out.png
     ingot bench decode --model Qwen/Qwen2.5-1.5B-Instruct --decode-compile off
