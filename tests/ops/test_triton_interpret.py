@@ -232,6 +232,7 @@ def test_prologue_linear(K, prologue, m, n, k, bias, splits):
 @pytest.mark.parametrize("m,n,k,experts,bias,fields", [
     (1, 64, 96, 8, False, {}), (1, 40, 300, 24, True, {"splits": 3}), (1, 48, 64, 128, False, {"splits": 1}),
     (1, 33, 200, 5, False, {"splits": 2, "block_n": 8}), (3, 40, 64, 6, True, {}), (3, 40, 300, 6, False, {"splits": 3}),
+    (1, 88, 96, 6, False, {"block_n": 8, "share_block": 32}),  # 11 tiles' shares in rounds of 4, the last one short
 ])
 def test_linear_norm_router(K, m, n, k, experts, bias, fields):
     """A projection joining the residual stream, then a MoE layer's norm and router, in one

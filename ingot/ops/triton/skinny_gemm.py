@@ -76,6 +76,9 @@ class SkinnyConfig:
     num_stages: int
     waves: int  # programs aimed at per SM when choosing the split count
     splits: Optional[int] = None  # K splits; None: from ``waves``
+    # router epilogue: fp32 shares (tiles x experts) the last tile loads per round, in registers
+    # (4,096: 32 a thread at 4 warps; the Qwen3-30B-A3B o_proj's 128 x 128 take four rounds)
+    share_block: int = 4096
 
 
 @triton.jit
@@ -310,7 +313,7 @@ def _launch(
         HAS_BIAS=bias is not None, DIRECT=splits == 1, DOT_F32=interpreting(), USE_DOT=use_dot,
         PROLOGUE=prologue, WRITE_SCALED=write_scaled, ROUTER=router, BF16=x.dtype == torch.bfloat16,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
-        BLOCK_P=max(1, min(next_pow2(tiles), 4096 // block_e)),
+        BLOCK_P=max(1, min(next_pow2(tiles), cfg.share_block // block_e)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y, r_out, xw, rstd
