@@ -63,10 +63,10 @@ ROUTER_VARIANTS: dict[str, dict] = {
     "128-wide K tiles": {"block_k": 128},
     "8 programs an SM": {"waves": 8},
 }
-# and for o_proj with the router epilogue alone (``linear_norm_linear_scaled``; the router's last
-# tile adds one share per o_proj tile, so wider tiles leave it fewer to add, and larger rounds
-# load them in fewer trips at the cost of registers: 90 and 128 a thread at 8,192 and 16,384
-# floats, sm90, 128 experts)
+# and for o_proj with the router epilogue alone (``linear_norm_linear_scaled``): the wide-projection
+# variants, and the router's last tile, which adds one share per o_proj tile: wider tiles leave it
+# fewer to add, and larger rounds load them in fewer trips at the cost of registers (90 and 128 a
+# thread at 8,192 and 16,384 floats, sm90, 128 experts)
 O_ROUTER_VARIANTS: dict[str, dict] = {
     "shares in 8,192-float rounds": {"share_block": 8192},
     "shares in 16,384-float rounds": {"share_block": 16384},
@@ -74,11 +74,7 @@ O_ROUTER_VARIANTS: dict[str, dict] = {
     "32-row tiles": {"block_n": 32},
     "64-row tiles": {"block_n": 64},
     "32-row tiles, 8 programs an SM": {"block_n": 32, "waves": 8},
-    "2 programs an SM": {"waves": 2},
-    "8 programs an SM": {"waves": 8},
-    "2 K splits": {"splits": 2},
-    "whole K": {"splits": 1},
-    "512-wide K tiles": {"block_k": 512},
+    **SKINNY_VARIANTS,
 }
 # decode attention at batch 1 (the latency-bound branch of its table: fewer (sequence, KV head)
 # programs than half the SMs)

@@ -71,14 +71,15 @@ def fold_layers(replays: Sequence[Sequence[tuple[str, float, float]]], num_layer
     own duration. Empty when the launches do not fold into ``num_layers`` equal layers."""
     if not replays or num_layers < 1:
         return []
-    found = _layer_period([name for name, _, _ in replays[0]], num_layers)
+    names = [name for name, _, _ in replays[0]]
+    found = _layer_period(names, num_layers)
     if found is None:
         return []
     start, period = found
     spans: list[list[float]] = [[] for _ in range(period)]
     own: list[list[float]] = [[] for _ in range(period)]
     for events in replays:
-        if [name for name, _, _ in events] != [name for name, _, _ in replays[0]]:
+        if [name for name, _, _ in events] != names:
             continue  # a replay that launched otherwise (profiler hiccup): left out
         for layer in range(num_layers):
             for j in range(period):
@@ -87,8 +88,7 @@ def fold_layers(replays: Sequence[Sequence[tuple[str, float, float]]], num_layer
                 prev_end = events[i - 1][2] if i > 0 else begin
                 spans[j].append(end - prev_end)
                 own[j].append(end - begin)
-    names = [replays[0][start + j][0] for j in range(period)]
-    return [(names[j], statistics.median(spans[j]), statistics.median(own[j])) for j in range(period) if spans[j]]
+    return [(names[start + j], statistics.median(spans[j]), statistics.median(own[j])) for j in range(period) if spans[j]]
 
 
 @torch.inference_mode()
