@@ -86,7 +86,6 @@ ATTENTION_VARIANTS: dict[str, dict] = {
     "1 stage": {"num_stages": 1},
     "3 stages": {"num_stages": 3},
     "2 programs an SM": {"waves": 2},
-    "first tile before the new token": {"first_tile_early": True},
 }
 
 # candidate families --kernel takes: skinny GEMVs of the wide projections (o_proj with the router

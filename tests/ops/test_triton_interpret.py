@@ -125,17 +125,13 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("hq,hkv,d,page,lens,splits", DECODE_CASES)
-@pytest.mark.parametrize("early", [False, True])
-def test_decode_attention(K, hq, hkv, d, page, lens, splits, early):
-    """Against the reference, each slice's first tile loaded in the tile loop or before it."""
+def test_decode_attention(K, hq, hkv, d, page, lens, splits):
     gen = torch.Generator().manual_seed(hash((hq, hkv, d, page, len(lens))) & 0xFFFF)
     k_cache, v_cache, table = paged(lens, page, hkv, d, torch.bfloat16, gen)
     q = torch.randn(len(lens), hq, d, generator=gen).to(torch.bfloat16)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     scale = d**-0.5
-    cfg = replace(K.decode_attention.launch_config(d, len(lens) * hkv, torch.device("cpu")), first_tile_early=early)
-    out = K.decode_attention.decode_attention(q, k_cache, v_cache, table, seq_lens, scale, num_splits=splits,
-                                              config=cfg)
+    out = K.decode_attention.decode_attention(q, k_cache, v_cache, table, seq_lens, scale, num_splits=splits)
     expected = ref.decode_attention(q.float(), k_cache.float(), v_cache.float(), table, seq_lens, scale)
     assert out.dtype == q.dtype
     assert rel_err(out, expected) < 1e-2
@@ -151,31 +147,20 @@ ROPE_DECODE_CASES = [
 ]
 
 
-def _early(K, d: int, programs: int, early: bool):
-    """The table's decode launch, each slice's first tile loaded before (``early``) or in the tile loop."""
-    return replace(K.decode_attention.launch_config(d, programs, torch.device("cpu")), first_tile_early=early)
-
-
 @pytest.mark.parametrize("hq,hkv,d,page,lens,splits", ROPE_DECODE_CASES)
-@pytest.mark.parametrize("early", [False, True])
-def test_decode_attention_rope(K, hq, hkv, d, page, lens, splits, early):
-    """Fused rotary + KV store + attention against the reference ops; with ``early`` the first
-    tile's cache reads come before the new token's store (its position masked out of them)."""
+def test_decode_attention_rope(K, hq, hkv, d, page, lens, splits):
     gen = torch.Generator().manual_seed(hash((hq, d, page, len(lens))) & 0xFFFF)
     args = rope_decode_case(lens, hq, hkv, d, page, torch.bfloat16, gen)
-    cfg = _early(K, d, len(lens) * hkv, early)
-    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits, config=cfg), args)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
 
 
 @pytest.mark.parametrize("hq,hkv,d,page,lens,splits", [ROPE_DECODE_CASES[1], ROPE_DECODE_CASES[2], ROPE_DECODE_CASES[4]])
-@pytest.mark.parametrize("early", [False, True])
-def test_decode_attention_rope_with_head_norms(K, hq, hkv, d, page, lens, splits, early):
+def test_decode_attention_rope_with_head_norms(K, hq, hkv, d, page, lens, splits):
     """Qwen3's per-head q/k RMSNorm folded into the fused decode kernel, against the reference
     ops in sequence (norm, rotary, store, attention)."""
     gen = torch.Generator().manual_seed(hash((hq, d, page, len(lens), "norm")) & 0xFFFF)
     args = rope_decode_case(lens, hq, hkv, d, page, torch.bfloat16, gen, qk_norm=True)
-    cfg = _early(K, d, len(lens) * hkv, early)
-    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits, config=cfg), args)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
 
 
 def test_decode_attention_rope_needs_both_head_norms(K):
@@ -189,10 +174,8 @@ def test_decode_merge_kernel_fallback(K):
     """The separate merge kernel (used when the split counters are unavailable) agrees."""
     gen = torch.Generator().manual_seed(8)
     args = rope_decode_case([90, 33, 1], 8, 2, 64, 16, torch.bfloat16, gen)
-    for early in (False, True):
-        cfg = replace(_early(K, 64, 3 * 2, early), merge_kernel=True)
-        fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=4, config=cfg), fresh)
+    cfg = replace(K.decode_attention.launch_config(64, 3 * 2, torch.device("cpu")), merge_kernel=True)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=4, config=cfg), args)
 
 
 def skinny_config(K, m, n, k, prologue=0, **fields):

@@ -252,16 +252,14 @@ def test_decode_attention_rope(K, batch, hq, hkv, d):
 @gpu
 @pytest.mark.parametrize("splits", [1, 2, 7, 64])
 @pytest.mark.parametrize("tiles", ["batch 64", "batch 1"])
-@pytest.mark.parametrize("early", [False, True])
-def test_decode_attention_rope_splits(K, splits, tiles, early):
+def test_decode_attention_rope_splits(K, splits, tiles):
     """Split counts from direct write to 64 (mostly empty slices at these lengths), with
-    both tile configurations of the launch table, and each slice's first tile loaded before
-    or after the new token's work."""
+    both tile configurations of the launch table."""
     gen = torch.Generator().manual_seed(splits)
     lens = [1000, 129, 128, 65, 64, 17, 2, 1]  # new token first / last of a 64- or 128-token tile
     args = rope_decode_case(lens, 28, 4, 128, 16, BF16, gen, device="cuda")
     programs = {"batch 64": 64 * 4, "batch 1": 4}[tiles]
-    cfg = replace(K.decode_attention.launch_config(128, programs, torch.device("cuda")), first_tile_early=early)
+    cfg = K.decode_attention.launch_config(128, programs, torch.device("cuda"))
     check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits, config=cfg), args)
 
 

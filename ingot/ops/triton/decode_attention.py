@@ -26,12 +26,6 @@ program masks that position out of its cache reads, so the store races with
 nothing. This replaces three launches per layer (rotary, store_kv, attention)
 with one.
 
-With ``first_tile_early`` (a launch parameter, off in the table) each program loads
-its slice's first tile (block-table entries, then K and V rows) before that
-new-token work instead of after the store, so the reads overlap it: at batch 1
-every slice is one tile, and the block-table read and the cache read otherwise
-follow the rotary and the store one after the other (sm90 SASS, read offline).
-
 ``S`` comes from static shapes only (B, Hkv, the block table width and the SM
 count), so it is fixed for a captured graph; scratch sizes likewise. No host
 sync, no data-dependent allocation. fp32 softmax and accumulation; output in
@@ -63,9 +57,6 @@ class DecodeConfig:
     num_stages: int
     waves: int = 1  # programs aimed at per SM when cutting the context into slices
     merge_kernel: bool = False  # merge the slices in a second launch (what runs when split counters are missing)
-    # load each slice's first tile before the fused variant's new-token work (rotary, norm, store), so
-    # the block-table and cache reads overlap it instead of following it; holds the tile in registers
-    first_tile_early: bool = False
 
 
 @triton.jit
@@ -129,54 +120,6 @@ def _head_rms_norm(x1, x2, w_ptr, offs_h, h_mask, eps, HALF: tl.constexpr, HEAD_
     return y1.to(x1.dtype), y2.to(x2.dtype)
 
 
-@triton.jit
-def _load_tile(
-    tile, tile_hi, kv_limit, bt_row, k_head, v_head, offs_n, offs_h, offs_d, h_mask, d_mask,
-    stride_kb, stride_ks, stride_vb, stride_vs,
-    HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, GUARD: tl.constexpr,
-):
-    """One tile's cached K (as the two rotary halves) and V rows, and which of its positions
-    count. ``GUARD``: the tile may lie past ``tile_hi`` (an empty slice), and then none count
-    (``_attend_tile`` leaves the running values as they were)."""
-    pos_n = tile * BLOCK_N + offs_n
-    n_mask = pos_n < kv_limit
-    if GUARD:
-        n_mask = n_mask & (tile < tile_hi)
-    if PAGE % BLOCK_N == 0:
-        # the whole tile lies in one cache block
-        if GUARD:
-            blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE, mask=tile < tile_hi, other=0).to(tl.int64)
-        else:
-            blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE).to(tl.int64)
-    else:
-        blk = tl.load(bt_row + pos_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-    k_rows = k_head + blk * stride_kb + (pos_n % PAGE) * stride_ks
-    v_rows = v_head + blk * stride_vb + (pos_n % PAGE) * stride_vs
-    nh_mask = n_mask[:, None] & h_mask[None, :]
-    k1t = tl.load(k_rows[:, None] + offs_h[None, :], mask=nh_mask, other=0.0)
-    k2t = tl.load(k_rows[:, None] + HALF + offs_h[None, :], mask=nh_mask, other=0.0)
-    v = tl.load(v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    if DOT_F32:
-        k1t = k1t.to(tl.float32)
-        k2t = k2t.to(tl.float32)
-        v = v.to(tl.float32)
-    return k1t, k2t, v, n_mask
-
-
-@triton.jit
-def _attend_tile(q1, q2, k1t, k2t, v, n_mask, m_i, l_i, acc, scale_log2):
-    """The online softmax over one tile: the running max, sum and output updated."""
-    s = (tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t))) * scale_log2  # log2 domain
-    s = tl.where(n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token, or none
-    alpha = tl.exp2(m_i - m_ref)
-    p = tl.exp2(s - m_ref[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
-
-
 # the block table's width varies between eager steps: not specialized
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
@@ -196,7 +139,7 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr, FIRST_TILE_EARLY: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -231,18 +174,7 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    # cache positions this program may read: the fused variant's new token comes from registers
-    kv_limit = seq_len - 1 if ROPE else seq_len
-    bt_row = block_tables_ptr + b64 * stride_bt
-    k_head = k_cache_ptr + kvh * stride_kh
-    v_head = v_cache_ptr + kvh * stride_vh
-    if FIRST_TILE_EARLY:
-        # the slice's first tile is loaded before the new token's rotary, norm and store, so its
-        # block-table and cache reads overlap that work (at batch 1 each slice is one tile). Its
-        # positions exclude the new token's, so the store below races with none of them.
-        k1t, k2t, vt, n_mask = _load_tile(tile_lo, tile_hi, kv_limit, bt_row, k_head, v_head, offs_n, offs_h,
-                                          offs_d, h_mask, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
-                                          HALF, PAGE, BLOCK_N, DOT_F32, True)
+    kv_limit = seq_len  # cache positions this program may read
     if ROPE:
         k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
         k1 = tl.load(k_row, mask=h_mask, other=0.0)
@@ -254,6 +186,7 @@ def _decode_kernel(
         cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q1.dtype, BF16)
         q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
         # the new token: rotated k and v from registers, stored by its owner program
+        kv_limit = seq_len - 1
         owner = (seq_len > 0) & (split == (num_tiles - 1) // tiles_per_split)
         k1, k2 = rope_pair(k1, k2, cos, sin, BF16)
         store = owner & (slot >= 0)
@@ -271,15 +204,38 @@ def _decode_kernel(
         q1 = q1.to(tl.float32)
         q2 = q2.to(tl.float32)
 
-    first = tile_lo
-    if FIRST_TILE_EARLY:
-        m_i, l_i, acc = _attend_tile(q1, q2, k1t, k2t, vt, n_mask, m_i, l_i, acc, scale_log2)
-        first = tile_lo + 1
-    for tile in range(first, tile_hi):
-        k1t, k2t, vt, n_mask = _load_tile(tile, tile_hi, kv_limit, bt_row, k_head, v_head, offs_n, offs_h, offs_d,
-                                          h_mask, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
-                                          HALF, PAGE, BLOCK_N, DOT_F32, False)
-        m_i, l_i, acc = _attend_tile(q1, q2, k1t, k2t, vt, n_mask, m_i, l_i, acc, scale_log2)
+    bt_row = block_tables_ptr + b64 * stride_bt
+    k_head = k_cache_ptr + kvh * stride_kh
+    v_head = v_cache_ptr + kvh * stride_vh
+
+    for tile in range(tile_lo, tile_hi):
+        pos_n = tile * BLOCK_N + offs_n
+        n_mask = pos_n < kv_limit
+        if PAGE % BLOCK_N == 0:
+            # the whole tile lies in one cache block
+            blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + pos_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        k_rows = k_head + blk * stride_kb + (pos_n % PAGE) * stride_ks
+        v_rows = v_head + blk * stride_vb + (pos_n % PAGE) * stride_vs
+        nh_mask = n_mask[:, None] & h_mask[None, :]
+        k1t = tl.load(k_rows[:, None] + offs_h[None, :], mask=nh_mask, other=0.0)
+        k2t = tl.load(k_rows[:, None] + HALF + offs_h[None, :], mask=nh_mask, other=0.0)
+        if DOT_F32:
+            k1t = k1t.to(tl.float32)
+            k2t = k2t.to(tl.float32)
+        s = (tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t))) * scale_log2  # log2 domain
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -428,7 +384,7 @@ def _launch(
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
-        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), FIRST_TILE_EARLY=cfg.first_tile_early,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct and not merge_here:
