@@ -1,6 +1,7 @@
 """Launch candidates of the batch-1 GEMV, decode attention and fused-MoE kernels, timed inside the whole decode step.
 
-    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe] [--rounds 2] [--out PATH]
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe]
+        [--only TEXT ...] [--rounds 2] [--out PATH]
 
 ``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
 kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh weights
@@ -158,11 +159,19 @@ def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[
     return out
 
 
+def keep_matching(candidates: dict[str, Callable], texts: list[str]) -> dict[str, Callable]:
+    """The table and the candidates whose name contains one of ``texts`` (``--only``), in sweep order."""
+    return {name: c for name, c in candidates.items() if name == "table" or any(t in name for t in texts)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
     ap.add_argument("--kernel", default="skinny,moe",
                     help=f"comma-separated candidate families, of {', '.join(FAMILIES)} (default skinny,moe)")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="repeatable: keep the candidates whose name contains one of these texts (the table always runs), "
+                         "to rerun a sweep's closest candidates with more rounds")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved passes over the candidates (default 2)")
     ap.add_argument("--steps", type=int, default=30, help="replays queued per timing (default 30)")
     ap.add_argument("--context-len", type=int, default=512)
@@ -186,6 +195,10 @@ def main() -> None:
             candidates.update(attention_candidates())
         elif cfg.num_experts:
             candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
+    if args.only:
+        candidates = keep_matching(candidates, args.only)
+        if len(candidates) == 1:
+            sys.exit(f"--only {args.only} matches no candidate of --kernel {args.kernel}")
     inputs = runner.stage(synthetic_decode_batch(1, args.context_len, base.block_size, cfg.vocab_size))
     us: dict[str, list[float]] = {name: [] for name in candidates}
     for rnd in range(args.rounds):

@@ -90,3 +90,11 @@ def test_attention_candidate_changes_latency_bound_launches_only_and_undoes():
     finally:
         undo()
     assert attention.launch_config is table
+
+
+def test_only_keeps_the_table_and_the_candidates_named():
+    cands = {"table": None, **sweep.skinny_candidates("o_router"), **sweep.attention_candidates()}
+    kept = sweep.keep_matching(cands, ["8,192-float", "attention: 3 stages"])
+    assert list(kept) == ["table", "o_router: shares in 8,192-float rounds", "o_router: 32-row tiles, 8,192-float rounds",
+                          "attention: 3 stages"]
+    assert list(sweep.keep_matching(cands, ["no such launch"])) == ["table"]
