@@ -66,12 +66,9 @@ ROUTER_VARIANTS: dict[str, dict] = {
 }
 # and for o_proj with the router epilogue alone (``linear_norm_linear_scaled``): the wide-projection
 # variants, and the router's last tile, which adds one share per o_proj tile: wider tiles leave it
-# fewer to add, and larger rounds load them in fewer trips at the cost of registers (90 and 128 a
-# thread at 8,192 and 16,384 floats, sm90, 128 experts)
+# fewer to add (the table loads them in 8,192-float rounds: 16,384 cost more registers than the
+# round it saved)
 O_ROUTER_VARIANTS: dict[str, dict] = {
-    "shares in 8,192-float rounds": {"share_block": 8192},
-    "shares in 16,384-float rounds": {"share_block": 16384},
-    "32-row tiles, 8,192-float rounds": {"block_n": 32, "share_block": 8192},
     "32-row tiles": {"block_n": 32},
     "64-row tiles": {"block_n": 64},
     "32-row tiles, 8 programs an SM": {"block_n": 32, "waves": 8},
