@@ -426,7 +426,7 @@ def test_linear_norm_router(K, m, n, k, experts, bias, fields):
     """o_proj with a MoE layer's norm and router in its epilogue against the plain GEMV and the
     reference ops (kernel_cases), with the default tiles, wide tiles, narrow one-warp programs
     and whole-K programs; four rows run the two-launch form."""
-    cfg = replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cuda")), **fields)
+    cfg = replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cuda"), router=True), **fields)
     check_linear_norm_router(K.skinny_gemm, m, n, k, experts, bias, torch.Generator().manual_seed(n + k), "cuda", cfg)
 
 
