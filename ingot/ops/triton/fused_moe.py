@@ -175,6 +175,8 @@ def _gate_up_kernel(
         w_base = w_ptr + e.to(tl.int64) * stride_we
         gate_rows = w_base + offs_n.to(tl.int64)[:, None] * stride_wn
         up_rows = gate_rows + I * stride_wn
+        if HAS_SCALE:  # issued before the K loop, so its round trip overlaps the loop instead of following it
+            row_scale = tl.load(scale_ptr + tok, mask=row_mask, other=0.0)[:, None]
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
@@ -198,7 +200,6 @@ def _gate_up_kernel(
                 acc_g += tl.sum(wg.to(tl.float32) * xf, axis=1)[None, :]
                 acc_u += tl.sum(wu.to(tl.float32) * xf, axis=1)[None, :]
         if HAS_SCALE:
-            row_scale = tl.load(scale_ptr + tok, mask=row_mask, other=0.0)[:, None]
             acc_g *= row_scale
             acc_u *= row_scale
         g = round_to(acc_g, dtype, BF16)
@@ -209,11 +210,17 @@ def _gate_up_kernel(
 
 
 @triton.jit
-def _sum_token(y_ptr, ids_ptr, out_ptr, t, offs, mask, H, TOP_K: tl.constexpr, K_POW2: tl.constexpr, BF16: tl.constexpr):
-    """out[t, offs] = the sum of token t's k rows of y there, in ascending expert id (the
-    reference's order), fp32, rounded once. Reads y through L2 (other programs wrote it)."""
+def _token_ids(ids_ptr, t, TOP_K: tl.constexpr, K_POW2: tl.constexpr):
+    """Token t's k expert ids [K_POW2] (padding: the largest int32, so it ranks last)."""
     slots = tl.arange(0, K_POW2)
-    ids = tl.load(ids_ptr + t * TOP_K + slots, mask=slots < TOP_K, other=2147483647).to(tl.int32)
+    return tl.load(ids_ptr + t * TOP_K + slots, mask=slots < TOP_K, other=2147483647).to(tl.int32)
+
+
+@triton.jit
+def _sum_token(y_ptr, ids, out_ptr, t, offs, mask, H, TOP_K: tl.constexpr, K_POW2: tl.constexpr, BF16: tl.constexpr):
+    """out[t, offs] = the sum of token t's k rows of y there, in ascending expert id ``ids``
+    (the reference's order), fp32, rounded once. Reads y through L2 (other programs wrote it)."""
+    slots = tl.arange(0, K_POW2)
     before = (ids[None, :] < ids[:, None]) | ((ids[None, :] == ids[:, None]) & (slots[None, :] < slots[:, None]))
     rank = tl.sum(before.to(tl.int32), axis=1)
     acc = tl.zeros(offs.shape, dtype=tl.float32)
@@ -242,6 +249,11 @@ def _down_kernel(
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < H
         w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+        # the epilogue's operands, issued before the K loop so their round trips overlap it
+        weight = tl.load(weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+        if SUM_HERE:  # one pair a program: p = program 0; its token's expert ids, for the sum
+            t = tl.program_id(0) // TOP_K
+            ids = _token_ids(ids_ptr, t, TOP_K, K_POW2)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -257,17 +269,15 @@ def _down_kernel(
                     acc += tl.dot(a, tl.trans(w))
             else:
                 acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
-        weight = tl.load(weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
         y = round_to(acc, dtype, BF16) * weight[:, None]
         if ROUND_PRODUCT:
             y = round_to(y, dtype, BF16)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
-        if SUM_HERE:  # one pair a program: p = program 0; its token's counter for this tile
-            t = tl.program_id(0) // TOP_K
+        if SUM_HERE:  # its token's counter for this tile
             counter = counter_ptr + t * tl.num_programs(1) + tl.program_id(1)
             tl.debug_barrier()  # every thread's part of y is written before the release below
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
-                _sum_token(y_ptr, ids_ptr, out_ptr, t, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
+                _sum_token(y_ptr, ids, out_ptr, t, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
@@ -277,7 +287,8 @@ def _sum_kernel(
 ):
     """out[t] = sum of token t's k rows of y, in ascending expert id (the reference's order), fp32."""
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    _sum_token(y_ptr, ids_ptr, out_ptr, tl.program_id(0), offs, offs < H, H, TOP_K, K_POW2, BF16)
+    t = tl.program_id(0)
+    _sum_token(y_ptr, _token_ids(ids_ptr, t, TOP_K, K_POW2), out_ptr, t, offs, offs < H, H, TOP_K, K_POW2, BF16)
 
 
 _SUM_BLOCK = 256

@@ -83,7 +83,7 @@ class SkinnyConfig:
 
 @triton.jit
 def _router_epilogue(
-    out, w_router, offs_n, n_mask, pid_n, done_ptr, r_ptr, nw_ptr, r_out_ptr, xw_ptr, ss_ptr, lp_ptr,
+    out, w_router, res, nw, offs_n, n_mask, pid_n, done_ptr, r_out_ptr, xw_ptr, ss_ptr, lp_ptr,
     logits_ptr, rstd_ptr, eps, N, E,
     BF16: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
@@ -91,12 +91,13 @@ def _router_epilogue(
     then that row's RMSNorm and router (``linear_norm_linear_scaled``). The tile adds the
     residual, writes the new residual ``s`` and ``norm_w * s``, and leaves its share of the
     router's sums and of the sum of squares in ``lp`` [tiles, E] / ``ss`` [tiles]; the grid's
-    last tile adds the shares up in tile order and writes the logits, scaled by rstd, and rstd."""
+    last tile adds the shares up in tile order and writes the logits, scaled by rstd, and rstd.
+    ``res`` and ``nw``: the tile's columns of the residual and the norm weight, loaded by the
+    caller before its K loop."""
     dtype = r_out_ptr.dtype.element_ty
     o = out.to(dtype).to(tl.float32)  # the projection's output, rounded as the unfused GEMV stores it
-    s = round_to(o + tl.load(r_ptr + offs_n[None, :], mask=n_mask[None, :], other=0.0).to(tl.float32), dtype, BF16)
+    s = round_to(o + res[None, :], dtype, BF16)
     tl.store(r_out_ptr + offs_n[None, :], s.to(dtype), mask=n_mask[None, :])
-    nw = tl.load(nw_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     hw = round_to(nw[None, :] * s, dtype, BF16)
     tl.store(xw_ptr + offs_n[None, :], hw.to(dtype), mask=n_mask[None, :])
     offs_e = tl.arange(0, BLOCK_E)
@@ -146,6 +147,16 @@ def _skinny_gemm_kernel(
     x_rows = x_ptr + offs_m[:, None] * stride_xm
     r_rows = r_ptr + offs_m[:, None] * stride_rm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    # the epilogue's operands (the bias; the router epilogue's residual and norm-weight columns),
+    # issued before the K loop so their round trips overlap it instead of following it
+    bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    res = tl.zeros([BLOCK_N], dtype=tl.float32)
+    nw_cols = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if ROUTER:
+        res = tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        nw_cols = tl.load(nw_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)  # of x + residual over this program's K range
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -190,9 +201,9 @@ def _skinny_gemm_kernel(
             if WRITE_SCALED and pid_n == 0:
                 tl.store(rstd_ptr + offs_m, rstd, mask=m_mask)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            acc += bias[None, :]
         if ROUTER:
-            _router_epilogue(acc, w_router, offs_n, n_mask, pid_n, counter_ptr + tl.num_programs(0), r_ptr, nw_ptr,
+            _router_epilogue(acc, w_router, res, nw_cols, offs_n, n_mask, pid_n, counter_ptr + tl.num_programs(0),
                              r_out_ptr, xw_ptr, ss_ptr, lp_ptr, y_ptr, rstd_ptr, eps, N, E, BF16, BLOCK_E, BLOCK_P)
         else:
             tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mn_mask)
@@ -217,11 +228,11 @@ def _skinny_gemm_kernel(
                 if WRITE_SCALED and pid_n == 0:
                     tl.store(rstd_ptr + offs_m, rstd, mask=m_mask)
             if HAS_BIAS:
-                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                total += bias[None, :]
             if ROUTER:
-                _router_epilogue(total, w_router, offs_n, n_mask, pid_n, counter_ptr + tl.num_programs(0), r_ptr,
-                                 nw_ptr, r_out_ptr, xw_ptr, ss_ptr, lp_ptr, y_ptr, rstd_ptr, eps, N, E, BF16, BLOCK_E,
-                                 BLOCK_P)
+                _router_epilogue(total, w_router, res, nw_cols, offs_n, n_mask, pid_n,
+                                 counter_ptr + tl.num_programs(0), r_out_ptr, xw_ptr, ss_ptr, lp_ptr, y_ptr, rstd_ptr,
+                                 eps, N, E, BF16, BLOCK_E, BLOCK_P)
             else:
                 tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mn_mask)
             tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
