@@ -66,12 +66,11 @@ ROUTER_VARIANTS: dict[str, dict] = {
 }
 # and for o_proj with the router epilogue alone (``linear_norm_linear_scaled``): the wide-projection
 # variants, and the router's last tile, which adds one share per o_proj tile: wider tiles leave it
-# fewer to add (the table loads them in 8,192-float rounds: 16,384 cost more registers than the
-# round it saved)
+# fewer to add (the table: 32-row tiles, the shares in 8,192-float rounds; 16,384 cost more
+# registers than the round it saved)
 O_ROUTER_VARIANTS: dict[str, dict] = {
-    "32-row tiles": {"block_n": 32},
+    "16-row tiles": {"block_n": 16},
     "64-row tiles": {"block_n": 64},
-    "32-row tiles, 8 programs an SM": {"block_n": 32, "waves": 8},
     **SKINNY_VARIANTS,
 }
 # decode attention at batch 1 (the latency-bound branch of its table: fewer (sequence, KV head)

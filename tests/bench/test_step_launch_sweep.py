@@ -77,8 +77,8 @@ def test_o_router_candidate_changes_the_router_epilogue_launch_only_and_undoes()
     finally:
         undo()
     assert skinny.launch_config is table
-    # the table runs the plain one-row launch for it, the router's shares in 8,192-float rounds
-    assert table(1, 2048, 4096, CPU, router=True) == replace(plain, share_block=8192)
+    # the table runs the plain one-row launch for it with 32-row tiles, the shares in 8,192-float rounds
+    assert table(1, 2048, 4096, CPU, router=True) == replace(plain, block_n=32, share_block=8192)
 
 
 def test_attention_candidate_changes_latency_bound_launches_only_and_undoes():
@@ -96,6 +96,6 @@ def test_attention_candidate_changes_latency_bound_launches_only_and_undoes():
 
 def test_only_keeps_the_table_and_the_candidates_named():
     cands = {"table": None, **sweep.skinny_candidates("o_router"), **sweep.attention_candidates()}
-    kept = sweep.keep_matching(cands, ["32-row tiles", "attention: 3 stages"])
-    assert list(kept) == ["table", "o_router: 32-row tiles", "o_router: 32-row tiles, 8 programs an SM", "attention: 3 stages"]
+    kept = sweep.keep_matching(cands, ["row tiles", "attention: 3 stages"])
+    assert list(kept) == ["table", "o_router: 16-row tiles", "o_router: 64-row tiles", "attention: 3 stages"]
     assert list(sweep.keep_matching(cands, ["no such launch"])) == ["table"]

@@ -178,9 +178,9 @@ def test_decode_merge_kernel_fallback(K):
     check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=4, config=cfg), args)
 
 
-def skinny_config(K, m, n, k, prologue=0, **fields):
+def skinny_config(K, m, n, k, prologue=0, router=False, **fields):
     """The default launch configuration with small K tiles (so short rows still split) and ``fields``."""
-    return replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cpu"), prologue), block_k=32, **fields)
+    return replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cpu"), prologue, router), block_k=32, **fields)
 
 
 @pytest.mark.parametrize("m,n,k,bias,splits", [(1, 100, 96, True, None), (1, 100, 96, True, 2),
@@ -221,7 +221,7 @@ def test_linear_norm_router(K, m, n, k, experts, bias, fields):
     """A projection joining the residual stream, then a MoE layer's norm and router, in one
     launch (one row: split K and whole-K tiles, a tile count the last tile's loop does not
     divide) and as two launches (more rows); the counters are left at zero."""
-    cfg = skinny_config(K, m, n, k, **fields)
+    cfg = skinny_config(K, m, n, k, router=True, **fields)
     check_linear_norm_router(K.skinny_gemm, m, n, k, experts, bias, torch.Generator().manual_seed(n + k), config=cfg)
     from ingot.ops.triton._common import _counters
 

@@ -77,7 +77,7 @@ class SkinnyConfig:
     waves: int  # programs aimed at per SM when choosing the split count
     splits: Optional[int] = None  # K splits; None: from ``waves``
     # router epilogue: fp32 shares (tiles x experts) the last tile loads per round, in registers
-    # (``launch_config`` gives 8,192 with the router: the Qwen3-30B-A3B o_proj's 128 x 128 in two rounds)
+    # (``launch_config`` gives 8,192 with the router: the Qwen3-30B-A3B o_proj's 64 x 128 in one round)
     share_block: int = 4096
 
 
@@ -248,17 +248,21 @@ def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = 
     (whole 1.5B / 7B steps 1.494 / 4.095 ms against 1.552 / 4.282 ms 16-wide,
     ``batch1-knobs-2026-11-30.json``; 64 and 128 wide were slower at both shapes,
     ``batch1-prologue-width-2026-11-30.json``).
-    ``router``: a projection with the router epilogue (``linear_norm_linear_scaled``): the
-    plain one-row launch, its last tile adding the router's shares in 8,192-float rounds
-    (Qwen3-30B-A3B batch 1, H200: that kernel 13.4 -> 12.0 us a layer, the compiled step
-    2.965 -> 2.906 ms back to back, against 4,096; 16,384 was no faster inside the step,
-    ``bench-decode-qwen3-30b-a3b-router-share-rounds-2026-12-02.json``).
+    ``router``: a projection with the router epilogue (``linear_norm_linear_scaled``): 32-row
+    tiles, half as many shares for the last tile to add, which it loads in 8,192-float rounds.
+    Qwen3-30B-A3B batch 1, H200, that kernel a layer: 13.5 us at 16 rows and 4,096, 12.0 at
+    16 rows and 8,192 (``bench-decode-qwen3-30b-a3b-router-share-rounds-2026-12-02.json``),
+    11.6 -> 10.0 at 32 rows (the compiled step 2.867 -> 2.79 ms back to back; 64 rows 2.85;
+    Mixtral-8x7B's graph step 0.996x,
+    ``bench-decode-qwen3-30b-a3b-o-router-tiles-2026-12-02.json``); 16,384-float rounds were
+    no faster inside the step.
     """
     if m > 1:
         return SkinnyConfig(use_dot=True, block_n=64, block_k=64, num_warps=4, num_stages=4, waves=2)
+    if router:
+        return SkinnyConfig(use_dot=False, block_n=32, block_k=256, num_warps=4, num_stages=4, waves=4, share_block=8192)
     block_n = 16 if prologue == NONE else 32
-    return SkinnyConfig(use_dot=False, block_n=block_n, block_k=256, num_warps=4, num_stages=4, waves=4,
-                        share_block=8192 if router else 4096)
+    return SkinnyConfig(use_dot=False, block_n=block_n, block_k=256, num_warps=4, num_stages=4, waves=4)
 
 
 def _launch(
