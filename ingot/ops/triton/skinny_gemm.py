@@ -250,12 +250,12 @@ def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = 
     ``batch1-prologue-width-2026-11-30.json``).
     ``router``: a projection with the router epilogue (``linear_norm_linear_scaled``): 32-row
     tiles, half as many shares for the last tile to add, which it loads in 8,192-float rounds.
-    Qwen3-30B-A3B batch 1, H200, compiled, that kernel a layer: 13.3 us at 16 rows and 4,096, 12.0 at
-    16 rows and 8,192 (``bench-decode-qwen3-30b-a3b-router-share-rounds-2026-12-02.json``),
-    11.6 -> 10.0 at 32 rows (the compiled step 2.867 -> 2.79 ms back to back; 64 rows 2.85;
-    Mixtral-8x7B's graph step 0.996x,
-    ``bench-decode-qwen3-30b-a3b-o-router-tiles-2026-12-02.json``); 16,384-float rounds were
-    no faster inside the step.
+    Qwen3-30B-A3B batch 1, H200, compiled, that kernel a layer: 13.3 us at 16 rows and 4,096,
+    12.0 at 16 rows and 8,192 (``bench-decode-qwen3-30b-a3b-router-share-rounds-2026-12-02.json``),
+    10.0 at 32 rows (the step 2.867 -> 2.79 ms back to back; in another call 32 / 64 rows gave
+    2.825 / 2.847; Mixtral-8x7B's graph step 0.996x at 32 rows,
+    ``bench-decode-qwen3-30b-a3b-o-router-tiles-2026-12-02.json``); 16,384-float rounds were no
+    faster inside the step.
     """
     if m > 1:
         return SkinnyConfig(use_dot=True, block_n=64, block_k=64, num_warps=4, num_stages=4, waves=2)
