@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ingot.bench.decode import SHAPES, build_shape, decode_bench_runner, synthetic_decode_batch, time_back_to_back  # noqa: E402
+from ingot.bench.gpu_state import gpu_state  # noqa: E402
 from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.config import EngineConfig  # noqa: E402
 from ingot.ops.triton import decode_attention as attention  # noqa: E402
@@ -212,24 +213,29 @@ def main() -> None:
         del graphs
         torch.cuda.empty_cache()
     us: dict[str, list[float]] = {name: [] for name in candidates}
+    states: dict[str, list] = {name: [] for name in candidates}  # the GPU's state after each timing (NVML)
     for rnd in range(args.rounds):
         for name, install in candidates.items():
             undo = install()
             try:
                 graphs = runner.decode_variant(base.replace(decode_compile=False), per_seq)
                 us[name].append(1e3 * time_back_to_back(lambda: runner.logits_of(graphs, inputs), args.steps, dev))
+                states[name].append(gpu_state(dev))
                 runner.drop_variant(graphs)
                 del graphs
             finally:
                 undo()
             torch.cuda.empty_cache()
-            print(f"round {rnd} {name:40s} {us[name][-1]:9.1f} us a step", flush=True)
+            state = states[name][-1]
+            clock = f", SM {state['sm_clock_mhz']} MHz {'/'.join(state['clock_limits'])}" if state else ""
+            print(f"round {rnd} {name:40s} {us[name][-1]:9.1f} us a step{clock}", flush=True)
     table_us = statistics.median(us["table"])
     print(f"\n{args.shape}, batch 1, graph steps back to back (median of {args.rounds} rounds)")
     rows = []
     for name, runs in sorted(us.items(), key=lambda kv: statistics.median(kv[1])):
         med = statistics.median(runs)
-        rows.append({"candidate": name, "us_per_step": runs, "median_us": med, "vs_table": med / table_us})
+        rows.append({"candidate": name, "us_per_step": runs, "median_us": med, "vs_table": med / table_us,
+                     "gpu_states": states[name]})
         print(f"  {name:40s} {med:9.1f} us  {med / table_us:6.3f}x the table   rounds: "
               + " ".join(f"{x:.1f}" for x in runs))
     date = dt.date.today().isoformat()

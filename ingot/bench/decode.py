@@ -20,6 +20,7 @@ from ingot.runner.kv_pool import blocks_for
 from ingot.models.loader import build_model, init_random
 from ingot.loading.model_config import ModelConfig
 from ingot.bench.gemm_floor import gemm_only_ms
+from ingot.bench.gpu_state import gpu_state
 from ingot.bench.step_profile import StepProfile, profile_step
 from ingot.runner.auto_compile import time_ms
 from ingot.runner.batch import ScheduledBatch
@@ -67,6 +68,7 @@ class BucketTiming:
     capture_s: dict[str, float] = field(default_factory=dict)
     auto_choice: Optional[str] = None  # with mode "auto": "compiled" or "graph", and why
     profiles: dict[str, StepProfile] = field(default_factory=dict)  # mode -> kernels of one replay, when profiled
+    gpu_state: dict[str, dict] = field(default_factory=dict)  # mode -> clocks, power, limits after its timing (NVML)
 
 
 @dataclass
@@ -224,6 +226,9 @@ def bench_decode(
             inputs = runner.stage(batch_of[b])
             results[b].ms[mode] = time_cuda(lambda: runner.logits_of(graphs, inputs), iters)
             results[b].back_to_back_ms[mode] = time_back_to_back(lambda: runner.logits_of(graphs, inputs), iters, runner.device)
+            state = gpu_state(runner.device)
+            if state is not None:
+                results[b].gpu_state[mode] = state
             if mode in ("graph", "compiled") and profile_steps:
                 results[b].profiles[mode] = profile_step(lambda: runner.logits_of(graphs, inputs), profile_steps,
                                                          cfg.num_layers)

@@ -172,6 +172,7 @@ def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
                 "speedup_vs_graph": graph_ms / ms if graph_ms is not None else None,
                 "warmup_s": row.warmup_s.get(mode),
                 "capture_s": row.capture_s.get(mode),
+                "sm_clock_mhz": row.gpu_state.get(mode, {}).get("sm_clock_mhz"),
             }
         compiled_ms = row.ms.get("compiled")
         gemm_ms = row.ms.get("gemm_only")
@@ -210,11 +211,13 @@ def to_json(bench: DecodeBench) -> dict[str, Any]:
 
 def make_table(bench: DecodeBench):
     """One row per (batch size, mode); a separator between batch sizes."""
+    summary = summarize(bench)
+    clocks = any(m["sm_clock_mhz"] is not None for s in summary for m in s["modes"].values())
     columns = ["batch", "mode", "ms/step", "back-to-back", "tokens/s", "vs graph", "% of floor", "floor ms", "warm-up s",
-               "capture s"]
+               "capture s"] + (["SM MHz"] if clocks else [])
     rows: list[list[str]] = []
     ends: list[int] = []
-    for s in summarize(bench):
+    for s in summary:
         for i, (mode, m) in enumerate(s["modes"].items()):
             rows.append([
                 str(s["batch"]) if i == 0 else "",
@@ -227,7 +230,7 @@ def make_table(bench: DecodeBench):
                 report.fmt(s["floor_ms"], ".3f") if i == 0 else "",
                 report.fmt(m["warmup_s"], ".1f"),
                 report.fmt(m["capture_s"], ".3f"),
-            ])
+            ] + ([report.fmt(m["sm_clock_mhz"], ".0f")] if clocks else []))
         ends.append(len(rows) - 1)
     bw = bench.bandwidth / 1e9
     title = f"decode step, {bench.source}, {bench.dtype}, context {bench.context_len} (median of {bench.iters})"
@@ -238,7 +241,8 @@ def make_table(bench: DecodeBench):
                    f"(uniform routing) x {mb.expert_bytes / 1e6:.1f} MB")
     caption = (f"ms/step: each step timed alone (the device waits while the host launches it); back-to-back: "
                f"steps queued while the one before runs, as overlap scheduling does; floor = ({weights} + KV of "
-               f"the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile")
+               f"the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile"
+               + ("; SM MHz: the SM clock right after the back-to-back steps (NVML)" if clocks else ""))
     return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
 
 

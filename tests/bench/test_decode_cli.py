@@ -243,6 +243,16 @@ def test_table_text():
     assert f"{100 * floor8 / 2.0:.1f}" in text
 
 
+def test_table_shows_the_sm_clock_when_sampled():
+    bench = fabricated()
+    assert "SM MHz" not in report.table_text(decode_cli.make_table(bench))
+    bench.rows[1].gpu_state["compiled"] = {"sm_clock_mhz": 1755, "clock_limits": ["sw_power_cap"]}
+    assert decode_cli.summarize(bench)[1]["modes"]["compiled"]["sm_clock_mhz"] == 1755
+    assert decode_cli.summarize(bench)[1]["modes"]["graph"]["sm_clock_mhz"] is None
+    text = report.table_text(decode_cli.make_table(bench))
+    assert "SM MHz" in text and "1755" in text
+
+
 def _numbers(obj):
     if isinstance(obj, dict):
         for v in obj.values():
@@ -266,7 +276,7 @@ def test_json_round_trip(tmp_path):
     for row, got in zip(bench.rows, data["timings"]):
         assert got == {"batch": row.batch, "ms": row.ms, "back_to_back_ms": row.back_to_back_ms,
                        "warmup_s": row.warmup_s, "capture_s": row.capture_s,
-                       "auto_choice": row.auto_choice, "profiles": {}}
+                       "auto_choice": row.auto_choice, "profiles": {}, "gpu_state": {}}
     # and every derived number
     assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
     written = set(_numbers(data))
