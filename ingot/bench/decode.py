@@ -17,6 +17,7 @@ import torch
 
 from ingot.config import EngineConfig
 from ingot.runner.kv_pool import blocks_for
+from ingot.layers.fused_moe import FusedMoE
 from ingot.models.loader import build_model, init_random
 from ingot.loading.model_config import ModelConfig
 from ingot.bench.gemm_floor import gemm_only_ms
@@ -69,6 +70,7 @@ class BucketTiming:
     auto_choice: Optional[str] = None  # with mode "auto": "compiled" or "graph", and why
     profiles: dict[str, StepProfile] = field(default_factory=dict)  # mode -> kernels of one replay, when profiled
     gpu_state: dict[str, dict] = field(default_factory=dict)  # mode -> clocks, power, limits after its timing (NVML)
+    experts_hit: Optional[list[int]] = None  # distinct experts each sparse layer's routing picks for the step
 
 
 @dataclass
@@ -186,6 +188,26 @@ def tp_decode_bench_runner(
     return base, runner, per_seq
 
 
+def count_experts_hit(runner: ModelRunner, inputs) -> Optional[list[int]]:
+    """Distinct experts each sparse layer's routing picks for the staged step ``inputs`` (one
+    eager forward, its expert ids read by hooks on the fused-MoE layers); None for dense models."""
+    layers = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
+    if not layers:
+        return None
+    ids: dict[FusedMoE, torch.Tensor] = {}
+
+    def keep(mod: FusedMoE, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        ids[mod] = args[2] if len(args) > 2 else kwargs["topk_ids"]
+
+    hooks = [m.register_forward_hook(keep, with_kwargs=True) for m in layers]
+    try:
+        runner.logits_of(None, inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [int(torch.unique(ids[m]).numel()) for m in layers]
+
+
 def bench_decode(
     runner: ModelRunner | TensorParallelRunner,
     base: EngineConfig,
@@ -203,9 +225,14 @@ def bench_decode(
     kernels of the graph and compiled modes' replays, per step (``step_profile.py``). The runner
     comes from ``decode_bench_runner`` or, tensor-parallel (no gemm_only, no profile:
     they time the driver's kernels alone), ``tp_decode_bench_runner``; each timed step
-    there includes the broadcast of its inputs to the workers."""
+    there includes the broadcast of its inputs to the workers. On one GPU, a MoE model's
+    rows also count the experts each sparse layer's routing hits (``count_experts_hit``),
+    which the floor then reads instead of the uniform-routing expectation."""
     batch_of = {b: synthetic_decode_batch(b, context_len, base.block_size, cfg.vocab_size) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
+    if isinstance(runner, ModelRunner):  # every timed replay routes the same staged tokens: count it once
+        for b in batches:
+            results[b].experts_hit = count_experts_hit(runner, runner.stage(batch_of[b]))
     for mode in modes:
         if mode == "gemm_only":
             for b in batches:

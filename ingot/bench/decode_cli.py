@@ -33,7 +33,7 @@ import argparse
 import logging
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ingot.bench import report
 from ingot.bench.decode import DEFAULT_SHAPE, SHAPES, BucketTiming
@@ -65,8 +65,9 @@ class ModelBytes:
     embedding table and the head) plus, in each sparse layer, the routed experts its
     tokens hit. The experts hit are the expected number of distinct experts under
     uniform random routing (``expected_experts_hit``), not counted from the benchmark's
-    own routing: random router weights route about uniformly, so the two agree there,
-    while a trained router concentrates tokens and hits fewer. The embedding table
+    own routing, unless ``hits`` are given: the distinct experts each sparse layer's
+    routing sent the timed step's tokens to (``bench_decode`` counts them; a trained router
+    concentrates tokens and hits fewer than uniform routing would). The embedding table
     counts whole, as in the dense floor and in published active-parameter counts
     (Qwen3-30B-A3B: 3.35B at batch 1), though a step gathers only its batch's rows.
     """
@@ -85,15 +86,20 @@ class ModelBytes:
         """K and V of ``context_len`` cached tokens per sequence, every layer."""
         return batch * context_len * self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv_elem_size
 
-    def experts_hit(self, batch: int) -> float:
-        """Expected distinct routed experts per sparse layer at ``batch`` tokens (0 for dense models)."""
-        return expected_experts_hit(self.num_experts, self.top_k, batch) if self.moe_layers else 0.0
+    def experts_hit(self, batch: int, hits: Optional[Sequence[int]] = None) -> float:
+        """Distinct routed experts per sparse layer at ``batch`` tokens: the mean of the counted
+        ``hits`` (one per sparse layer), else the expectation under uniform routing (0 for dense models)."""
+        if not self.moe_layers:
+            return 0.0
+        if hits is not None:
+            return sum(hits) / len(hits)
+        return expected_experts_hit(self.num_experts, self.top_k, batch)
 
-    def weight_bytes_read(self, batch: int) -> float:
-        return self.weight_bytes + self.moe_layers * self.experts_hit(batch) * self.expert_bytes
+    def weight_bytes_read(self, batch: int, hits: Optional[Sequence[int]] = None) -> float:
+        return self.weight_bytes + self.moe_layers * self.experts_hit(batch, hits) * self.expert_bytes
 
-    def step_bytes(self, batch: int, context_len: int) -> float:
-        return self.weight_bytes_read(batch) + self.kv_bytes(batch, context_len)
+    def step_bytes(self, batch: int, context_len: int, hits: Optional[Sequence[int]] = None) -> float:
+        return self.weight_bytes_read(batch, hits) + self.kv_bytes(batch, context_len)
 
     @classmethod
     def of(cls, model: Any, cfg: Any, dtype: Any) -> "ModelBytes":
@@ -119,9 +125,11 @@ def copy_bandwidth(nbytes: int, ms: float) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
-def floor_ms(model_bytes: ModelBytes, batch: int, context_len: int, bandwidth: float) -> float:
-    """Milliseconds to move one step's minimum bytes at ``bandwidth`` bytes/s."""
-    return model_bytes.step_bytes(batch, context_len) / bandwidth * 1e3
+def floor_ms(
+    model_bytes: ModelBytes, batch: int, context_len: int, bandwidth: float, hits: Optional[Sequence[int]] = None
+) -> float:
+    """Milliseconds to move one step's minimum bytes at ``bandwidth`` bytes/s (``hits``: see ``ModelBytes``)."""
+    return model_bytes.step_bytes(batch, context_len, hits) / bandwidth * 1e3
 
 
 def floor_fraction(floor: float, step_ms: float) -> float:
@@ -155,7 +163,8 @@ def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
     """Per batch size: the floor, and per mode ms, tokens/s, fraction of floor, speed-ups, compile/capture s."""
     out = []
     for row in bench.rows:
-        floor = floor_ms(bench.model_bytes, row.batch, bench.context_len, bench.bandwidth)
+        hits = row.experts_hit
+        floor = floor_ms(bench.model_bytes, row.batch, bench.context_len, bench.bandwidth, hits)
         graph_ms = row.ms.get("graph")
         modes: dict[str, dict[str, Any]] = {}
         for mode in bench.modes:
@@ -178,10 +187,12 @@ def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
         gemm_ms = row.ms.get("gemm_only")
         out.append({
             "batch": row.batch,
-            "weight_bytes_read": bench.model_bytes.weight_bytes_read(row.batch),
-            "experts_hit_per_layer": bench.model_bytes.experts_hit(row.batch),
+            "weight_bytes_read": bench.model_bytes.weight_bytes_read(row.batch, hits),
+            "experts_hit_per_layer": bench.model_bytes.experts_hit(row.batch, hits),
+            "experts_hit_counted": hits is not None,
+            "experts_hit_uniform": bench.model_bytes.experts_hit(row.batch),
             "kv_bytes": bench.model_bytes.kv_bytes(row.batch, bench.context_len),
-            "step_bytes": bench.model_bytes.step_bytes(row.batch, bench.context_len),
+            "step_bytes": bench.model_bytes.step_bytes(row.batch, bench.context_len, hits),
             "floor_ms": floor,
             "compiled_speedup_vs_graph": graph_ms / compiled_ms if graph_ms is not None and compiled_ms is not None else None,
             "graph_minus_gemm_ms": graph_ms - gemm_ms if graph_ms is not None and gemm_ms is not None else None,
@@ -237,8 +248,11 @@ def make_table(bench: DecodeBench):
     mb = bench.model_bytes
     weights = f"{mb.weight_bytes / 1e9:.2f} GB weights"
     if mb.moe_layers:
+        counted = all(s["experts_hit_counted"] for s in summary)
+        hit = "counted from the step's routing" if counted else "uniform routing"
+        per_batch = ", ".join(f"{s['experts_hit_per_layer']:.1f} at {s['batch']}" for s in summary)
         weights = (f"{mb.weight_bytes / 1e9:.2f} GB dense weights + {mb.moe_layers} layers x experts hit "
-                   f"(uniform routing) x {mb.expert_bytes / 1e6:.1f} MB")
+                   f"({hit}: {per_batch}) x {mb.expert_bytes / 1e6:.1f} MB")
     caption = (f"ms/step: each step timed alone (the device waits while the host launches it); back-to-back: "
                f"steps queued while the one before runs, as overlap scheduling does; floor = ({weights} + KV of "
                f"the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile"

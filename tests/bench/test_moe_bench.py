@@ -97,3 +97,65 @@ def test_drift_on_a_reduced_random_moe_shape(monkeypatch, tmp_path):
     assert doc["prompts"]["source"] == "random token ids" and doc["prompts"]["count"] == 8
     assert doc["buckets"]["3"]["teacher_forced"][0]["top1_agreement"] == 1.0
     assert main(["check", "drift", "--num-layers", "2", "--fake-graphs", "--device", "cpu"]) == 2  # needs --shape
+
+
+def test_floor_with_counted_hits_by_hand():
+    mb = shape_bytes("qwen3-30b-a3b")
+    hits = [8] * 24 + [16] * 24  # distinct experts per sparse layer, as counted
+    assert mb.experts_hit(2, hits) == 12.0 and mb.experts_hit(2) == pytest.approx(expected_experts_hit(128, 8, 2))
+    assert mb.weight_bytes_read(2, hits) == mb.weight_bytes + (24 * 8 + 24 * 16) * mb.expert_bytes
+    assert mb.step_bytes(2, 512, hits) == mb.weight_bytes_read(2, hits) + mb.kv_bytes(2, 512)
+
+
+def test_count_experts_hit_reads_each_sparse_layers_routing(monkeypatch):
+    """The hooks see the ids each MoE layer's routing picked for the staged step: routing is
+    replaced by a hand-written one (token t -> experts (t + layer) % 8, 2t % 8 and 7 - layer)."""
+    from ingot.bench.decode import count_experts_hit, decode_bench_runner, synthetic_decode_batch
+    from ingot.config import EngineConfig
+    from ingot.models.moe import MoEBlock
+
+    fields = dict(decode_mod.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
+                  num_key_value_heads=2, moe_intermediate_size=32, num_experts=8, vocab_size=256)
+    monkeypatch.setitem(decode_mod.SHAPES, "tiny-moe-test", fields)
+    model, cfg = decode_mod.build_shape("tiny-moe-test", torch.float32, torch.device("cpu"), 64, num_layers=3)
+    blocks = [m for m in model.modules() if isinstance(m, MoEBlock)]
+    assert len(blocks) == 3
+    for layer, block in enumerate(blocks):
+        def route(logits, layer=layer):
+            t = torch.arange(logits.shape[0]).unsqueeze(1)
+            ids = torch.cat([(t + layer) % 8, (2 * t) % 8, torch.full_like(t, 7 - layer)], dim=1)
+            return torch.full(ids.shape, 1 / 3, dtype=logits.dtype), ids
+        monkeypatch.setattr(block, "route", route)
+    base, runner, _ = decode_bench_runner(model, cfg, EngineConfig.create(show_progress=False), [3], 5, torch.float32)
+    hits = count_experts_hit(runner, runner.stage(synthetic_decode_batch(3, 5, base.block_size, cfg.vocab_size)))
+    # tokens 0, 1, 2: layer 0 {0,1,2} {0,2,4} {7} -> 5; layer 1 {1,2,3} {0,2,4} {6} -> 6; layer 2 {2,3,4} {0,2,4} {5} -> 5
+    assert hits == [5, 6, 5]
+    assert not [h for b in blocks for h in b.experts._forward_hooks.values()]  # the hooks are removed
+
+
+def test_bench_decode_floor_counts_the_routed_experts(tmp_path, monkeypatch, capsys):
+    """``ingot bench decode`` on a tiny Qwen3-MoE checkpoint (CPU, a stand-in timer): the floor of
+    each batch counts the experts its step's routing hit, top-k distinct ones at batch 1."""
+    import json
+
+    from ingot.bench import decode_cli
+    from ingot.cli import main
+    from tests.helpers import write_tiny_checkpoint
+
+    tiny = write_tiny_checkpoint(tmp_path / "moe", "qwen3_moe")  # layers 0 and 2 sparse, 8 experts, top-3
+    monkeypatch.setattr(decode_mod, "time_cuda", lambda fn, iters, warmup=3: [fn() for _ in range(iters)] and 1.0)
+    monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--model", str(tiny), "--batch-sizes", "1,4", "--context-len", "8", "--iters", "1",
+                 "--decode-compile", "off", "--dtype", "float32", "--json", str(out), "--quiet"]) == 0
+    assert "counted from the step's routing" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    mb = data["model_bytes"]
+    for timing, row in zip(data["timings"], data["summary"]):
+        hits = timing["experts_hit"]
+        assert len(hits) == mb["moe_layers"] == 2 and row["experts_hit_counted"]
+        assert all(3 <= h <= min(8, 3 * row["batch"]) for h in hits)
+        assert row["weight_bytes_read"] == mb["weight_bytes"] + sum(hits) * mb["expert_bytes"]
+        assert row["floor_ms"] == pytest.approx((row["weight_bytes_read"] + row["kv_bytes"]) / 1e11 * 1e3)
+    assert data["timings"][0]["experts_hit"] == [3, 3]  # one token: its top-3, all distinct
