@@ -161,6 +161,22 @@ def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[
     return out
 
 
+def graph_step_us(runner, config: EngineConfig, per_seq: int, inputs, steps: int, until: float = 0.0) -> float:
+    """us a batch-1 step of a graph captured now with the tables as they stand, replays queued
+    back to back; timed again until ``time.monotonic()`` passes ``until`` (the last timing counts).
+    The graph is dropped afterwards."""
+    graphs = runner.decode_variant(config, per_seq)
+    try:
+        while True:
+            us = 1e3 * time_back_to_back(lambda: runner.logits_of(graphs, inputs), steps, runner.device)
+            if time.monotonic() >= until:
+                return us
+    finally:
+        runner.drop_variant(graphs)
+        del graphs
+        torch.cuda.empty_cache()
+
+
 def keep_matching(candidates: dict[str, Callable], texts: list[str]) -> dict[str, Callable]:
     """The table and the candidates whose name contains one of ``texts`` (``--only``), in sweep order."""
     return {name: c for name, c in candidates.items() if name == "table" or any(t in name for t in texts)}
@@ -204,28 +220,19 @@ def main() -> None:
         if len(candidates) == 1:
             sys.exit(f"--only {args.only} matches no candidate of --kernel {args.kernel}")
     inputs = runner.stage(synthetic_decode_batch(1, args.context_len, base.block_size, cfg.vocab_size))
+    graph = base.replace(decode_compile=False)
     for _ in range(WARMUP_CAPTURES):  # past the first candidates' faster replays (module docstring)
-        graphs = runner.decode_variant(base.replace(decode_compile=False), per_seq)
-        end = time.monotonic() + args.warmup_s / WARMUP_CAPTURES
-        while time.monotonic() < end:
-            time_back_to_back(lambda: runner.logits_of(graphs, inputs), args.steps, dev)
-        runner.drop_variant(graphs)
-        del graphs
-        torch.cuda.empty_cache()
+        graph_step_us(runner, graph, per_seq, inputs, args.steps, time.monotonic() + args.warmup_s / WARMUP_CAPTURES)
     us: dict[str, list[float]] = {name: [] for name in candidates}
     states: dict[str, list] = {name: [] for name in candidates}  # the GPU's state after each timing (NVML)
     for rnd in range(args.rounds):
         for name, install in candidates.items():
             undo = install()
             try:
-                graphs = runner.decode_variant(base.replace(decode_compile=False), per_seq)
-                us[name].append(1e3 * time_back_to_back(lambda: runner.logits_of(graphs, inputs), args.steps, dev))
+                us[name].append(graph_step_us(runner, graph, per_seq, inputs, args.steps))
                 states[name].append(gpu_state(dev))
-                runner.drop_variant(graphs)
-                del graphs
             finally:
                 undo()
-            torch.cuda.empty_cache()
             state = states[name][-1]
             clock = f", SM {state['sm_clock_mhz']} MHz {'/'.join(state['clock_limits'])}" if state else ""
             print(f"round {rnd} {name:40s} {us[name][-1]:9.1f} us a step{clock}", flush=True)

@@ -230,7 +230,7 @@ def bench_decode(
     which the floor then reads instead of the uniform-routing expectation."""
     batch_of = {b: synthetic_decode_batch(b, context_len, base.block_size, cfg.vocab_size) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
-    if isinstance(runner, ModelRunner):  # every timed replay routes the same staged tokens: count it once
+    if cfg.num_experts and isinstance(runner, ModelRunner):  # timed replays route these same tokens: count once
         for b in batches:
             results[b].experts_hit = count_experts_hit(runner, runner.stage(batch_of[b]))
     for mode in modes:

@@ -99,3 +99,31 @@ def test_only_keeps_the_table_and_the_candidates_named():
     kept = sweep.keep_matching(cands, ["row tiles", "attention: 3 stages"])
     assert list(kept) == ["table", "o_router: 16-row tiles", "o_router: 64-row tiles", "attention: 3 stages"]
     assert list(sweep.keep_matching(cands, ["no such launch"])) == ["table"]
+
+
+def test_graph_step_us_times_a_fresh_capture_and_drops_it():
+    """One capture per call, timed once (or again until ``until``), always dropped afterwards."""
+    import time
+
+    class Runner:
+        device = CPU
+
+        def __init__(self):
+            self.captured, self.dropped, self.replays = [], [], 0
+
+        def decode_variant(self, config, per_seq):
+            self.captured.append((config, per_seq))
+            return object()
+
+        def logits_of(self, graphs, inputs):
+            self.replays += 1
+
+        def drop_variant(self, graphs):
+            self.dropped.append(graphs)
+
+    r = Runner()
+    assert sweep.graph_step_us(r, "graph config", 7, None, steps=3) >= 0.0
+    assert r.captured == [("graph config", 7)] and len(r.dropped) == 1
+    once = r.replays
+    sweep.graph_step_us(r, "graph config", 7, None, steps=3, until=time.monotonic() + 0.05)
+    assert len(r.captured) == 2 and len(r.dropped) == 2 and r.replays - once > once  # timed more than once

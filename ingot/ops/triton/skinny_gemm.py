@@ -50,7 +50,7 @@ use ``rounding.round_to`` (integer ops; the inline-asm ``cvt`` form measured
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -259,10 +259,9 @@ def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = 
     """
     if m > 1:
         return SkinnyConfig(use_dot=True, block_n=64, block_k=64, num_warps=4, num_stages=4, waves=2)
-    if router:
-        return SkinnyConfig(use_dot=False, block_n=32, block_k=256, num_warps=4, num_stages=4, waves=4, share_block=8192)
-    block_n = 16 if prologue == NONE else 32
-    return SkinnyConfig(use_dot=False, block_n=block_n, block_k=256, num_warps=4, num_stages=4, waves=4)
+    block_n = 16 if prologue == NONE and not router else 32
+    one_row = SkinnyConfig(use_dot=False, block_n=block_n, block_k=256, num_warps=4, num_stages=4, waves=4)
+    return replace(one_row, share_block=8192) if router else one_row
 
 
 def _launch(
