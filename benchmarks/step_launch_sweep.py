@@ -90,10 +90,19 @@ ATTENTION_VARIANTS: dict[str, dict] = {
     "2 programs an SM": {"waves": 2},
 }
 
+# programmatic dependent launch (``ingot/ops/triton/pdl.py``), switched per kernel family at
+# every batch: (skinny GEMM, decode attention, fused MoE) changes
+PDL_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
+    "off": ({"pdl": False}, {"pdl": False}, {"pdl": False}),
+    "GEMV only": ({}, {"pdl": False}, {"pdl": False}),
+    "not attention": ({}, {"pdl": False}, {}),
+    "not MoE": ({}, {}, {"pdl": False}),
+}
+
 # candidate families --kernel takes: skinny GEMVs of the wide projections (o_proj with the router
 # epilogue included), of the routers, of o_proj with the router epilogue alone, decode attention,
-# fused-MoE per-pair tiles
-FAMILIES = ("skinny", "router", "o_router", "attention", "moe")
+# fused-MoE per-pair tiles, PDL
+FAMILIES = ("skinny", "router", "o_router", "attention", "moe", "pdl")
 WARMUP_CAPTURES = 4  # the table's graph captured this often during --warmup-s
 # fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
 MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
@@ -161,6 +170,22 @@ def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[
     return out
 
 
+def pdl_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
+    """name -> install(): swaps the three kernels' ``launch_config`` for ones with PDL switched
+    (``PDL_VARIANTS``), and returns the undo."""
+    tables = (skinny.launch_config, attention.launch_config, moe.launch_config)
+
+    def install(changes: tuple[dict, dict, dict]) -> Callable[[], None]:
+        for module, table, ch in zip((skinny, attention, moe), tables, changes):
+            module.launch_config = (lambda *a, table=table, ch=ch, **kw: replace(table(*a, **kw), **ch))
+
+        def undo() -> None:
+            skinny.launch_config, attention.launch_config, moe.launch_config = tables
+        return undo
+
+    return {f"pdl: {name}": (lambda ch=ch: install(ch)) for name, ch in PDL_VARIANTS.items()}
+
+
 def graph_step_us(runner, config: EngineConfig, per_seq: int, inputs, steps: int, until: float = 0.0) -> float:
     """us a batch-1 step of a graph captured now with the tables as they stand, replays queued
     back to back; timed again until ``time.monotonic()`` passes ``until`` (the last timing counts).
@@ -213,6 +238,8 @@ def main() -> None:
             candidates.update(skinny_candidates(family))
         elif family == "attention":
             candidates.update(attention_candidates())
+        elif family == "pdl":
+            candidates.update(pdl_candidates())
         elif cfg.num_experts:
             candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
     if args.only:

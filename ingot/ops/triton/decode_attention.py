@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
+from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 
 _LOG2E = 1.4426950408889634
@@ -57,6 +58,7 @@ class DecodeConfig:
     num_stages: int
     waves: int = 1  # programs aimed at per SM when cutting the context into slices
     merge_kernel: bool = False  # merge the slices in a second launch (what runs when split counters are missing)
+    pdl: bool = False  # programmatic dependent launch (``pdl.py``): start during the previous kernel's tail
 
 
 @triton.jit
@@ -139,12 +141,13 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
+    wait_for_producer(PDL)  # q, k and v come from the previous kernel
 
     # every load that depends on nothing else is issued first, so their latencies overlap
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
@@ -236,6 +239,7 @@ def _decode_kernel(
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
+    release_dependents(PDL)  # the next kernel may start while the slices are merged
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -286,14 +290,18 @@ def launch_config(head_dim: int, programs: int, device: torch.device) -> DecodeC
     (batch 64: bandwidth-bound) 128-token tiles, 4 warps, 3 stages; below that (batch
     1: latency-bound, every slice one tile) 64-token tiles, 8 warps, 2 stages (6.5 vs
     7.2 us at batch 1, context 512). Half the tile at D=256. One wave of programs:
-    fewer, longer slices beat more waves of short ones at batch 64, context 2048."""
-    if 2 * programs >= num_sms(device):
+    fewer, longer slices beat more waves of short ones at batch 64, context 2048.
+    Programmatic dependent launch (``pdl.py``) on the latency-bound branch only."""
+    latency_bound = 2 * programs < num_sms(device)
+    if not latency_bound:
         block_n, num_warps, num_stages = 128, 4, 3
     else:
         block_n, num_warps, num_stages = 64, 8, 2
     if next_pow2(head_dim) > 128:
         block_n, num_warps, num_stages = block_n // 2, 8, 2
-    return DecodeConfig(block_n, num_warps, num_stages)
+    # PDL where its neighbours are the skinny GEMVs (few rows); at batch 64 of Qwen2.5-1.5B, between
+    # cuBLAS GEMMs, it measured 1.006x-1.010x the step (``bench-decode-pdl-on-off-2026-12-02.json``)
+    return DecodeConfig(block_n, num_warps, num_stages, pdl=latency_bound and pdl_supported(device))
 
 
 def choose_num_splits(
@@ -352,6 +360,7 @@ def _launch(
         if not cfg.merge_kernel:
             counters = split_counters(q.device, batch * num_kv_heads)
     merge_here = counters is not None
+    pdl = cfg.pdl and pdl_supported(q.device)
     if rope is None:
         k_new = v_new = q
         positions = slots = seq_lens
@@ -384,8 +393,8 @@ def _launch(
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
-        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     if not direct and not merge_here:
         _merge_kernel[(batch, num_kv_heads)](

@@ -39,7 +39,7 @@ order differs from cuBLAS, so results agree to bf16 rounding, not bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, split_counters
+from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rounding import round_to
 
 
@@ -58,6 +59,8 @@ class MoeLaunch:
     block_m: int  # pairs per block (grouped; tl.dot needs >= 16); 1 per pair
     gate_up: tuple[int, int, int, int]  # BLOCK_N, BLOCK_K, num_warps, num_stages
     down: tuple[int, int, int, int]
+    # programmatic dependent launch of both GEMMs (``pdl.py``; ``launch_config`` sets it where supported)
+    pdl: bool = False
 
 
 PER_PAIR = MoeLaunch(False, 1, (16, 256, 4, 4), (16, 256, 4, 4))
@@ -101,7 +104,9 @@ def launch_config(num_experts: int, intermediate: int, tokens: int, device: torc
     """The launch of a fused_moe call: from the table of ``device``'s kind for (experts, width),
     the first row covering ``tokens`` (a pure lookup: the same answer at warm-up and capture)."""
     rows = _TABLE.get(_device_kind(device), _TABLE["sm90"]).get((num_experts, intermediate), _DEFAULT_ROWS)
-    return next(launch for most, launch in rows if tokens <= most)
+    launch = next(launch for most, launch in rows if tokens <= most)
+    # PDL on the per-pair path only: the grouped one follows its own align kernel, launched as usual
+    return replace(launch, pdl=pdl_supported(device) and not launch.grouped)
 
 
 @triton.jit
@@ -162,9 +167,11 @@ def _gate_up_kernel(
     P, H, I, stride_x, stride_we, stride_wn,
     TOP_K: tl.constexpr, GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``
     (each sum times ``scale[t]`` first, with ``HAS_SCALE``)."""
+    wait_for_producer(PDL)  # the routing and the hidden states come from the previous kernels
     e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
@@ -199,6 +206,7 @@ def _gate_up_kernel(
                 xf = x.to(tl.float32)
                 acc_g += tl.sum(wg.to(tl.float32) * xf, axis=1)[None, :]
                 acc_u += tl.sum(wu.to(tl.float32) * xf, axis=1)[None, :]
+        release_dependents(PDL)  # the down projection may launch while the tiles finish
         if HAS_SCALE:
             acc_g *= row_scale
             acc_u *= row_scale
@@ -238,9 +246,11 @@ def _down_kernel(
     ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SUM_HERE: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``.
     ``SUM_HERE`` (per pair): the last of a token's k programs on this tile also sums them into out."""
+    wait_for_producer(PDL)  # the routing and the activations come from the previous kernels
     e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
@@ -269,6 +279,7 @@ def _down_kernel(
                     acc += tl.dot(a, tl.trans(w))
             else:
                 acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
+        release_dependents(PDL)  # the next kernel may launch while the token sums run
         y = round_to(acc, dtype, BF16) * weight[:, None]
         if ROUND_PRODUCT:
             y = round_to(y, dtype, BF16)
@@ -342,12 +353,14 @@ def run(
         m_blocks, sorted_ids, block_expert = pairs, ids, ids  # unused by the per-pair kernels
     dot_f32, bf16 = interpreting(), hidden.dtype == torch.bfloat16
     ieee = hidden.dtype == torch.float32 and not dot_f32
+    pdl = launch.pdl and pdl_supported(hidden.device)
     bn, bk, warps, stages = launch.gate_up
     _gate_up_kernel[(m_blocks, cdiv(inter, bn))](
         x, w_gate_up, a, ids, sorted_ids, block_expert, row_scale.contiguous() if row_scale is not None else ids,
         pairs, h, inter, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
         TOP_K=top_k, GROUPED=launch.grouped, HAS_SCALE=row_scale is not None, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
-        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+        num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )
     bn, bk, warps, stages = launch.down
     k_pow2 = max(2, next_pow2(top_k))
@@ -358,7 +371,8 @@ def run(
         pairs, h, inter, w_down.stride(0), w_down.stride(1), out, counters if counters is not None else ids,
         ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, SUM_HERE=counters is not None, TOP_K=top_k, K_POW2=k_pow2,
-        num_warps=warps, num_stages=stages,
+        PDL=pdl,
+        num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )
     if counters is None:
         _sum_kernel[(t, cdiv(h, _SUM_BLOCK))](

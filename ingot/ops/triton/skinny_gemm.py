@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rounding import round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
@@ -79,6 +80,8 @@ class SkinnyConfig:
     # router epilogue: fp32 shares (tiles x experts) the last tile loads per round, in registers
     # (``launch_config`` gives 8,192 with the router: the Qwen3-30B-A3B o_proj's 64 x 128 in one round)
     share_block: int = 4096
+    # programmatic dependent launch (``pdl.py``): start during the previous kernel's tail
+    pdl: bool = False
 
 
 @triton.jit
@@ -133,7 +136,7 @@ def _skinny_gemm_kernel(
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
     PROLOGUE: tl.constexpr, WRITE_SCALED: tl.constexpr, ROUTER: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -155,8 +158,10 @@ def _skinny_gemm_kernel(
     res = tl.zeros([BLOCK_N], dtype=tl.float32)
     nw_cols = tl.zeros([BLOCK_N], dtype=tl.float32)
     if ROUTER:
-        res = tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         nw_cols = tl.load(nw_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    wait_for_producer(PDL)  # from here on, what the previous kernels wrote
+    if ROUTER:
+        res = tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)  # of x + residual over this program's K range
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -187,6 +192,7 @@ def _skinny_gemm_kernel(
             acc += tl.dot(x, tl.trans(w))
         else:  # one row (BLOCK_M == 1): a multiply-reduce streams W without staging it for tensor cores
             acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
+    release_dependents(PDL)  # the next kernel may launch while the merges and epilogues run
     mn_mask = m_mask[:, None] & n_mask[None, :]
     y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     offs_e = tl.arange(0, BLOCK_E)
@@ -257,10 +263,11 @@ def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = 
     ``bench-decode-qwen3-30b-a3b-o-router-tiles-2026-12-02.json``); 16,384-float rounds were no
     faster inside the step.
     """
+    pdl = pdl_supported(device)
     if m > 1:
-        return SkinnyConfig(use_dot=True, block_n=64, block_k=64, num_warps=4, num_stages=4, waves=2)
+        return SkinnyConfig(use_dot=True, block_n=64, block_k=64, num_warps=4, num_stages=4, waves=2, pdl=pdl)
     block_n = 16 if prologue == NONE and not router else 32
-    one_row = SkinnyConfig(use_dot=False, block_n=block_n, block_k=256, num_warps=4, num_stages=4, waves=4)
+    one_row = SkinnyConfig(use_dot=False, block_n=block_n, block_k=256, num_warps=4, num_stages=4, waves=4, pdl=pdl)
     return replace(one_row, share_block=8192) if router else one_row
 
 
@@ -320,6 +327,7 @@ def _launch(
         partial_sumsq = torch.empty(tiles * splits * block_m, dtype=torch.float32, device=x.device)
     experts = router_weight.shape[0] if router else 1
     block_e = next_pow2(experts)
+    pdl = cfg.pdl and pdl_supported(x.device)
     _skinny_gemm_kernel[(tiles, splits)](
         x, weight, bias if bias is not None else y, y, part, counters if counters is not None else y,
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
@@ -332,7 +340,8 @@ def _launch(
         PROLOGUE=prologue, WRITE_SCALED=write_scaled, ROUTER=router, BF16=x.dtype == torch.bfloat16,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
         BLOCK_P=max(1, min(next_pow2(tiles), cfg.share_block // block_e)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return y, r_out, xw, rstd
 
