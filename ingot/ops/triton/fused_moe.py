@@ -23,6 +23,10 @@ tokens) and device:
   largest block count the routing can produce; blocks past the real count exit.
   Four launches (the per-token sum its own).
 
+On sm_90+ the per-pair launches use programmatic dependent launch (``pdl.py``): each
+kernel waits for its producer before reading the routing, and releases its successor
+after its K loop.
+
 An optional ``row_scale`` [T] multiplies each token's gate/up sums before they are
 rounded: a MoE layer's router GEMV hands over ``norm_w * s`` and the norm's rstd
 (``skinny_gemm.rms_norm_linear_scaled`` / ``linear_norm_linear_scaled``), so the norm needs no

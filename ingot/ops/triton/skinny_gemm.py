@@ -39,6 +39,10 @@ of squares; the grid's last tile adds the shares up in tile order (deterministic
 and writes the logits and rstd. The router's GEMV then has no launch of its own,
 and no program waits on a whole normed row.
 
+On sm_90+ every launch uses programmatic dependent launch (``pdl.py``): a program
+loads the weight-only epilogue operands, waits for the previous kernel, streams its
+slab and releases the next kernel before its split-K merge and epilogue.
+
 Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
 unfused path's input bit for bit. The norm rounds ``x + residual`` and
 ``norm_w * s`` to the model dtype but scales by ``rstd`` in fp32 after the
