@@ -1,13 +1,14 @@
 """Launch candidates of the batch-1 GEMV, decode attention and fused-MoE kernels, timed inside the whole decode step.
 
-    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe]
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe,pdl]
         [--only TEXT ...] [--rounds 2] [--out PATH]
 
 ``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
 kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh weights
 and the split-K merges change the picture, so this script swaps one launch at a time
 into the tables the ops read (``skinny_gemm.launch_config``,
-``decode_attention.launch_config``, ``fused_moe._TABLE``), captures the random-weight
+``decode_attention.launch_config``, ``fused_moe._TABLE``; ``pdl``: the three kernels' ``launch_config`` with
+programmatic dependent launch switched), captures the random-weight
 model's batch-1 decode graph, and times replays queued back to back
 (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates; each
 candidate's figure is its median over rounds, against the table's. The tables are
