@@ -25,19 +25,26 @@ class ReportError(RuntimeError):
 
 # ---------------------------------------------------------------------- environment
 def env_info() -> dict[str, Any]:
-    """Versions and the GPU a result was measured on (gpu is None without CUDA)."""
+    """Versions and the GPU a result was measured on (gpu is None without CUDA), and whether the
+    decode kernels launched with programmatic dependent launch there (None without CUDA)."""
     import torch
 
+    pdl: Optional[bool] = None
     try:
         import triton
 
         triton_version: Optional[str] = triton.__version__
+        if torch.cuda.is_available():
+            from ingot.ops.triton.pdl import pdl_supported
+
+            pdl = pdl_supported(torch.device("cuda"))
     except ImportError:
         triton_version = None
     return {
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__,
         "triton": triton_version,
+        "pdl": pdl,
         "python": platform.python_version(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -127,3 +127,27 @@ def test_graph_step_us_times_a_fresh_capture_and_drops_it():
     once = r.replays
     sweep.graph_step_us(r, "graph config", 7, None, steps=3, until=time.monotonic() + 0.05)
     assert len(r.captured) == 2 and len(r.dropped) == 2 and r.replays - once > once  # timed more than once
+
+
+def test_pdl_candidates_switch_pdl_in_the_three_tables_and_undo(monkeypatch):
+    for module in (skinny, attention, moe):  # as on an H200, where the tables ask for PDL
+        monkeypatch.setattr(module, "pdl_supported", lambda device: True)
+    tables = (skinny.launch_config, attention.launch_config, moe.launch_config)
+    assert skinny.launch_config(1, 4096, 2048, CPU).pdl and attention.launch_config(128, 4, CPU).pdl
+    cands = sweep.pdl_candidates()
+    undo = cands["pdl: off"]()
+    try:
+        assert not skinny.launch_config(1, 4096, 2048, CPU).pdl
+        assert not skinny.launch_config(1, 2048, 4096, CPU, router=True).pdl
+        assert not attention.launch_config(128, 4, CPU).pdl
+        assert not moe.launch_config(128, 768, 1, CPU).pdl
+        assert skinny.launch_config(1, 4096, 2048, CPU).block_n == tables[0](1, 4096, 2048, CPU).block_n  # only pdl changes
+    finally:
+        undo()
+    assert (skinny.launch_config, attention.launch_config, moe.launch_config) == tables
+    undo = cands["pdl: not attention"]()
+    try:
+        assert skinny.launch_config(1, 4096, 2048, CPU).pdl and moe.launch_config(128, 768, 1, CPU).pdl
+        assert not attention.launch_config(128, 4, CPU).pdl
+    finally:
+        undo()
