@@ -36,11 +36,13 @@ import triton.language as tl
 from ingot.ops.triton._common import capability, interpreting
 
 
+# grid dependency control in this Triton (3.3+); read once, as every launch asks
+_TRITON_HAS_GDC = all(hasattr(getattr(tl.extra, "cuda", None), name) for name in ("gdc_wait", "gdc_launch_dependents"))
+
+
 def pdl_supported(device: torch.device) -> bool:
     """PDL needs an sm_90+ GPU and a Triton with grid dependency control (3.3+)."""
-    cuda = getattr(tl.extra, "cuda", None)
-    return (not interpreting() and capability(device) >= (9, 0)
-            and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents"))
+    return _TRITON_HAS_GDC and not interpreting() and capability(device) >= (9, 0)
 
 
 @triton.jit
