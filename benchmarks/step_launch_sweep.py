@@ -1,6 +1,6 @@
 """Launch candidates of the batch-1 GEMV, decode attention and fused-MoE kernels, timed inside the whole decode step.
 
-    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe,pdl,early]
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe,pdl]
         [--only TEXT ...] [--rounds 2] [--out PATH]
 
 ``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
@@ -8,7 +8,7 @@ kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh 
 and the split-K merges change the picture, so this script swaps one launch at a time
 into the tables the ops read (``skinny_gemm.launch_config``,
 ``decode_attention.launch_config``, ``fused_moe._TABLE``; ``pdl``: the three kernels' ``launch_config`` with
-programmatic dependent launch switched; ``early``: with loads moved before the PDL wait), captures the random-weight
+programmatic dependent launch switched), captures the random-weight
 model's batch-1 decode graph, and times replays queued back to back
 (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates; each
 candidate's figure is its median over rounds, against the table's. The tables are
@@ -99,21 +99,11 @@ PDL_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "not attention": ({}, {"pdl": False}, {}),
     "not MoE": ({}, {}, {"pdl": False}),
 }
-# loads before the PDL wait of what no previous kernel of the step writes (launches with PDL only):
-# (skinny GEMM, decode attention, fused MoE) changes
-EARLY_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
-    "GEMV first weight tile": ({"early_tile": True}, {}, {}),
-    "attention metadata": ({}, {"early": 1}, {}),
-    "attention metadata and first K/V tile": ({}, {"early": 2}, {}),
-    "down first weight tile": ({}, {}, {"early_down": True}),
-    "all three": ({"early_tile": True}, {"early": 2}, {"early_down": True}),
-    "all three, attention metadata only": ({"early_tile": True}, {"early": 1}, {"early_down": True}),
-}
 
 # candidate families --kernel takes: skinny GEMVs of the wide projections (o_proj with the router
 # epilogue included), of the routers, of o_proj with the router epilogue alone, decode attention,
-# fused-MoE per-pair tiles, PDL, loads before the PDL wait
-FAMILIES = ("skinny", "router", "o_router", "attention", "moe", "pdl", "early")
+# fused-MoE per-pair tiles, PDL
+FAMILIES = ("skinny", "router", "o_router", "attention", "moe", "pdl")
 WARMUP_CAPTURES = 4  # the table's graph captured this often during --warmup-s
 # fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
 MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
@@ -181,27 +171,20 @@ def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[
     return out
 
 
-def launch_candidates(family: str, variants: dict[str, tuple[dict, dict, dict]]) -> dict[str, Callable[[], Callable[[], None]]]:
-    """name -> install(): swaps the three kernels' ``launch_config`` for ones with a variant's
-    changes applied to the launches that take PDL (``PDL_VARIANTS``, ``EARLY_VARIANTS``), and
-    returns the undo."""
+def pdl_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
+    """name -> install(): swaps the three kernels' ``launch_config`` for ones with PDL switched
+    (``PDL_VARIANTS``), and returns the undo."""
     tables = (skinny.launch_config, attention.launch_config, moe.launch_config)
 
     def install(changes: tuple[dict, dict, dict]) -> Callable[[], None]:
-        def changed(table, ch):
-            def pick(*a, **kw):
-                cfg = table(*a, **kw)
-                return replace(cfg, **ch) if cfg.pdl else cfg
-            return pick
-
         for module, table, ch in zip((skinny, attention, moe), tables, changes):
-            module.launch_config = changed(table, ch)
+            module.launch_config = (lambda *a, table=table, ch=ch, **kw: replace(table(*a, **kw), **ch))
 
         def undo() -> None:
             skinny.launch_config, attention.launch_config, moe.launch_config = tables
         return undo
 
-    return {f"{family}: {name}": (lambda ch=ch: install(ch)) for name, ch in variants.items()}
+    return {f"pdl: {name}": (lambda ch=ch: install(ch)) for name, ch in PDL_VARIANTS.items()}
 
 
 def graph_step_us(runner, config: EngineConfig, per_seq: int, inputs, steps: int, until: float = 0.0) -> float:
@@ -257,9 +240,7 @@ def main() -> None:
         elif family == "attention":
             candidates.update(attention_candidates())
         elif family == "pdl":
-            candidates.update(launch_candidates(family, PDL_VARIANTS))
-        elif family == "early":
-            candidates.update(launch_candidates(family, EARLY_VARIANTS))
+            candidates.update(pdl_candidates())
         elif cfg.num_experts:
             candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
     if args.only:

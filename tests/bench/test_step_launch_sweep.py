@@ -134,7 +134,7 @@ def test_pdl_candidates_switch_pdl_in_the_three_tables_and_undo(monkeypatch):
         monkeypatch.setattr(module, "pdl_supported", lambda device: True)
     tables = (skinny.launch_config, attention.launch_config, moe.launch_config)
     assert skinny.launch_config(1, 4096, 2048, CPU).pdl and attention.launch_config(128, 4, CPU).pdl
-    cands = sweep.launch_candidates("pdl", sweep.PDL_VARIANTS)
+    cands = sweep.pdl_candidates()
     undo = cands["pdl: off"]()
     try:
         assert not skinny.launch_config(1, 4096, 2048, CPU).pdl
@@ -151,20 +151,3 @@ def test_pdl_candidates_switch_pdl_in_the_three_tables_and_undo(monkeypatch):
         assert not attention.launch_config(128, 4, CPU).pdl
     finally:
         undo()
-
-
-def test_early_candidates_change_only_the_launches_that_take_pdl(monkeypatch):
-    for module in (skinny, attention, moe):  # as on an H200: PDL on the few-row paths
-        monkeypatch.setattr(module, "pdl_supported", lambda device: True)
-    tables = (skinny.launch_config, attention.launch_config, moe.launch_config)
-    undo = sweep.launch_candidates("early", sweep.EARLY_VARIANTS)["early: all three"]()
-    try:
-        assert skinny.launch_config(1, 4096, 2048, CPU).early_tile
-        assert attention.launch_config(128, 4, CPU).early == 2
-        assert moe.launch_config(128, 768, 1, CPU).early_down
-        assert not moe.launch_config(128, 768, 64, CPU).early_down  # grouped: no PDL, unchanged
-        assert attention.launch_config(128, 4096, CPU).early == 0  # wide attention: no PDL, unchanged
-    finally:
-        undo()
-    assert (skinny.launch_config, attention.launch_config, moe.launch_config) == tables
-    assert not skinny.launch_config(1, 4096, 2048, CPU).early_tile

@@ -265,46 +265,6 @@ def test_in_step_sweep_candidates_compute_the_reference(K):
         check_rope_decode(lambda *a, cfg=cfg: K.decode_attention.decode_attention_rope(*a, config=cfg), fresh)
 
 
-@pytest.mark.parametrize("early", [1, 2])
-def test_loads_before_the_pdl_wait_compute_the_reference(K, early):
-    """The launches that load what no previous kernel writes before their PDL wait (the cache's
-    metadata, the parameters, the first K/V or weight tile) compute what the plain ones do: the
-    fused decode kernel (q/k norms; empty slices; a block table read per token or per tile), plain
-    decode attention (where the first tile stays after the wait), and the skinny GEMM's variants."""
-    cpu = torch.device("cpu")
-    da = K.decode_attention
-    for i, (hq, hkv, d, page, lens, splits) in enumerate([*ROPE_DECODE_CASES[1:4], (8, 2, 64, 128, [300, 64, 1], 3)]):
-        gen = torch.Generator().manual_seed(100 + i)
-        cfg = replace(da.launch_config(d, len(lens) * hkv, cpu), early=early)
-        args = rope_decode_case(lens, hq, hkv, d, page, torch.bfloat16, gen, qk_norm=i == 0)
-        check_rope_decode(lambda *a, cfg=cfg, splits=splits: da.decode_attention_rope(*a, num_splits=splits, config=cfg), args)
-    gen = torch.Generator().manual_seed(7)
-    k_cache, v_cache, table = paged([100, 1, 17], 16, 2, 64, torch.bfloat16, gen)
-    q = torch.randn(3, 8, 64, generator=gen).to(torch.bfloat16)
-    seq_lens = torch.tensor([100, 1, 17], dtype=torch.int32)
-    out = da.decode_attention(q, k_cache, v_cache, table, seq_lens, 0.125, num_splits=3,
-                              config=replace(da.launch_config(64, 6, cpu), early=early))
-    assert rel_err(out, ref.decode_attention(q.float(), k_cache.float(), v_cache.float(), table, seq_lens, 0.125)) < 1e-2
-    if early == 1:
-        return
-    sg = K.skinny_gemm
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 300, generator=gen).to(torch.bfloat16)
-    w = torch.randn(40, 300, generator=gen).to(torch.bfloat16)
-    for splits in (None, 3, 1):
-        out = sg.skinny_linear(x, w, None, skinny_config(K, 1, 40, 300, splits=splits, early_tile=True))
-        assert rel_err(out, ref.skinny_linear(x.float(), w.float(), None)) < 1e-2
-    for prologue, m, splits in (("norm_scaled", 1, 3), ("norm", 3, 2), ("silu", 1, None)):
-        code = sg.SILU if prologue == "silu" else sg.NORM
-        cfg = skinny_config(K, m, 24, 300, code, splits=splits, early_tile=True)
-        check_prologue_linear(sg, prologue, m, 24, 300, False, torch.Generator().manual_seed(m), config=cfg)
-    cfg = skinny_config(K, 1, 40, 300, router=True, splits=3, early_tile=True)
-    check_linear_norm_router(sg, 1, 40, 300, 6, True, torch.Generator().manual_seed(9), config=cfg)
-    from ingot.ops.triton._common import _counters
-
-    assert all(int(c.count_nonzero()) == 0 for c in _counters.values())
-
-
 def test_decode_zero_length_is_finite(K):
     gen = torch.Generator().manual_seed(1)
     k_cache, v_cache, table = paged([5, 3], 16, 2, 64, torch.bfloat16, gen)
@@ -632,16 +592,6 @@ def test_fused_moe_routings_bf16(MOE, routing, grouped):
     if not grouped:  # the batch-1 launches of Qwen3-30B-A3B (8-row gate/up tiles) and Mixtral (8 x 512 down tiles)
         check_fused_moe(lambda *a: MOE.run(*a, launch=MOE.PER_PAIR_NARROW), args, tol=1e-2)
         check_fused_moe(lambda *a: MOE.run(*a, launch=MOE.PER_PAIR_LONG_K), args, tol=1e-2)
-
-
-def test_fused_moe_down_reading_before_the_pdl_wait(MOE):
-    """The per-pair down kernel reading the routing and its first weight tile before its PDL
-    wait (several K tiles, one, and a tile wider than the experts) computes the reference."""
-    for i, (down, inter) in enumerate([((16, 16, 4, 1), 40), ((16, 64, 4, 1), 24), ((8, 32, 4, 1), 32)]):
-        launch = replace(MOE.PER_PAIR, down=down, early_down=True)
-        gen = torch.Generator().manual_seed(40 + i)
-        args = moe_inputs(3, 8, 2, 48, inter, torch.bfloat16, gen, routing="random")
-        check_fused_moe(lambda *a, launch=launch: MOE.run(*a, launch=launch), args, tol=1e-2)
 
 
 def test_fused_moe_table_path(MOE):

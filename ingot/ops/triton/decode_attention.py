@@ -59,10 +59,6 @@ class DecodeConfig:
     waves: int = 1  # programs aimed at per SM when cutting the context into slices
     merge_kernel: bool = False  # merge the slices in a second launch (what runs when split counters are missing)
     pdl: bool = False  # programmatic dependent launch (``pdl.py``): start during the previous kernel's tail
-    # what loads before waiting for the previous kernel (with ``pdl``; without, only the order
-    # changes): 0 nothing, 1 the cache's metadata and the rotary / q-k norm parameters, 2 also
-    # each slice's first K/V tile (fused variant)
-    early: int = 0
 
 
 @triton.jit
@@ -133,68 +129,6 @@ def _head_rms_norm(x1, x2, w1, w2, eps, HEAD_DIM: tl.constexpr):
     return y1.to(x1.dtype), y2.to(x2.dtype)
 
 
-@triton.jit
-def _tile_rows(bt_row, k_head, v_head, tile, live, offs_n, kv_limit, stride_kb, stride_ks, stride_vb, stride_vs,
-               PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(mask of the cache positions this program reads, K and V row pointers) of context tile
-    ``tile``; none with ``live`` False (a slice past the context: its block table entry is not read)."""
-    pos_n = tile * BLOCK_N + offs_n
-    n_mask = (pos_n < kv_limit) & live
-    if PAGE % BLOCK_N == 0:
-        # the whole tile lies in one cache block
-        blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE, mask=live, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row + pos_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-    k_rows = k_head + blk * stride_kb + (pos_n % PAGE) * stride_ks
-    v_rows = v_head + blk * stride_vb + (pos_n % PAGE) * stride_vs
-    return n_mask, k_rows, v_rows
-
-
-@triton.jit
-def _load_k(k_rows, n_mask, h_mask, offs_h, HALF: tl.constexpr):
-    nh_mask = n_mask[:, None] & h_mask[None, :]
-    k1t = tl.load(k_rows[:, None] + offs_h[None, :], mask=nh_mask, other=0.0)
-    k2t = tl.load(k_rows[:, None] + HALF + offs_h[None, :], mask=nh_mask, other=0.0)
-    return k1t, k2t
-
-
-@triton.jit
-def _load_v(v_rows, n_mask, d_mask, offs_d):
-    return tl.load(v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-
-
-@triton.jit
-def _attend_tile(
-    q1, q2, m_i, l_i, acc, k1_given, k2_given, v_given, n_mask, scale_log2, k_rows, v_rows,
-    h_mask, d_mask, offs_h, offs_d, HAVE_KV: tl.constexpr, HALF: tl.constexpr, DOT_F32: tl.constexpr,
-):
-    """Online softmax over one context tile: the running max, sum and output of the group's
-    query rows updated. K and V are the ``*_given`` tiles with ``HAVE_KV`` (loaded before the
-    PDL wait), else loaded here (V after the scores)."""
-    if HAVE_KV:
-        k1t, k2t = k1_given, k2_given
-    else:
-        k1t, k2t = _load_k(k_rows, n_mask, h_mask, offs_h, HALF)
-    if DOT_F32:
-        k1t = k1t.to(tl.float32)
-        k2t = k2t.to(tl.float32)
-    s = (tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t))) * scale_log2  # log2 domain
-    s = tl.where(n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token
-    alpha = tl.exp2(m_i - m_ref)
-    p = tl.exp2(s - m_ref[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if HAVE_KV:
-        v = v_given
-    else:
-        v = _load_v(v_rows, n_mask, d_mask, offs_d)
-    if DOT_F32:
-        v = v.to(tl.float32)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
-
-
 # the block table's width varies between eager steps: not specialized
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
@@ -214,18 +148,15 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
-    if EARLY == 0:
-        wait_for_producer(PDL)  # q, k and v come from the previous kernel
-
-    # every load that depends on nothing else is issued first, so their latencies overlap; with
-    # EARLY they are also issued before the wait: the host writes the cache's metadata, no kernel
-    # writes the parameters, and the cached positions (``EARLY == 2``) were written by earlier steps
+    # every load that depends on nothing else is issued first, so their latencies overlap, and
+    # before the PDL wait: the host writes the cache's metadata and no kernel the parameters
+    # (0.992x the batch-1 graph step of the Qwen3-30B-A3B shape; its first K/V tile here too: 1.001x)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     offs_g = tl.arange(0, BLOCK_G)
     offs_h = tl.arange(0, BLOCK_HALF)
@@ -235,34 +166,18 @@ def _decode_kernel(
     h_mask = offs_h < HALF
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
-    kv_limit = seq_len  # cache positions this program may read
     if ROPE:
         pos = tl.load(pos_ptr + b).to(tl.int64)
         slot = tl.load(slot_ptr + b).to(tl.int64)
-        kv_limit = seq_len - 1  # the new token comes from registers
-        if EARLY > 0:
-            cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q_ptr.dtype.element_ty, BF16)
-            if QK_NORM:
-                qn1, qn2 = _norm_weights(q_norm_ptr, offs_h, h_mask, HALF)
-                kn1, kn2 = _norm_weights(k_norm_ptr, offs_h, h_mask, HALF)
+        cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q_ptr.dtype.element_ty, BF16)
+        if QK_NORM:
+            qn1, qn2 = _norm_weights(q_norm_ptr, offs_h, h_mask, HALF)
+            kn1, kn2 = _norm_weights(k_norm_ptr, offs_h, h_mask, HALF)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
-    bt_row = block_tables_ptr + b64 * stride_bt
-    k_head = k_cache_ptr + kvh * stride_kh
-    v_head = v_cache_ptr + kvh * stride_vh
-    k1_first = tl.zeros([BLOCK_N, BLOCK_HALF], dtype=k_cache_ptr.dtype.element_ty)
-    k2_first = k1_first
-    v_first = tl.zeros([BLOCK_N, BLOCK_D], dtype=v_cache_ptr.dtype.element_ty)
-    n_first = offs_n < 0
-    if EARLY == 2:  # this slice's first tile of the cache
-        n_first, k_rows, v_rows = _tile_rows(bt_row, k_head, v_head, tile_lo, tile_lo < tile_hi, offs_n, kv_limit,
-                                             stride_kb, stride_ks, stride_vb, stride_vs, PAGE, BLOCK_N)
-        k1_first, k2_first = _load_k(k_rows, n_first, h_mask, offs_h, HALF)
-        v_first = _load_v(v_rows, n_first, d_mask, offs_d)
-    if EARLY > 0:
-        wait_for_producer(PDL)  # q, k and v come from the previous kernel
+    wait_for_producer(PDL)  # q, k and v come from the previous kernel
 
     # q as two halves (the rotary pairs), so the fused variant rotates it in registers
     q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_h[None, :]
@@ -273,22 +188,18 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    kv_limit = seq_len  # cache positions this program may read
     if ROPE:
         k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
         k1 = tl.load(k_row, mask=h_mask, other=0.0)
         k2 = tl.load(k_row + HALF, mask=h_mask, other=0.0)
         v_new = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
-        if EARLY == 0:
-            if QK_NORM:
-                qn1, qn2 = _norm_weights(q_norm_ptr, offs_h, h_mask, HALF)
-                kn1, kn2 = _norm_weights(k_norm_ptr, offs_h, h_mask, HALF)
         if QK_NORM:
             q1, q2 = _head_rms_norm(q1, q2, qn1, qn2, norm_eps, HEAD_DIM)
             k1, k2 = _head_rms_norm(k1, k2, kn1, kn2, norm_eps, HEAD_DIM)
-        if EARLY == 0:
-            cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q1.dtype, BF16)
         q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
         # the new token: rotated k and v from registers, stored by its owner program
+        kv_limit = seq_len - 1
         owner = (seq_len > 0) & (split == (num_tiles - 1) // tiles_per_split)
         k1, k2 = rope_pair(k1, k2, cos, sin, BF16)
         store = owner & (slot >= 0)
@@ -306,16 +217,38 @@ def _decode_kernel(
         q1 = q1.to(tl.float32)
         q2 = q2.to(tl.float32)
 
-    tile_start = tile_lo
-    if EARLY == 2:  # the first tile, loaded before the wait, first
-        m_i, l_i, acc = _attend_tile(q1, q2, m_i, l_i, acc, k1_first, k2_first, v_first, n_first, scale_log2,
-                                     v_head, v_head, h_mask, d_mask, offs_h, offs_d, True, HALF, DOT_F32)
-        tile_start = tile_lo + 1
-    for tile in range(tile_start, tile_hi):
-        n_mask, k_rows, v_rows = _tile_rows(bt_row, k_head, v_head, tile, True, offs_n, kv_limit, stride_kb, stride_ks,
-                                            stride_vb, stride_vs, PAGE, BLOCK_N)
-        m_i, l_i, acc = _attend_tile(q1, q2, m_i, l_i, acc, k1_first, k2_first, v_first, n_mask, scale_log2,
-                                     k_rows, v_rows, h_mask, d_mask, offs_h, offs_d, False, HALF, DOT_F32)
+    bt_row = block_tables_ptr + b64 * stride_bt
+    k_head = k_cache_ptr + kvh * stride_kh
+    v_head = v_cache_ptr + kvh * stride_vh
+
+    for tile in range(tile_lo, tile_hi):
+        pos_n = tile * BLOCK_N + offs_n
+        n_mask = pos_n < kv_limit
+        if PAGE % BLOCK_N == 0:
+            # the whole tile lies in one cache block
+            blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + pos_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        k_rows = k_head + blk * stride_kb + (pos_n % PAGE) * stride_ks
+        v_rows = v_head + blk * stride_vb + (pos_n % PAGE) * stride_vs
+        nh_mask = n_mask[:, None] & h_mask[None, :]
+        k1t = tl.load(k_rows[:, None] + offs_h[None, :], mask=nh_mask, other=0.0)
+        k2t = tl.load(k_rows[:, None] + HALF + offs_h[None, :], mask=nh_mask, other=0.0)
+        if DOT_F32:
+            k1t = k1t.to(tl.float32)
+            k2t = k2t.to(tl.float32)
+        s = (tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t))) * scale_log2  # log2 domain
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
     release_dependents(PDL)  # the next kernel may start while the slices are merged
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -438,8 +371,6 @@ def _launch(
             counters = split_counters(q.device, batch * num_kv_heads)
     merge_here = counters is not None
     pdl = cfg.pdl and pdl_supported(q.device)
-    # the first K/V tile only where the new token is not in the cache (the previous kernel may store it)
-    early = min(cfg.early, 1 if rope is None else 2)
     if rope is None:
         k_new = v_new = q
         positions = slots = seq_lens
@@ -472,7 +403,7 @@ def _launch(
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
-        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl, EARLY=early,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     if not direct and not merge_here:

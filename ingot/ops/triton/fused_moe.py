@@ -65,9 +65,6 @@ class MoeLaunch:
     down: tuple[int, int, int, int]
     # programmatic dependent launch of both GEMMs (``pdl.py``; ``launch_config`` sets it where supported)
     pdl: bool = False
-    # per pair: the down kernel reads the routing and its first weight tile before waiting for the
-    # gate/up kernel (with ``pdl``; without, only the order changes)
-    early_down: bool = False
 
 
 PER_PAIR = MoeLaunch(False, 1, (16, 256, 4, 4), (16, 256, 4, 4))
@@ -247,42 +244,17 @@ def _sum_token(y_ptr, ids, out_ptr, t, offs, mask, H, TOP_K: tl.constexpr, K_POW
 
 
 @triton.jit
-def _down_tile(acc, a_rows, row_mask, w_given, w_rows, n_mask, k0, I, HAVE_W: tl.constexpr, GROUPED: tl.constexpr,
-               DOT_F32: tl.constexpr, IEEE: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One K tile of the down projection at ``k0``: ``acc += a . W.T``; the weight tile is
-    ``w_given`` with ``HAVE_W`` (loaded before the PDL wait), else loaded here."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_mask = offs_k < I
-    a = tl.load(a_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-    if HAVE_W:
-        w = w_given
-    else:
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-    if GROUPED:
-        if DOT_F32:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        if IEEE:
-            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(a, tl.trans(w))
-    else:
-        acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
-    return acc
-
-
-@triton.jit
 def _down_kernel(
     a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
     P, H, I, stride_we, stride_wn, out_ptr, counter_ptr,
     ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SUM_HERE: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``.
     ``SUM_HERE`` (per pair): the last of a token's k programs on this tile also sums them into out."""
-    if not EARLY:
-        wait_for_producer(PDL)  # the routing and the activations come from the previous kernels
+    wait_for_producer(PDL)  # the routing and the activations come from the previous kernels
     e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
@@ -297,17 +269,20 @@ def _down_kernel(
             t = tl.program_id(0) // TOP_K
             ids = _token_ids(ids_ptr, t, TOP_K, K_POW2)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        w_first = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
-        k_start = 0
-        if EARLY:  # the routing is two kernels back (the gate/up kernel waited for it): read it and
-            # the first weight tile before waiting for the activations
-            offs_k0 = tl.arange(0, BLOCK_K)
-            w_first = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0 < I)[None, :], other=0.0)
-            wait_for_producer(PDL)
-            acc = _down_tile(acc, a_rows, row_mask, w_first, w_rows, n_mask, 0, I, True, GROUPED, DOT_F32, IEEE, BLOCK_K)
-            k_start = BLOCK_K
-        for k0 in range(k_start, I, BLOCK_K):
-            acc = _down_tile(acc, a_rows, row_mask, w_first, w_rows, n_mask, k0, I, False, GROUPED, DOT_F32, IEEE, BLOCK_K)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < I
+            a = tl.load(a_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            if GROUPED:
+                if DOT_F32:
+                    a, w = a.to(tl.float32), w.to(tl.float32)
+                if IEEE:
+                    acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+                else:
+                    acc += tl.dot(a, tl.trans(w))
+            else:
+                acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
         release_dependents(PDL)  # the next kernel may launch while the token sums run
         y = round_to(acc, dtype, BF16) * weight[:, None]
         if ROUND_PRODUCT:
@@ -400,7 +375,7 @@ def run(
         pairs, h, inter, w_down.stride(0), w_down.stride(1), out, counters if counters is not None else ids,
         ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, SUM_HERE=counters is not None, TOP_K=top_k, K_POW2=k_pow2,
-        PDL=pdl, EARLY=launch.early_down and not launch.grouped,
+        PDL=pdl,
         num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )
     if counters is None:
