@@ -46,9 +46,11 @@ def fake_inductor(version: str) -> SimpleNamespace:
     elif version == "2.11":
         cfg.eager_numerics = ns(division_rounding=False)
         cfg.deterministic = False
+        cfg.triton.enable_pdl = False
     elif version == "2.14":
         cfg.eager_numerics = ns(division_rounding=False, disable_ftz=False, use_pytorch_libdevice=False)
         cfg.deterministic = False
+        cfg.triton.enable_pdl = False
     return cfg
 
 
@@ -95,7 +97,8 @@ def clean_state(monkeypatch, tmp_path):
         (
             "2.11",
             False,
-            {"triton.cudagraphs": False, "emulate_precision_casts": True, "eager_numerics.division_rounding": True},
+            {"triton.cudagraphs": False, "emulate_precision_casts": True, "triton.enable_pdl": True,
+             "eager_numerics.division_rounding": True},
         ),
         (
             "2.11",
@@ -103,6 +106,7 @@ def clean_state(monkeypatch, tmp_path):
             {
                 "triton.cudagraphs": False,
                 "emulate_precision_casts": True,
+                "triton.enable_pdl": True,
                 "eager_numerics.division_rounding": True,
                 "fallback_random": True,
                 "deterministic": True,
@@ -111,7 +115,8 @@ def clean_state(monkeypatch, tmp_path):
         (
             "2.14",
             False,
-            {"triton.cudagraphs": False, "emulate_precision_casts": True, "eager_numerics.division_rounding": True},
+            {"triton.cudagraphs": False, "emulate_precision_casts": True, "triton.enable_pdl": True,
+             "eager_numerics.division_rounding": True},
         ),
         (
             "2.14",
@@ -119,6 +124,7 @@ def clean_state(monkeypatch, tmp_path):
             {
                 "triton.cudagraphs": False,
                 "emulate_precision_casts": True,
+                "triton.enable_pdl": True,
                 "eager_numerics.division_rounding": True,
                 "fallback_random": True,
                 "eager_numerics.disable_ftz": True,
