@@ -151,7 +151,8 @@ def attention_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
 
 
 def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[[], None]]]:
-    """name -> install(): the one-token row of ``fused_moe._TABLE`` for this shape with other tiles."""
+    """name -> install(): the one-token row of ``fused_moe._TABLE`` for this shape with other tiles,
+    or with both projections in one launch."""
     rows = moe._TABLE["sm90"].get((experts, width))
     if rows is None or rows[0][1].grouped:
         return {}  # no per-pair row of its own for this shape
@@ -168,6 +169,13 @@ def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[
                 return lambda: moe._TABLE["sm90"].__setitem__((experts, width), rows)
 
             out[f"moe {part}: {tiles}"] = install
+    one = replace(first, one_launch=True)
+
+    def install_one() -> Callable[[], None]:
+        moe._TABLE["sm90"][(experts, width)] = ((rows[0][0], one),) + rows[1:]
+        return lambda: moe._TABLE["sm90"].__setitem__((experts, width), rows)
+
+    out["moe: gate/up and down in one launch"] = install_one
     return out
 
 

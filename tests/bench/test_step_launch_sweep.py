@@ -45,6 +45,13 @@ def test_moe_candidates_swap_the_one_token_row_and_undo():
     finally:
         undo()
     assert moe._TABLE["sm90"][(8, 14336)] is rows
+    undo = cands["moe: gate/up and down in one launch"]()
+    try:
+        launch = moe.launch_config(8, 14336, 1, CPU)
+        assert launch.one_launch and launch.down == rows[0][1].down and launch.gate_up == rows[0][1].gate_up
+    finally:
+        undo()
+    assert moe._TABLE["sm90"][(8, 14336)] is rows and not moe.launch_config(8, 14336, 1, CPU).one_launch
     assert sweep.moe_candidates(1, 1) == {}  # a shape without a row of its own
 
 

@@ -594,6 +594,22 @@ def test_fused_moe_routings_bf16(MOE, routing, grouped):
         check_fused_moe(lambda *a: MOE.run(*a, launch=MOE.PER_PAIR_LONG_K), args, tol=1e-2)
 
 
+@pytest.mark.parametrize("t,e,k,h,i", MOE_CASES)
+def test_fused_moe_one_launch(MOE, t, e, k, h, i):
+    """Per pair, gate/up and down in one launch (down tiles waiting on their pair's counter):
+    the reference, with and without a row scale; every counter left at zero."""
+    launch = MOE.MoeLaunch(False, 1, (16, 32, 4, 1), (16, 16, 4, 1), one_launch=True)
+    args = moe_inputs(t, e, k, h, i, torch.float32, torch.Generator().manual_seed(t * 37 + e), routing="random")
+    check_fused_moe(lambda *a: MOE.run(*a, launch=launch), args, tol=1e-5)
+    scale = torch.rand(t, generator=torch.Generator().manual_seed(t)) + 0.5
+    check_fused_moe(lambda *a: MOE.run(*a, launch=launch), args + [scale], tol=1e-5)
+    args = moe_inputs(t, e, k, h, i, torch.bfloat16, torch.Generator().manual_seed(t), routing="one_expert", fp32_weights=True)
+    check_fused_moe(lambda *a: MOE.run(*a, launch=replace(MOE.PER_PAIR_NARROW, one_launch=True)), args, tol=1e-2)
+    from ingot.ops.triton._common import _counters
+
+    assert all(int(c.count_nonzero()) == 0 for c in _counters.values())
+
+
 def test_fused_moe_table_path(MOE):
     """Without a launch the table decides (per pair at one token, grouped at many), both correct."""
     for t in (1, 40):
