@@ -1,6 +1,6 @@
 """Launch candidates of the batch-1 GEMV, decode attention and fused-MoE kernels, timed inside the whole decode step.
 
-    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe,pdl]
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe,pdl,overlap]
         [--only TEXT ...] [--rounds 2] [--out PATH]
 
 ``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
@@ -8,7 +8,7 @@ kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh 
 and the split-K merges change the picture, so this script swaps one launch at a time
 into the tables the ops read (``skinny_gemm.launch_config``,
 ``decode_attention.launch_config``, ``fused_moe._TABLE``; ``pdl``: the three kernels' ``launch_config`` with
-programmatic dependent launch switched), captures the random-weight
+programmatic dependent launch switched; ``overlap``: o_proj loading weights before its PDL wait, attention releasing it early), captures the random-weight
 model's batch-1 decode graph, and times replays queued back to back
 (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates; each
 candidate's figure is its median over rounds, against the table's. The tables are
@@ -100,10 +100,20 @@ PDL_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "not MoE": ({}, {}, {"pdl": False}),
 }
 
+# o_proj streaming its weights while decode attention runs (PDL launches only): (changes to the
+# one-row o_proj + router launch, changes to the latency-bound decode attention launch)
+OVERLAP_VARIANTS: dict[str, tuple[dict, dict]] = {
+    "o_proj first weight tile before its wait": ({"early_tiles": 1}, {}),
+    "o_proj both weight tiles before its wait": ({"early_tiles": 2}, {}),
+    "attention releasing at its start": ({}, {"release_first": True}),
+    "attention releasing at its start, o_proj first tile early": ({"early_tiles": 1}, {"release_first": True}),
+    "attention releasing at its start, o_proj both tiles early": ({"early_tiles": 2}, {"release_first": True}),
+}
+
 # candidate families --kernel takes: skinny GEMVs of the wide projections (o_proj with the router
 # epilogue included), of the routers, of o_proj with the router epilogue alone, decode attention,
-# fused-MoE per-pair tiles, PDL
-FAMILIES = ("skinny", "router", "o_router", "attention", "moe", "pdl")
+# fused-MoE per-pair tiles, PDL, o_proj streaming during attention
+FAMILIES = ("skinny", "router", "o_router", "attention", "moe", "pdl", "overlap")
 WARMUP_CAPTURES = 4  # the table's graph captured this often during --warmup-s
 # fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
 MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
@@ -195,6 +205,32 @@ def pdl_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
     return {f"pdl: {name}": (lambda ch=ch: install(ch)) for name, ch in PDL_VARIANTS.items()}
 
 
+def overlap_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
+    """name -> install(): swaps ``skinny_gemm.launch_config`` (the o_proj + router launch) and
+    ``decode_attention.launch_config`` for ones with an ``OVERLAP_VARIANTS`` change where they
+    launch with PDL, and returns the undo."""
+    tables = (skinny.launch_config, attention.launch_config)
+
+    def install(changes: tuple[dict, dict]) -> Callable[[], None]:
+        o_changes, attention_changes = changes
+
+        def pick_skinny(m, n, k, device, prologue=skinny.NONE, router=False):
+            cfg = tables[0](m, n, k, device, prologue, router)
+            return replace(cfg, **o_changes) if router and cfg.pdl else cfg
+
+        def pick_attention(head_dim, programs, device):
+            cfg = tables[1](head_dim, programs, device)
+            return replace(cfg, **attention_changes) if cfg.pdl else cfg
+
+        skinny.launch_config, attention.launch_config = pick_skinny, pick_attention
+
+        def undo() -> None:
+            skinny.launch_config, attention.launch_config = tables
+        return undo
+
+    return {f"overlap: {name}": (lambda ch=ch: install(ch)) for name, ch in OVERLAP_VARIANTS.items()}
+
+
 def graph_step_us(runner, config: EngineConfig, per_seq: int, inputs, steps: int, until: float = 0.0) -> float:
     """us a batch-1 step of a graph captured now with the tables as they stand, replays queued
     back to back; timed again until ``time.monotonic()`` passes ``until`` (the last timing counts).
@@ -249,6 +285,8 @@ def main() -> None:
             candidates.update(attention_candidates())
         elif family == "pdl":
             candidates.update(pdl_candidates())
+        elif family == "overlap":
+            candidates.update(overlap_candidates())
         elif cfg.num_experts:
             candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
     if args.only:

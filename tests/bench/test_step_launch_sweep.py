@@ -158,3 +158,18 @@ def test_pdl_candidates_switch_pdl_in_the_three_tables_and_undo(monkeypatch):
         assert not attention.launch_config(128, 4, CPU).pdl
     finally:
         undo()
+
+
+def test_overlap_candidates_change_the_o_proj_router_and_attention_launches(monkeypatch):
+    for module in (skinny, attention, moe):  # as on an H200: PDL on the few-row paths
+        monkeypatch.setattr(module, "pdl_supported", lambda device: True)
+    tables = (skinny.launch_config, attention.launch_config)
+    undo = sweep.overlap_candidates()["overlap: attention releasing at its start, o_proj both tiles early"]()
+    try:
+        assert skinny.launch_config(1, 2048, 4096, CPU, router=True).early_tiles == 2
+        assert skinny.launch_config(1, 5120, 2048, CPU, skinny.NORM).early_tiles == 0  # qkv: unchanged
+        assert attention.launch_config(128, 4, CPU).release_first
+        assert not attention.launch_config(128, 4096, CPU).release_first  # wide attention: no PDL, unchanged
+    finally:
+        undo()
+    assert (skinny.launch_config, attention.launch_config) == tables
