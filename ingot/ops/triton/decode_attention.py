@@ -26,6 +26,11 @@ program masks that position out of its cache reads, so the store races with
 nothing. This replaces three launches per layer (rotary, store_kv, attention)
 with one.
 
+With PDL (``pdl.py``, the latency-bound branch) a program waits for the previous kernel
+after loading the cache's metadata and its parameters and releases the next one after its
+main loop, or, with ``DecodeConfig.release_first`` (a launch option, off in the table), at
+its start: the next GEMV may then stream its weights while this kernel runs.
+
 ``S`` comes from static shapes only (B, Hkv, the block table width and the SM
 count), so it is fixed for a captured graph; scratch sizes likewise. No host
 sync, no data-dependent allocation. fp32 softmax and accumulation; output in

@@ -25,7 +25,10 @@ tokens) and device:
 
 On sm_90+ the per-pair launches use programmatic dependent launch (``pdl.py``): each
 kernel waits for its producer before reading the routing, and releases its successor
-after its K loop.
+after its K loop. A launch option (``MoeLaunch.one_launch``, not in the table until it
+measures faster) runs the per-pair path as one kernel, ``_pair_kernel``: the gate/up
+programs first, then the down programs, each spinning on its pair's ready counter, so a
+pair's down tiles start once that pair's ``a`` is written instead of once every pair's is.
 
 An optional ``row_scale`` [T] multiplies each token's gate/up sums before they are
 rounded: a MoE layer's router GEMV hands over ``norm_w * s`` and the norm's rstd

@@ -41,7 +41,11 @@ and no program waits on a whole normed row.
 
 On sm_90+ every launch uses programmatic dependent launch (``pdl.py``): a program
 loads the weight-only epilogue operands, waits for the previous kernel, streams its
-slab and releases the next kernel before its split-K merge and epilogue.
+slab and releases the next kernel before its split-K merge and epilogue. With
+``SkinnyConfig.early_tiles`` (a launch option, off in the table) a program also loads
+its first one or two weight tiles before the wait: for the o_proj launch after a decode
+attention that releases it at its start, so the weights stream while attention, which
+leaves the memory idle, runs.
 
 Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
 unfused path's input bit for bit. The norm rounds ``x + residual`` and
