@@ -100,14 +100,17 @@ PDL_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "not MoE": ({}, {}, {"pdl": False}),
 }
 
-# o_proj streaming its weights while decode attention runs (PDL launches only): (changes to the
-# one-row o_proj + router launch, changes to the latency-bound decode attention launch)
-OVERLAP_VARIANTS: dict[str, tuple[dict, dict]] = {
-    "o_proj first weight tile before its wait": ({"early_tiles": 1}, {}),
-    "o_proj both weight tiles before its wait": ({"early_tiles": 2}, {}),
-    "attention releasing at its start": ({}, {"release_first": True}),
-    "attention releasing at its start, o_proj first tile early": ({"early_tiles": 1}, {"release_first": True}),
-    "attention releasing at its start, o_proj both tiles early": ({"early_tiles": 2}, {"release_first": True}),
+# GEMVs streaming weights before their PDL wait (PDL launches only): (changes to the one-row o_proj
+# + router launch, changes to the one-row GEMVs after a norm (qkv), changes to the latency-bound
+# decode attention launch); attention is latency-bound and leaves the memory idle, the down kernel's
+# token sums before qkv too
+OVERLAP_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
+    "o_proj first weight tile before its wait": ({"early_tiles": 1}, {}, {}),
+    "o_proj both weight tiles before its wait": ({"early_tiles": 2}, {}, {}),
+    "qkv first weight tile before its wait": ({}, {"early_tiles": 1}, {}),
+    "attention releasing at its start": ({}, {}, {"release_first": True}),
+    "attention releasing at its start, o_proj first tile early": ({"early_tiles": 1}, {}, {"release_first": True}),
+    "attention releasing at its start, o_proj both tiles early": ({"early_tiles": 2}, {}, {"release_first": True}),
 }
 
 # candidate families --kernel takes: skinny GEMVs of the wide projections (o_proj with the router
@@ -206,17 +209,21 @@ def pdl_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
 
 
 def overlap_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
-    """name -> install(): swaps ``skinny_gemm.launch_config`` (the o_proj + router launch) and
-    ``decode_attention.launch_config`` for ones with an ``OVERLAP_VARIANTS`` change where they
-    launch with PDL, and returns the undo."""
+    """name -> install(): swaps ``skinny_gemm.launch_config`` (the one-row o_proj + router and
+    after-norm launches) and ``decode_attention.launch_config`` for ones with an
+    ``OVERLAP_VARIANTS`` change where they launch with PDL, and returns the undo."""
     tables = (skinny.launch_config, attention.launch_config)
 
-    def install(changes: tuple[dict, dict]) -> Callable[[], None]:
-        o_changes, attention_changes = changes
+    def install(changes: tuple[dict, dict, dict]) -> Callable[[], None]:
+        o_changes, qkv_changes, attention_changes = changes
 
         def pick_skinny(m, n, k, device, prologue=skinny.NONE, router=False):
             cfg = tables[0](m, n, k, device, prologue, router)
-            return replace(cfg, **o_changes) if router and cfg.pdl else cfg
+            if m != 1 or not cfg.pdl:
+                return cfg
+            if router:
+                return replace(cfg, **o_changes)
+            return replace(cfg, **qkv_changes) if prologue == skinny.NORM else cfg
 
         def pick_attention(head_dim, programs, device):
             cfg = tables[1](head_dim, programs, device)
