@@ -170,26 +170,15 @@ def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[
     if rows is None or rows[0][1].grouped:
         return {}  # no per-pair row of its own for this shape
     first = rows[0][1]
-    out = {}
-    for part in ("gate_up", "down"):
-        for tiles in MOE_TILES:
-            if tiles == getattr(first, part):
-                continue
-            launch = replace(first, **{part: tiles})
+    launches = {f"moe {part}: {tiles}": replace(first, **{part: tiles})
+                for part in ("gate_up", "down") for tiles in MOE_TILES if tiles != getattr(first, part)}
+    launches["moe: gate/up and down in one launch"] = replace(first, one_launch=True)
 
-            def install(launch=launch) -> Callable[[], None]:
-                moe._TABLE["sm90"][(experts, width)] = ((rows[0][0], launch),) + rows[1:]
-                return lambda: moe._TABLE["sm90"].__setitem__((experts, width), rows)
-
-            out[f"moe {part}: {tiles}"] = install
-    one = replace(first, one_launch=True)
-
-    def install_one() -> Callable[[], None]:
-        moe._TABLE["sm90"][(experts, width)] = ((rows[0][0], one),) + rows[1:]
+    def install(launch: moe.MoeLaunch) -> Callable[[], None]:
+        moe._TABLE["sm90"][(experts, width)] = ((rows[0][0], launch),) + rows[1:]
         return lambda: moe._TABLE["sm90"].__setitem__((experts, width), rows)
 
-    out["moe: gate/up and down in one launch"] = install_one
-    return out
+    return {name: (lambda launch=launch: install(launch)) for name, launch in launches.items()}
 
 
 def pdl_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
