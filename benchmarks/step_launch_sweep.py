@@ -1,6 +1,6 @@
 """Launch candidates of the batch-1 GEMV, decode attention and fused-MoE kernels, timed inside the whole decode step.
 
-    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe,pdl,overlap]
+    python -m benchmarks.step_launch_sweep --shape mixtral-8x7b [--kernel skinny,router,o_router,attention,moe,pdl]
         [--only TEXT ...] [--rounds 2] [--out PATH]
 
 ``benchmarks/kernels.py --sweep skinny`` and ``benchmarks/fused_moe_sweep.py`` time a
@@ -8,7 +8,7 @@ kernel alone on a flushed L2. Inside a step its neighbours, TLB misses on fresh 
 and the split-K merges change the picture, so this script swaps one launch at a time
 into the tables the ops read (``skinny_gemm.launch_config``,
 ``decode_attention.launch_config``, ``fused_moe._TABLE``; ``pdl``: the three kernels' ``launch_config`` with
-programmatic dependent launch switched; ``overlap``: o_proj loading weights before its PDL wait, attention releasing it early), captures the random-weight
+programmatic dependent launch switched), captures the random-weight
 model's batch-1 decode graph, and times replays queued back to back
 (``ingot.bench.decode.time_back_to_back``). Rounds interleave the candidates; each
 candidate's figure is its median over rounds, against the table's. The tables are
@@ -100,23 +100,10 @@ PDL_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "not MoE": ({}, {}, {"pdl": False}),
 }
 
-# GEMVs streaming weights before their PDL wait (PDL launches only): (changes to the one-row o_proj
-# + router launch, changes to the one-row GEMVs after a norm (qkv), changes to the latency-bound
-# decode attention launch); attention is latency-bound and leaves the memory idle, the down kernel's
-# token sums before qkv too
-OVERLAP_VARIANTS: dict[str, tuple[dict, dict, dict]] = {
-    "o_proj first weight tile before its wait": ({"early_tiles": 1}, {}, {}),
-    "o_proj both weight tiles before its wait": ({"early_tiles": 2}, {}, {}),
-    "qkv first weight tile before its wait": ({}, {"early_tiles": 1}, {}),
-    "attention releasing at its start": ({}, {}, {"release_first": True}),
-    "attention releasing at its start, o_proj first tile early": ({"early_tiles": 1}, {}, {"release_first": True}),
-    "attention releasing at its start, o_proj both tiles early": ({"early_tiles": 2}, {}, {"release_first": True}),
-}
-
 # candidate families --kernel takes: skinny GEMVs of the wide projections (o_proj with the router
 # epilogue included), of the routers, of o_proj with the router epilogue alone, decode attention,
-# fused-MoE per-pair tiles, PDL, o_proj streaming during attention
-FAMILIES = ("skinny", "router", "o_router", "attention", "moe", "pdl", "overlap")
+# fused-MoE per-pair tiles, PDL
+FAMILIES = ("skinny", "router", "o_router", "attention", "moe", "pdl")
 WARMUP_CAPTURES = 4  # the table's graph captured this often during --warmup-s
 # fused-MoE per-pair tiles (BLOCK_N, BLOCK_K, warps, stages)
 MOE_TILES = [(4, 256, 4, 4), (8, 256, 4, 4), (16, 256, 4, 4), (32, 256, 4, 4), (8, 512, 4, 4), (16, 512, 4, 4),
@@ -164,21 +151,24 @@ def attention_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
 
 
 def moe_candidates(experts: int, width: int) -> dict[str, Callable[[], Callable[[], None]]]:
-    """name -> install(): the one-token row of ``fused_moe._TABLE`` for this shape with other tiles,
-    or with both projections in one launch."""
+    """name -> install(): the one-token row of ``fused_moe._TABLE`` for this shape with other tiles."""
     rows = moe._TABLE["sm90"].get((experts, width))
     if rows is None or rows[0][1].grouped:
         return {}  # no per-pair row of its own for this shape
     first = rows[0][1]
-    launches = {f"moe {part}: {tiles}": replace(first, **{part: tiles})
-                for part in ("gate_up", "down") for tiles in MOE_TILES if tiles != getattr(first, part)}
-    launches["moe: gate/up and down in one launch"] = replace(first, one_launch=True)
+    out = {}
+    for part in ("gate_up", "down"):
+        for tiles in MOE_TILES:
+            if tiles == getattr(first, part):
+                continue
+            launch = replace(first, **{part: tiles})
 
-    def install(launch: moe.MoeLaunch) -> Callable[[], None]:
-        moe._TABLE["sm90"][(experts, width)] = ((rows[0][0], launch),) + rows[1:]
-        return lambda: moe._TABLE["sm90"].__setitem__((experts, width), rows)
+            def install(launch=launch) -> Callable[[], None]:
+                moe._TABLE["sm90"][(experts, width)] = ((rows[0][0], launch),) + rows[1:]
+                return lambda: moe._TABLE["sm90"].__setitem__((experts, width), rows)
 
-    return {name: (lambda launch=launch: install(launch)) for name, launch in launches.items()}
+            out[f"moe {part}: {tiles}"] = install
+    return out
 
 
 def pdl_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
@@ -195,36 +185,6 @@ def pdl_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
         return undo
 
     return {f"pdl: {name}": (lambda ch=ch: install(ch)) for name, ch in PDL_VARIANTS.items()}
-
-
-def overlap_candidates() -> dict[str, Callable[[], Callable[[], None]]]:
-    """name -> install(): swaps ``skinny_gemm.launch_config`` (the one-row o_proj + router and
-    after-norm launches) and ``decode_attention.launch_config`` for ones with an
-    ``OVERLAP_VARIANTS`` change where they launch with PDL, and returns the undo."""
-    tables = (skinny.launch_config, attention.launch_config)
-
-    def install(changes: tuple[dict, dict, dict]) -> Callable[[], None]:
-        o_changes, qkv_changes, attention_changes = changes
-
-        def pick_skinny(m, n, k, device, prologue=skinny.NONE, router=False):
-            cfg = tables[0](m, n, k, device, prologue, router)
-            if m != 1 or not cfg.pdl:
-                return cfg
-            if router:
-                return replace(cfg, **o_changes)
-            return replace(cfg, **qkv_changes) if prologue == skinny.NORM else cfg
-
-        def pick_attention(head_dim, programs, device):
-            cfg = tables[1](head_dim, programs, device)
-            return replace(cfg, **attention_changes) if cfg.pdl else cfg
-
-        skinny.launch_config, attention.launch_config = pick_skinny, pick_attention
-
-        def undo() -> None:
-            skinny.launch_config, attention.launch_config = tables
-        return undo
-
-    return {f"overlap: {name}": (lambda ch=ch: install(ch)) for name, ch in OVERLAP_VARIANTS.items()}
 
 
 def graph_step_us(runner, config: EngineConfig, per_seq: int, inputs, steps: int, until: float = 0.0) -> float:
@@ -281,8 +241,6 @@ def main() -> None:
             candidates.update(attention_candidates())
         elif family == "pdl":
             candidates.update(pdl_candidates())
-        elif family == "overlap":
-            candidates.update(overlap_candidates())
         elif cfg.num_experts:
             candidates.update(moe_candidates(cfg.num_experts, cfg.moe_intermediate_size))
     if args.only:

@@ -45,13 +45,6 @@ def test_moe_candidates_swap_the_one_token_row_and_undo():
     finally:
         undo()
     assert moe._TABLE["sm90"][(8, 14336)] is rows
-    undo = cands["moe: gate/up and down in one launch"]()
-    try:
-        launch = moe.launch_config(8, 14336, 1, CPU)
-        assert launch.one_launch and launch.down == rows[0][1].down and launch.gate_up == rows[0][1].gate_up
-    finally:
-        undo()
-    assert moe._TABLE["sm90"][(8, 14336)] is rows and not moe.launch_config(8, 14336, 1, CPU).one_launch
     assert sweep.moe_candidates(1, 1) == {}  # a shape without a row of its own
 
 
@@ -158,29 +151,3 @@ def test_pdl_candidates_switch_pdl_in_the_three_tables_and_undo(monkeypatch):
         assert not attention.launch_config(128, 4, CPU).pdl
     finally:
         undo()
-
-
-def test_overlap_candidates_change_the_o_proj_router_qkv_and_attention_launches(monkeypatch):
-    for module in (skinny, attention, moe):  # as on an H200: PDL on the few-row paths
-        monkeypatch.setattr(module, "pdl_supported", lambda device: True)
-    tables = (skinny.launch_config, attention.launch_config)
-    cands = sweep.overlap_candidates()
-    undo = cands["overlap: attention releasing at its start, o_proj both tiles early"]()
-    try:
-        assert skinny.launch_config(1, 2048, 4096, CPU, router=True).early_tiles == 2
-        assert skinny.launch_config(1, 5120, 2048, CPU, skinny.NORM).early_tiles == 0  # qkv: unchanged
-        assert skinny.launch_config(4, 2048, 4096, CPU, router=True).early_tiles == 0  # more rows: unchanged
-        assert attention.launch_config(128, 4, CPU).release_first
-        assert not attention.launch_config(128, 4096, CPU).release_first  # wide attention: no PDL, unchanged
-    finally:
-        undo()
-    assert (skinny.launch_config, attention.launch_config) == tables
-    undo = cands["overlap: qkv first weight tile before its wait"]()
-    try:
-        assert skinny.launch_config(1, 5120, 2048, CPU, skinny.NORM).early_tiles == 1
-        assert skinny.launch_config(1, 2048, 4096, CPU, router=True).early_tiles == 0
-        assert skinny.launch_config(1, 2048, 768, CPU).early_tiles == 0  # no prologue: unchanged
-        assert not attention.launch_config(128, 4, CPU).release_first
-    finally:
-        undo()
-    assert (skinny.launch_config, attention.launch_config) == tables

@@ -265,39 +265,6 @@ def test_in_step_sweep_candidates_compute_the_reference(K):
         check_rope_decode(lambda *a, cfg=cfg: K.decode_attention.decode_attention_rope(*a, config=cfg), fresh)
 
 
-@pytest.mark.parametrize("early_tiles", [1, 2])
-def test_weight_tiles_before_the_pdl_wait(K, early_tiles):
-    """GEMVs loading their first weight tiles before the PDL wait (programs of one K tile, two,
-    more, and whole-K) compute the reference in every variant, the o_proj + router launch included."""
-    sg = K.skinny_gemm
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 300, generator=gen).to(torch.bfloat16)
-    w = torch.randn(40, 300, generator=gen).to(torch.bfloat16)
-    for splits in (None, 3, 1):
-        out = sg.skinny_linear(x, w, None, skinny_config(K, 1, 40, 300, splits=splits, early_tiles=early_tiles))
-        assert rel_err(out, ref.skinny_linear(x.float(), w.float(), None)) < 1e-2
-    for prologue, m, splits in (("norm_scaled", 1, 3), ("norm", 3, 2), ("silu", 1, None)):
-        code = sg.SILU if prologue == "silu" else sg.NORM
-        cfg = skinny_config(K, m, 24, 300, code, splits=splits, early_tiles=early_tiles)
-        check_prologue_linear(sg, prologue, m, 24, 300, False, torch.Generator().manual_seed(m), config=cfg)
-    for splits in (3, 10):  # K tiles a program: 4 and 1
-        cfg = skinny_config(K, 1, 40, 300, router=True, splits=splits, early_tiles=early_tiles)
-        check_linear_norm_router(sg, 1, 40, 300, 6, True, torch.Generator().manual_seed(9), config=cfg)
-    from ingot.ops.triton._common import _counters
-
-    assert all(int(c.count_nonzero()) == 0 for c in _counters.values())
-
-
-def test_decode_attention_releasing_first(K):
-    """Releasing the PDL successor at the start changes no result (fused and plain kernels)."""
-    cpu = torch.device("cpu")
-    da = K.decode_attention
-    hq, hkv, d, page, lens, splits = ROPE_DECODE_CASES[1]
-    cfg = replace(da.launch_config(d, len(lens) * hkv, cpu), release_first=True)
-    args = rope_decode_case(lens, hq, hkv, d, page, torch.bfloat16, torch.Generator().manual_seed(3), qk_norm=True)
-    check_rope_decode(lambda *a: da.decode_attention_rope(*a, num_splits=splits, config=cfg), args)
-
-
 def test_decode_zero_length_is_finite(K):
     gen = torch.Generator().manual_seed(1)
     k_cache, v_cache, table = paged([5, 3], 16, 2, 64, torch.bfloat16, gen)
@@ -625,22 +592,6 @@ def test_fused_moe_routings_bf16(MOE, routing, grouped):
     if not grouped:  # the batch-1 launches of Qwen3-30B-A3B (8-row gate/up tiles) and Mixtral (8 x 512 down tiles)
         check_fused_moe(lambda *a: MOE.run(*a, launch=MOE.PER_PAIR_NARROW), args, tol=1e-2)
         check_fused_moe(lambda *a: MOE.run(*a, launch=MOE.PER_PAIR_LONG_K), args, tol=1e-2)
-
-
-@pytest.mark.parametrize("t,e,k,h,i", MOE_CASES)
-def test_fused_moe_one_launch(MOE, t, e, k, h, i):
-    """Per pair, gate/up and down in one launch (down tiles waiting on their pair's counter):
-    the reference, with and without a row scale; every counter left at zero."""
-    launch = MOE.MoeLaunch(False, 1, (16, 32, 4, 1), (16, 16, 4, 1), one_launch=True)
-    args = moe_inputs(t, e, k, h, i, torch.float32, torch.Generator().manual_seed(t * 37 + e), routing="random")
-    check_fused_moe(lambda *a: MOE.run(*a, launch=launch), args, tol=1e-5)
-    scale = torch.rand(t, generator=torch.Generator().manual_seed(t)) + 0.5
-    check_fused_moe(lambda *a: MOE.run(*a, launch=launch), args + [scale], tol=1e-5)
-    args = moe_inputs(t, e, k, h, i, torch.bfloat16, torch.Generator().manual_seed(t), routing="one_expert", fp32_weights=True)
-    check_fused_moe(lambda *a: MOE.run(*a, launch=replace(MOE.PER_PAIR_NARROW, one_launch=True)), args, tol=1e-2)
-    from ingot.ops.triton._common import _counters
-
-    assert all(int(c.count_nonzero()) == 0 for c in _counters.values())
 
 
 def test_fused_moe_table_path(MOE):

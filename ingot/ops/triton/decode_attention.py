@@ -26,11 +26,6 @@ program masks that position out of its cache reads, so the store races with
 nothing. This replaces three launches per layer (rotary, store_kv, attention)
 with one.
 
-With PDL (``pdl.py``, the latency-bound branch) a program waits for the previous kernel
-after loading the cache's metadata and its parameters and releases the next one after its
-main loop, or, with ``DecodeConfig.release_first`` (a launch option, off in the table), at
-its start: the next GEMV may then stream its weights while this kernel runs.
-
 ``S`` comes from static shapes only (B, Hkv, the block table width and the SM
 count), so it is fixed for a captured graph; scratch sizes likewise. No host
 sync, no data-dependent allocation. fp32 softmax and accumulation; output in
@@ -64,9 +59,6 @@ class DecodeConfig:
     waves: int = 1  # programs aimed at per SM when cutting the context into slices
     merge_kernel: bool = False  # merge the slices in a second launch (what runs when split counters are missing)
     pdl: bool = False  # programmatic dependent launch (``pdl.py``): start during the previous kernel's tail
-    # with ``pdl``: release the successor at the start, not after the main loop, so a GEMV that loads
-    # its weights before its wait streams them while this latency-bound kernel runs
-    release_first: bool = False
 
 
 @triton.jit
@@ -156,10 +148,8 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr, RELEASE_FIRST: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
-    if RELEASE_FIRST:
-        release_dependents(PDL)  # the successor may only read what no kernel of the step writes until it waits
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -259,8 +249,7 @@ def _decode_kernel(
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    if not RELEASE_FIRST:
-        release_dependents(PDL)  # the next kernel may start while the slices are merged
+    release_dependents(PDL)  # the next kernel may start while the slices are merged
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -414,7 +403,7 @@ def _launch(
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
-        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl, RELEASE_FIRST=cfg.release_first,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     if not direct and not merge_here:

@@ -25,10 +25,7 @@ tokens) and device:
 
 On sm_90+ the per-pair launches use programmatic dependent launch (``pdl.py``): each
 kernel waits for its producer before reading the routing, and releases its successor
-after its K loop. A launch option (``MoeLaunch.one_launch``, not in the table until it
-measures faster) runs the per-pair path as one kernel, ``_pair_kernel``: the gate/up
-programs first, then the down programs, each spinning on its pair's ready counter, so a
-pair's down tiles start once that pair's ``a`` is written instead of once every pair's is.
+after its K loop.
 
 An optional ``row_scale`` [T] multiplies each token's gate/up sums before they are
 rounded: a MoE layer's router GEMV hands over ``norm_w * s`` and the norm's rstd
@@ -68,8 +65,6 @@ class MoeLaunch:
     down: tuple[int, int, int, int]
     # programmatic dependent launch of both GEMMs (``pdl.py``; ``launch_config`` sets it where supported)
     pdl: bool = False
-    # per pair: both projections in one launch (``_pair_kernel``), each down tile waiting only for its pair
-    one_launch: bool = False
 
 
 PER_PAIR = MoeLaunch(False, 1, (16, 256, 4, 4), (16, 256, 4, 4))
@@ -158,8 +153,9 @@ def _align_kernel(
 
 
 @triton.jit
-def _block_rows(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(expert, pair ids [BLOCK_M]) of block ``pid_m``: a sorted block, or one pair."""
+def _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, pair ids [BLOCK_M]) of this program's block: a sorted block, or one pair."""
+    pid_m = tl.program_id(0)
     if GROUPED:
         e = tl.load(block_expert_ptr + pid_m)
         rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -170,21 +166,22 @@ def _block_rows(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, GROUPED: tl.conste
 
 
 @triton.jit
-def _gate_up_tile(
-    pid_m, pid_n, x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, scale_ptr,
+def _gate_up_kernel(
+    x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, scale_ptr,
     P, H, I, stride_x, stride_we, stride_wn,
     TOP_K: tl.constexpr, GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for block ``pid_m``'s pairs, N tile
-    ``pid_n`` (each sum times ``scale[t]`` first, with ``HAS_SCALE``)."""
-    e, rows = _block_rows(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
+    """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``
+    (each sum times ``scale[t]`` first, with ``HAS_SCALE``)."""
+    wait_for_producer(PDL)  # the routing and the hidden states come from the previous kernels
+    e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
         row_mask = rows < P
         tok = (rows // TOP_K).to(tl.int64)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < I
         w_base = w_ptr + e.to(tl.int64) * stride_we
         gate_rows = w_base + offs_n.to(tl.int64)[:, None] * stride_wn
@@ -225,21 +222,6 @@ def _gate_up_tile(
 
 
 @triton.jit
-def _gate_up_kernel(
-    x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, scale_ptr,
-    P, H, I, stride_x, stride_we, stride_wn,
-    TOP_K: tl.constexpr, GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """``_gate_up_tile`` of block ``pid 0``, N tile ``pid 1``."""
-    wait_for_producer(PDL)  # the routing and the hidden states come from the previous kernels
-    _gate_up_tile(tl.program_id(0), tl.program_id(1), x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-                  scale_ptr, P, H, I, stride_x, stride_we, stride_wn, TOP_K, GROUPED, HAS_SCALE, DOT_F32, IEEE, BF16,
-                  BLOCK_M, BLOCK_N, BLOCK_K, PDL)
-
-
-@triton.jit
 def _token_ids(ids_ptr, t, TOP_K: tl.constexpr, K_POW2: tl.constexpr):
     """Token t's k expert ids [K_POW2] (padding: the largest int32, so it ranks last)."""
     slots = tl.arange(0, K_POW2)
@@ -262,39 +244,35 @@ def _sum_token(y_ptr, ids, out_ptr, t, offs, mask, H, TOP_K: tl.constexpr, K_POW
 
 
 @triton.jit
-def _down_tile(
-    pid_m, pid_n, n_tiles, a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
+def _down_kernel(
+    a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
     P, H, I, stride_we, stride_wn, out_ptr, counter_ptr,
     ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SUM_HERE: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
-    PDL: tl.constexpr, A_AT_L2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for block ``pid_m``'s pairs, N tile ``pid_n`` of
-    ``n_tiles``. ``SUM_HERE`` (per pair): the last of a token's k programs on this tile also sums
-    them into out. ``A_AT_L2``: ``a`` read at L2 (written by other programs of the same launch)."""
-    e, rows = _block_rows(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
+    """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``.
+    ``SUM_HERE`` (per pair): the last of a token's k programs on this tile also sums them into out."""
+    wait_for_producer(PDL)  # the routing and the activations come from the previous kernels
+    e, rows = _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED, BLOCK_M)
     if e >= 0:
         dtype = a_ptr.dtype.element_ty
         row_mask = rows < P
         a_rows = a_ptr + rows.to(tl.int64)[:, None] * I
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < H
         w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
         # the epilogue's operands, issued before the K loop so their round trips overlap it
         weight = tl.load(weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
         if SUM_HERE:  # one pair a program: p = program 0; its token's expert ids, for the sum
-            t = pid_m // TOP_K
+            t = tl.program_id(0) // TOP_K
             ids = _token_ids(ids_ptr, t, TOP_K, K_POW2)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < I
-            if A_AT_L2:
-                a = tl.load(a_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0,
-                            cache_modifier=".cg")
-            else:
-                a = tl.load(a_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            a = tl.load(a_rows + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             if GROUPED:
                 if DOT_F32:
@@ -311,67 +289,11 @@ def _down_tile(
             y = round_to(y, dtype, BF16)
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
         if SUM_HERE:  # its token's counter for this tile
-            counter = counter_ptr + t * n_tiles + pid_n
+            counter = counter_ptr + t * tl.num_programs(1) + tl.program_id(1)
             tl.debug_barrier()  # every thread's part of y is written before the release below
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
                 _sum_token(y_ptr, ids, out_ptr, t, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _down_kernel(
-    a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-    P, H, I, stride_we, stride_wn, out_ptr, counter_ptr,
-    ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
-    BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SUM_HERE: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """``_down_tile`` of block ``pid 0``, N tile ``pid 1``."""
-    wait_for_producer(PDL)  # the routing and the activations come from the previous kernels
-    _down_tile(tl.program_id(0), tl.program_id(1), tl.num_programs(1), a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr,
-               sorted_ptr, block_expert_ptr, P, H, I, stride_we, stride_wn, out_ptr, counter_ptr, ROUND_PRODUCT,
-               GROUPED, DOT_F32, IEEE, BF16, BLOCK_M, BLOCK_N, BLOCK_K, SUM_HERE, TOP_K, K_POW2, PDL, False)
-
-
-@triton.jit
-def _pair_kernel(
-    x_ptr, w_gu_ptr, a_ptr, ids_ptr, scale_ptr, w_dn_ptr, y_ptr, weights_ptr, out_ptr, counter_ptr,
-    P, H, I, stride_x, stride_gu_e, stride_gu_n, stride_dn_e, stride_dn_n, n_gu_tiles, n_dn_tiles, ready_at,
-    TOP_K: tl.constexpr, K_POW2: tl.constexpr, HAS_SCALE: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
-    DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
-    GU_BLOCK_N: tl.constexpr, GU_BLOCK_K: tl.constexpr, DN_BLOCK_N: tl.constexpr, DN_BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """Per pair, both projections in one launch: programs ``[0, P * n_gu_tiles)`` are the gate/up
-    tiles (pair-major), each bumping its pair's ready counter once its tile of ``a`` is stored;
-    the later ones are the down tiles, each spinning on its pair's counter before reading ``a``.
-    Programs start in id order, so every gate/up program has started (and will finish) before a
-    down program waits: the spin cannot deadlock. Counters at ``ready_at``: ready [P], then
-    passed [P] (the last down program of a pair past its spin resets both)."""
-    wait_for_producer(PDL)  # the routing and the hidden states come from the previous kernels
-    pid = tl.program_id(0)
-    gu_programs = P * n_gu_tiles
-    ready = counter_ptr + ready_at
-    if pid < gu_programs:
-        p = pid // n_gu_tiles
-        _gate_up_tile(p, pid % n_gu_tiles, x_ptr, w_gu_ptr, a_ptr, ids_ptr, ids_ptr, ids_ptr, scale_ptr,
-                      P, H, I, stride_x, stride_gu_e, stride_gu_n, TOP_K, False, HAS_SCALE, DOT_F32, IEEE, BF16,
-                      1, GU_BLOCK_N, GU_BLOCK_K, PDL)
-        tl.debug_barrier()  # every thread's part of the tile is stored before the release below
-        tl.atomic_add(ready + p, 1, sem="release", scope="gpu")
-    else:
-        q = pid - gu_programs
-        p = q // n_dn_tiles
-        seen = tl.atomic_add(ready + p, 0, sem="acquire", scope="gpu")
-        while seen < n_gu_tiles:
-            seen = tl.atomic_add(ready + p, 0, sem="acquire", scope="gpu")
-        if tl.atomic_add(ready + P + p, 1, sem="relaxed", scope="gpu") == n_dn_tiles - 1:
-            tl.atomic_xchg(ready + p, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(ready + P + p, 0, sem="relaxed", scope="gpu")
-        _down_tile(p, q % n_dn_tiles, n_dn_tiles, a_ptr, w_dn_ptr, y_ptr, weights_ptr, ids_ptr, ids_ptr, ids_ptr,
-                   P, H, I, stride_dn_e, stride_dn_n, out_ptr, counter_ptr, ROUND_PRODUCT, False, DOT_F32, IEEE,
-                   BF16, 1, DN_BLOCK_N, DN_BLOCK_K, True, TOP_K, K_POW2, PDL, True)
 
 
 @triton.jit
@@ -436,24 +358,6 @@ def run(
     dot_f32, bf16 = interpreting(), hidden.dtype == torch.bfloat16
     ieee = hidden.dtype == torch.float32 and not dot_f32
     pdl = launch.pdl and pdl_supported(hidden.device)
-    k_pow2 = max(2, next_pow2(top_k))
-    if launch.one_launch and not launch.grouped:
-        (gu_bn, gu_bk, warps, stages), (dn_bn, dn_bk, _, _) = launch.gate_up, launch.down
-        n_gu, n_dn = cdiv(inter, gu_bn), cdiv(h, dn_bn)
-        # each token's sum counters per down tile, then each pair's ready and passed counters
-        counters = split_counters(hidden.device, t * n_dn + 2 * pairs)
-        if counters is not None:
-            _pair_kernel[(pairs * (n_gu + n_dn),)](
-                x, w_gate_up, a, ids, row_scale.contiguous() if row_scale is not None else ids, w_down, y, weights,
-                out, counters,
-                pairs, h, inter, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), w_down.stride(0),
-                w_down.stride(1), n_gu, n_dn, t * n_dn,
-                TOP_K=top_k, K_POW2=k_pow2, HAS_SCALE=row_scale is not None,
-                ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
-                GU_BLOCK_N=gu_bn, GU_BLOCK_K=gu_bk, DN_BLOCK_N=dn_bn, DN_BLOCK_K=dn_bk, PDL=pdl,
-                num_warps=warps, num_stages=stages, launch_pdl=pdl,
-            )
-            return out
     bn, bk, warps, stages = launch.gate_up
     _gate_up_kernel[(m_blocks, cdiv(inter, bn))](
         x, w_gate_up, a, ids, sorted_ids, block_expert, row_scale.contiguous() if row_scale is not None else ids,
@@ -463,6 +367,7 @@ def run(
         num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )
     bn, bk, warps, stages = launch.down
+    k_pow2 = max(2, next_pow2(top_k))
     # per pair, the down kernel sums each token's pairs itself (one counter per token and tile)
     counters = None if launch.grouped else split_counters(hidden.device, t * cdiv(h, bn))
     _down_kernel[(m_blocks, cdiv(h, bn))](

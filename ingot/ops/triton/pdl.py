@@ -15,10 +15,7 @@ visible. Kernels launched without PDL are ordered as usual, so a PDL kernel may
 follow or precede any other kernel. Since every PDL kernel releases only after its
 own wait, a kernel two launches back has completed when a successor starts: what
 it (or the host) wrote may be read before the wait. Compiled decode launches
-Inductor's kernels with PDL under the same contract (``triton.enable_pdl``). One
-launch option breaks that rule for one kernel: decode attention with
-``DecodeConfig.release_first`` releases at its start, so its successor may read only
-parameters (weights) before its wait; it is off in the tables.
+Inductor's kernels with PDL under the same contract (``triton.enable_pdl``).
 
 Where it pays (H200, ``docs/benchmarks.md``, "Programmatic dependent launch"): the
 batch-1 chain of skinny GEMVs, decode attention and per-pair fused MoE, each releasing

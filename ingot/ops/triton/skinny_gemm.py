@@ -41,11 +41,7 @@ and no program waits on a whole normed row.
 
 On sm_90+ every launch uses programmatic dependent launch (``pdl.py``): a program
 loads the weight-only epilogue operands, waits for the previous kernel, streams its
-slab and releases the next kernel before its split-K merge and epilogue. With
-``SkinnyConfig.early_tiles`` (a launch option, off in the table) a program also loads
-its first one or two weight tiles before the wait: for the o_proj launch after a decode
-attention that releases it at its start, so the weights stream while attention, which
-leaves the memory idle, runs.
+slab and releases the next kernel before its split-K merge and epilogue.
 
 Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
 unfused path's input bit for bit. The norm rounds ``x + residual`` and
@@ -90,10 +86,6 @@ class SkinnyConfig:
     share_block: int = 4096
     # programmatic dependent launch (``pdl.py``): start during the previous kernel's tail
     pdl: bool = False
-    # weight tiles (0, 1 or 2) each program loads before waiting for the previous kernel (with
-    # ``pdl``; without, only the order changes): what a predecessor that leaves the memory idle
-    # (latency-bound decode attention releasing at its start) lets this kernel stream meanwhile
-    early_tiles: int = 0
 
 
 @triton.jit
@@ -139,48 +131,6 @@ def _router_epilogue(
 
 
 @triton.jit
-def _k_tile(
-    acc, sumsq, k0, k_hi, w_given, w_rows, n_mask, x_rows, r_rows, m_mask, offs_m, pid_n,
-    r_out_ptr, nw_ptr, xw_ptr, stride_rm, K,
-    HAVE_W: tl.constexpr, PROLOGUE: tl.constexpr, WRITE_SCALED: tl.constexpr, USE_DOT: tl.constexpr,
-    DOT_F32: tl.constexpr, BF16: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """One K tile of the GEMM at ``k0``: the prologue on x, then ``acc += x . W.T``; the weight
-    tile is ``w_given`` with ``HAVE_W`` (loaded before the PDL wait), else loaded here."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_mask = offs_k < k_hi
-    mk = m_mask[:, None] & k_mask[None, :]
-    x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
-    if PROLOGUE == 1:  # x <- (x + residual) * norm weight; the row's rstd scales the sum at the end
-        s = round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
-                     x.dtype, BF16)
-        if pid_n == 0:
-            tl.store(r_out_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], s.to(x.dtype), mask=mk)
-        sumsq += tl.sum(s * s, axis=1)
-        nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        x = round_to(nw[None, :] * s, x.dtype, BF16).to(x.dtype)
-        if WRITE_SCALED and pid_n == 0:  # the experts' input, to be scaled by rstd as here
-            tl.store(xw_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], x, mask=mk)
-    elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
-        g = x.to(tl.float32)
-        up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
-        act = round_to(g / (1.0 + tl.exp(-g)), x.dtype, BF16)
-        x = round_to(act * up, x.dtype, BF16).to(x.dtype)
-    if HAVE_W:
-        w = w_given
-    else:
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-    if USE_DOT:
-        if DOT_F32:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        acc += tl.dot(x, tl.trans(w))
-    else:  # one row (BLOCK_M == 1): a multiply-reduce streams W without staging it for tensor cores
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
-    return acc, sumsq
-
-
-@triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
     r_ptr, nw_ptr, r_out_ptr, ss_ptr, xw_ptr, rstd_ptr, eps,
@@ -190,7 +140,7 @@ def _skinny_gemm_kernel(
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
     PROLOGUE: tl.constexpr, WRITE_SCALED: tl.constexpr, ROUTER: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_P: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -213,32 +163,39 @@ def _skinny_gemm_kernel(
     nw_cols = tl.zeros([BLOCK_N], dtype=tl.float32)
     if ROUTER:
         nw_cols = tl.load(nw_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    w_first = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
-    w_second = w_first
-    if EARLY >= 1:  # weights are never a kernel's output: they may load before the wait
-        offs_k0 = k_lo + tl.arange(0, BLOCK_K)
-        w_first = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0 < k_hi)[None, :], other=0.0)
-    if EARLY >= 2:
-        offs_k1 = k_lo + BLOCK_K + tl.arange(0, BLOCK_K)
-        w_second = tl.load(w_rows + offs_k1[None, :], mask=n_mask[:, None] & (offs_k1 < k_hi)[None, :], other=0.0)
     wait_for_producer(PDL)  # from here on, what the previous kernels wrote
     if ROUTER:
         res = tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)  # of x + residual over this program's K range
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if EARLY >= 1:  # the tiles loaded before the wait, first
-        acc, sumsq = _k_tile(acc, sumsq, k_lo, k_hi, w_first, w_rows, n_mask, x_rows, r_rows, m_mask, offs_m, pid_n,
-                             r_out_ptr, nw_ptr, xw_ptr, stride_rm, K, True, PROLOGUE, WRITE_SCALED, USE_DOT, DOT_F32,
-                             BF16, BLOCK_K)
-    if EARLY >= 2:
-        acc, sumsq = _k_tile(acc, sumsq, k_lo + BLOCK_K, k_hi, w_second, w_rows, n_mask, x_rows, r_rows, m_mask, offs_m,
-                             pid_n, r_out_ptr, nw_ptr, xw_ptr, stride_rm, K, True, PROLOGUE, WRITE_SCALED, USE_DOT,
-                             DOT_F32, BF16, BLOCK_K)
-    k_start = k_lo + EARLY * BLOCK_K
-    for k0 in range(k_start, k_hi, BLOCK_K):
-        acc, sumsq = _k_tile(acc, sumsq, k0, k_hi, w_first, w_rows, n_mask, x_rows, r_rows, m_mask, offs_m, pid_n,
-                             r_out_ptr, nw_ptr, xw_ptr, stride_rm, K, False, PROLOGUE, WRITE_SCALED, USE_DOT, DOT_F32,
-                             BF16, BLOCK_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_hi
+        mk = m_mask[:, None] & k_mask[None, :]
+        x = tl.load(x_rows + offs_k[None, :], mask=mk, other=0.0)
+        if PROLOGUE == 1:  # x <- (x + residual) * norm weight; the row's rstd scales the sum at the end
+            s = round_to(x.to(tl.float32) + tl.load(r_rows + offs_k[None, :], mask=mk, other=0.0).to(tl.float32),
+                         x.dtype, BF16)
+            if pid_n == 0:
+                tl.store(r_out_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], s.to(x.dtype), mask=mk)
+            sumsq += tl.sum(s * s, axis=1)
+            nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            x = round_to(nw[None, :] * s, x.dtype, BF16).to(x.dtype)
+            if WRITE_SCALED and pid_n == 0:  # the experts' input, to be scaled by rstd as here
+                tl.store(xw_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], x, mask=mk)
+        elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
+            g = x.to(tl.float32)
+            up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
+            act = round_to(g / (1.0 + tl.exp(-g)), x.dtype, BF16)
+            x = round_to(act * up, x.dtype, BF16).to(x.dtype)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if USE_DOT:
+            if DOT_F32:
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc += tl.dot(x, tl.trans(w))
+        else:  # one row (BLOCK_M == 1): a multiply-reduce streams W without staging it for tensor cores
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
     release_dependents(PDL)  # the next kernel may launch while the merges and epilogues run
     mn_mask = m_mask[:, None] & n_mask[None, :]
     y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
@@ -387,7 +344,7 @@ def _launch(
         PROLOGUE=prologue, WRITE_SCALED=write_scaled, ROUTER=router, BF16=x.dtype == torch.bfloat16,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
         BLOCK_P=max(1, min(next_pow2(tiles), cfg.share_block // block_e)),
-        PDL=pdl, EARLY=cfg.early_tiles,
+        PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return y, r_out, xw, rstd
