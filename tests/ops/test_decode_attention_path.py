@@ -168,3 +168,54 @@ def test_head_norms_fold_into_the_fused_decode_op(monkeypatch):
     expected = ref.decode_attention(qr, kc, vc, meta.block_tables, meta.seq_lens, layer.scale)
     torch.testing.assert_close(fused, expected, rtol=0, atol=0)
     assert torch.equal(kc, fused_k_cache)
+
+
+def test_one_decode_row_runs_norm_qkv_and_attention_as_one_op(monkeypatch):
+    """``LlamaAttention.norm_attend``: at one decode row on the skinny path the input norm, the
+    qkv projection (Qwen2's bias) and attention (Qwen3's head norms) are the one op
+    ``norm_qkv_decode_attention_rope``; two rows, or the norm kept native for compile, run the
+    ops apart; the skinny path off, the norm, F.linear and attention. All give the same values."""
+    import ingot.layers.linear as linear_mod
+    from ingot.layers.norm import RMSNorm
+    from ingot.loading.model_config import ModelConfig
+    from ingot.models.llama import LlamaAttention
+
+    gen = torch.Generator().manual_seed(11)
+    hq, hkv, d, page, hidden = 4, 2, 16, 4, 32
+    cfg = ModelConfig("Qwen3ForCausalLM", 64, hidden, 64, 1, hq, hkv, d, 1e-6, 10000.0, 64, qkv_bias=True, qk_norm=True)
+    rotary = RotaryEmbedding(d, 64, 10000.0)
+    attn, norm = LlamaAttention(cfg, rotary), RMSNorm(hidden, 1e-6)
+    for p in [*attn.parameters(), norm.weight]:
+        p.data.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+    caches = (torch.randn(6, page, hkv, d, generator=gen), torch.randn(6, page, hkv, d, generator=gen))
+    spy = OpSpy()
+    for mod in (attention_mod, linear_mod):
+        monkeypatch.setattr(mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy), Tensor=torch.Tensor))
+
+    def run(rows: int, policy: OpPolicy):
+        attn.attn.k_cache, attn.attn.v_cache = caches[0].clone(), caches[1].clone()
+        lens = torch.tensor([7, 3][:rows], dtype=torch.int32)
+        tables = torch.tensor([[1, 2], [3, 0]][:rows], dtype=torch.int32)
+        positions = lens.long() - 1
+        slots = torch.stack([tables[i, int(p) // page].long() * page + int(p) % page for i, p in enumerate(positions)])
+        x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(1))[:rows]
+        res = torch.randn(2, hidden, generator=torch.Generator().manual_seed(2))[:rows]
+        spy.calls.clear()
+        with torch.no_grad():
+            out, new_res = attn.norm_attend(positions, x, res, norm, AttentionMetadata(False, slots, tables, lens),
+                                            policy)
+        return out, new_res, attn.attn.k_cache.clone(), list(spy.calls)
+
+    one = run(1, OpPolicy(skinny_rows=2))
+    assert one[3] == ["norm_qkv_decode_attention_rope"]
+    for rows, policy, calls in (
+        (1, OpPolicy(skinny_rows=2).with_native({"rms_norm"}), ["skinny_linear", "decode_attention_rope"]),
+        (1, OpPolicy(), ["decode_attention_rope"]),
+        (2, OpPolicy(skinny_rows=2), ["rms_norm_linear", "decode_attention_rope"]),
+    ):
+        got = run(rows, policy)
+        assert got[3] == calls
+        exact = dict(rtol=0, atol=0) if rows == 1 else {}  # two rows: another BLAS summation order
+        torch.testing.assert_close(got[0][:1], one[0], **exact)
+        torch.testing.assert_close(got[1][:1], one[1], rtol=0, atol=0)
+        torch.testing.assert_close(got[2][1], one[2][1], **exact)  # the first sequence's cache block, its new k included
