@@ -3,8 +3,6 @@
 Decode runs the three as one op (``decode_attention_rope``: one kernel launch
 per layer on CUDA); prefill, and decode under a compile policy that keeps
 rotary in its PyTorch form (so Inductor can fuse it), run them one by one.
-At one decode row the qkv projection joins them (``norm_qkv_decode_attention_rope``:
-its GEMV's split-K merge runs in the attention kernel).
 """
 
 from __future__ import annotations
@@ -48,32 +46,6 @@ class Attention(nn.Module):
         self.scale = scale
         self.k_cache: Optional[torch.Tensor] = None
         self.v_cache: Optional[torch.Tensor] = None
-
-    def fuses_qkv(self, x: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy = DEFAULT_POLICY) -> bool:
-        """Whether ``norm_qkv_forward`` serves this step: one decode row, rotary not kept native."""
-        return x.shape[0] == 1 and not meta.is_prefill and not policy.is_native("rotary")
-
-    def norm_qkv_forward(
-        self,
-        positions: torch.Tensor,
-        x: torch.Tensor,
-        residual: torch.Tensor,
-        norm: RMSNorm,
-        qkv_weight: torch.Tensor,
-        qkv_bias: Optional[torch.Tensor],
-        meta: AttentionMetadata,
-        rotary: RotaryEmbedding,
-        qk_norm: Optional[tuple[RMSNorm, RMSNorm]] = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(attention [T, Hq, D], x + residual) from the layer's input: norm(x + residual) projected
-        by the stacked q, k, v rows of ``qkv_weight``, then ``forward``'s decode op, as one op."""
-        assert self.k_cache is not None, "KV cache not bound: ModelRunner allocates it"
-        norms = {} if qk_norm is None else dict(q_norm_weight=qk_norm[0].weight, k_norm_weight=qk_norm[1].weight,
-                                                norm_eps=qk_norm[0].eps)
-        return torch.ops.ingot.norm_qkv_decode_attention_rope(
-            x, residual, norm.weight, norm.eps, qkv_weight, qkv_bias, positions, rotary.cos_sin_cache,
-            self.k_cache, self.v_cache, meta.slot_mapping, meta.block_tables, meta.seq_lens, self.scale, **norms,
-        )
 
     def forward(
         self,

@@ -68,7 +68,7 @@ def norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(proj(norm(x + residual)), x + residual), the norm fused into the GEMV on the skinny path
     (for projections of at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
-    if fuses_norm(x, proj, policy):
+    if _fuses_norm(x, proj, policy):
         out, residual = torch.ops.ingot.rms_norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
         return proj.reduce(out), residual
     h, residual = norm(x, residual, policy)
@@ -83,7 +83,7 @@ def norm_linear_scaled(
     skinny path the GEMV writes hw = norm_w * (x + residual) and each row's rstd as it goes,
     and the experts scale their sums by it (``fused_moe``'s ``row_scale``): the norm's own
     launch goes. Otherwise hw = h and scale is None."""
-    if fuses_norm(x, proj, policy):
+    if _fuses_norm(x, proj, policy):
         out, residual, hw, rstd = torch.ops.ingot.rms_norm_linear_scaled(
             x, residual, norm.weight, norm.eps, proj.weight, proj.bias)
         return proj.reduce(out), residual, hw, rstd
@@ -100,13 +100,13 @@ def linear_norm_linear_scaled(
     op: for one row one launch, the router's GEMV riding in the projection's (each tile adds
     its share of the router's sums; the last tile adds them up). Not under tensor parallelism,
     where the projection's output is summed over ranks first."""
-    if fuses_norm(x, router, policy) and not proj.all_reduce and router.bias is None:
+    if _fuses_norm(x, router, policy) and not proj.all_reduce and router.bias is None:
         return torch.ops.ingot.linear_norm_linear_scaled(
             x, proj.weight, proj.bias, residual, norm.weight, norm.eps, router.weight)
     return norm_linear_scaled(proj(x, policy), residual, norm, router, policy)
 
 
-def fuses_norm(x: torch.Tensor, proj: "MergedLinear", policy: OpPolicy) -> bool:
+def _fuses_norm(x: torch.Tensor, proj: "MergedLinear", policy: OpPolicy) -> bool:
     """Whether the norm in front of ``proj`` folds into its GEMV (skinny rows, the norm not
     kept native, at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
     return policy.skinny(x) and not policy.is_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N

@@ -25,7 +25,7 @@ from ingot.distributed.parallel import SINGLE, TensorParallel, shard_range
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.attention import Attention, AttentionMetadata
 from ingot.layers.embedding import Embedding, LMHead
-from ingot.layers.linear import Linear, MergedLinear, fuses_norm, norm_linear, silu_mul_linear
+from ingot.layers.linear import Linear, MergedLinear, norm_linear, silu_mul_linear
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 from ingot.layers.rotary import RotaryEmbedding
@@ -76,23 +76,6 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy) -> torch.Tensor:
         """Attention output projected by o_proj."""
         return self.o_proj(self.attend(positions, qkv, meta, policy), policy)
-
-    def norm_attend(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, meta: AttentionMetadata,
-        policy: OpPolicy,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(attention output [T, heads * head_dim] before o_proj, x + residual): the layer's norm,
-        qkv projection and attention; at one decode row one op (the qkv GEMV's split-K merge in
-        the attention kernel: ``Attention.norm_qkv_forward``)."""
-        per_head_norm = self.q_norm is None or not self.qk_norm_full_width
-        if (self.attn.fuses_qkv(x, meta, policy) and fuses_norm(x, self.qkv_proj, policy) and self.clip_qkv is None
-                and per_head_norm):
-            head_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
-            out, residual = self.attn.norm_qkv_forward(positions, x, residual, norm, self.qkv_proj.weight,
-                                                       self.qkv_proj.bias, meta, self.rotary, head_norms)
-            return out.reshape(x.shape[0], self.num_heads * self.head_dim), residual
-        qkv, residual = norm_linear(x, residual, norm, self.qkv_proj, policy)
-        return self.attend(positions, qkv, meta, policy), residual
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy) -> torch.Tensor:
         """Attention output [T, heads * head_dim] before o_proj, from this layer's qkv projection
@@ -158,9 +141,9 @@ class LlamaDecoderLayer(nn.Module):
         if residual is None:
             residual = x
             qkv = self.self_attn.qkv_proj(self.input_layernorm(x, None, policy), policy)
-            x = self.self_attn.attend(positions, qkv, meta, policy)
         else:
-            x, residual = self.self_attn.norm_attend(positions, x, residual, self.input_layernorm, meta, policy)
+            qkv, residual = norm_linear(x, residual, self.input_layernorm, self.self_attn.qkv_proj, policy)
+        x = self.self_attn.attend(positions, qkv, meta, policy)
         return self.mlp.norm_forward(x, self.self_attn.o_proj, residual, self.post_attention_layernorm, policy)
 
 

@@ -127,43 +127,6 @@ def _(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_t
     return torch.empty_like(q)
 
 
-@custom_op("ingot::norm_qkv_decode_attention_rope", mutates_args=("k_cache", "v_cache"))
-def norm_qkv_decode_attention_rope(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    q_norm_weight: Optional[torch.Tensor] = None,
-    k_norm_weight: Optional[torch.Tensor] = None,
-    norm_eps: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """rms_norm_linear (the qkv projection) + decode_attention_rope as one op: (attention
-    output [T, Hq, D], x + residual). On CUDA, for one row, the GEMV's split-K merge runs in
-    the attention kernel (two launches, one merge fewer)."""
-    return ref.norm_qkv_decode_attention_rope(
-        x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-        block_tables, seq_lens, scale, q_norm_weight, k_norm_weight, norm_eps,
-    )
-
-
-@norm_qkv_decode_attention_rope.register_fake
-def _(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-      block_tables, seq_lens, scale, q_norm_weight=None, k_norm_weight=None, norm_eps=0.0):
-    _, _, num_kv_heads, head_dim = k_cache.shape
-    num_heads = weight.shape[0] // head_dim - 2 * num_kv_heads
-    return x.new_empty(x.shape[0], num_heads, head_dim), torch.empty_like(x)
-
-
 @custom_op("ingot::prefill_attention", mutates_args=())
 def prefill_attention(
     q: torch.Tensor,

@@ -144,40 +144,6 @@ def decode_attention_rope(
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
-def norm_qkv_decode_attention_rope(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    q_norm_weight: Optional[torch.Tensor] = None,
-    k_norm_weight: Optional[torch.Tensor] = None,
-    norm_eps: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode step's qkv projection (the norm before it fused in) and its attention:
-    ``rms_norm_linear`` then ``decode_attention_rope`` on the projection's q, k and v columns."""
-    qkv, new_residual = rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-    t = x.shape[0]
-    _, _, num_kv_heads, head_dim = k_cache.shape
-    kv_size = num_kv_heads * head_dim
-    q, k, v = qkv.split([weight.shape[0] - 2 * kv_size, kv_size, kv_size], dim=-1)
-    out = decode_attention_rope(
-        q.reshape(t, -1, head_dim), k.reshape(t, num_kv_heads, head_dim), v.reshape(t, num_kv_heads, head_dim),
-        positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale,
-        q_norm_weight, k_norm_weight, norm_eps,
-    )
-    return out, new_residual
-
-
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -42,7 +42,7 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
                    positions: torch.Tensor, cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                    table: torch.Tensor, seq_lens: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, qkv_weight: torch.Tensor) -> list[torch.Tensor]:
+                   topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> list[torch.Tensor]:
     """Each decode-path op once (prefill attention never runs compiled)."""
     ops = torch.ops.ingot
     out = [ops.rms_norm(x, w, 1e-6), *ops.add_rms_norm(x, x, w, 1e-6), ops.silu_and_mul(x2)]
@@ -50,8 +50,6 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
     ops.store_kv(k, v, k_cache, v_cache, slots)
     out.append(ops.decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0))
     out.append(ops.decode_attention_rope(q, k, v, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, 1.0))
-    out += [*ops.norm_qkv_decode_attention_rope(x, x, w, 1e-6, qkv_weight, None, positions, cos_sin, k_cache, v_cache,
-                                                slots, table, seq_lens, 1.0)]
     out += [ops.skinny_linear(x, weight, None), *ops.rms_norm_linear(x, x, w, 1e-6, weight, None)]
     out += [*ops.rms_norm_linear_scaled(x, x, w, 1e-6, weight, None)]
     out += [*ops.linear_norm_linear_scaled(x, w_gate_up[0], None, x, w, 1e-6, weight)]
@@ -72,7 +70,6 @@ def _example_inputs() -> list[torch.Tensor]:
         k_cache, k_cache.clone(), torch.tensor([page], dtype=torch.int64),
         torch.tensor([[1]], dtype=torch.int32), torch.ones(1, dtype=torch.int32),
         torch.randn(2, 2 * 4, hidden), torch.randn(2, hidden, 4), torch.ones(1, 1), torch.ones(1, 1, dtype=torch.int64),
-        torch.randn((heads + 2) * head_dim, hidden),
     ]
 
 

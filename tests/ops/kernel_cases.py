@@ -81,44 +81,6 @@ def check_rope_decode(fn, args, tol: float = 1e-2) -> None:
             assert torch.equal(got[1:].nan_to_num(7.0), want[1:].nan_to_num(7.0))
 
 
-def norm_qkv_decode_case(lens, hq, hkv, d, page, hidden, dtype, gen, device="cpu", bias=False, qk_norm=False):
-    """Arguments of ``norm_qkv_decode_attention_rope`` for one decode step of sequences of ``lens``:
-    the layer input and residual [T, hidden], the norm's weight and eps, the stacked q, k, v
-    weight (and bias), then ``rope_decode_case``'s arguments after its q, k and v."""
-    rope = rope_decode_case(lens, hq, hkv, d, page, dtype, gen, pad_row=False, qk_norm=qk_norm)
-    t, n = len(lens), (hq + 2 * hkv) * d
-    x = torch.randn(t, hidden, generator=gen).to(dtype)
-    residual = torch.randn(t, hidden, generator=gen).to(dtype)
-    norm_weight = (1 + 0.2 * torch.randn(hidden, generator=gen)).to(dtype)
-    weight = (torch.randn(n, hidden, generator=gen) * hidden**-0.5).to(dtype)
-    b = (0.5 * torch.randn(n, generator=gen)).to(dtype) if bias else None
-    args = [x, residual, norm_weight, 1e-6, weight, b, *rope[3:]]
-    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def check_norm_qkv_decode(fused, gemm, attention, args, tol: float = 2e-2) -> None:
-    """``fused`` (a ``norm_qkv_decode_attention_rope`` kernel) against the two kernels it joins
-    run in turn, ``gemm`` (``rms_norm_linear``) and then ``attention`` (``decode_attention_rope``)
-    on the projection's q, k and v: attention output, new residual and KV caches bit for bit.
-    And against the reference ops within bf16 rounding."""
-    from ingot.ops import reference as ref
-
-    apart = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    expected_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    out, residual = fused(*args)
-    qkv, residual_apart = gemm(*apart[:6])
-    t, (_, _, hkv, d) = args[0].shape[0], args[8].shape
-    q, k, v = qkv.split([qkv.shape[1] - 2 * hkv * d, hkv * d, hkv * d], dim=-1)
-    out_apart = attention(q.view(t, -1, d), k.view(t, hkv, d), v.view(t, hkv, d), *apart[6:])
-    assert out.dtype == args[0].dtype and out.shape == out_apart.shape
-    assert torch.equal(out, out_apart) and torch.equal(residual, residual_apart)
-    assert torch.equal(args[8].nan_to_num(7.0), apart[8].nan_to_num(7.0))  # k_cache
-    assert torch.equal(args[9].nan_to_num(7.0), apart[9].nan_to_num(7.0))  # v_cache
-    exp_out, exp_residual = ref.norm_qkv_decode_attention_rope(*expected_args)
-    assert rel_err(out, exp_out) < tol
-    assert torch.equal(residual, exp_residual)
-
-
 def check_store_kv(fn, t, hkv, d, page, nb, gen, device="cpu", dtype=torch.bfloat16) -> None:
     """Run a store_kv kernel ``fn`` and the reference on NaN-filled caches; k/v are strided
     views of one qkv tensor, as in the model, and the last rows are padding (slot 0)."""

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTER
 
 KERNEL_MODULES = (
     "rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "prefill_dispatch", "rms_norm", "rotary",
-    "skinny_gemm", "qkv_attention",
+    "skinny_gemm",
 )
 
 
@@ -98,9 +98,8 @@ def K():
 
 from ingot.ops import reference as ref  # noqa: E402
 from tests.ops.kernel_cases import (  # noqa: E402
-    check_linear_norm_router, check_norm_qkv_decode, check_prologue_linear, check_rope_decode, check_store_kv,
-    cudnn_sdpa_reference, mixed_prefill_lens, norm_qkv_decode_case, prefill_case, rel_err, rope_decode_case, rope_table,
-    varlen_attention_reference,
+    check_linear_norm_router, check_prologue_linear, check_rope_decode, check_store_kv, cudnn_sdpa_reference,
+    mixed_prefill_lens, prefill_case, rel_err, rope_decode_case, rope_table, varlen_attention_reference,
 )
 from tests.ops.kernel_cases import paged as _paged  # noqa: E402
 
@@ -162,33 +161,6 @@ def test_decode_attention_rope_with_head_norms(K, hq, hkv, d, page, lens, splits
     gen = torch.Generator().manual_seed(hash((hq, d, page, len(lens), "norm")) & 0xFFFF)
     args = rope_decode_case(lens, hq, hkv, d, page, torch.bfloat16, gen, qk_norm=True)
     check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits), args)
-
-
-NORM_QKV_CASES = [
-    # (Hq, Hkv, D, page, lens, hidden, bias, qk_norm, gemm splits, attention splits)
-    (4, 2, 64, 16, [37], 384, False, False, 3, 4),
-    (8, 2, 32, 8, [65], 384, True, False, 2, None),  # qkv bias (Qwen2)
-    (4, 1, 64, 16, [130], 256, False, True, 4, 3),  # q/k norm (Qwen3)
-    (4, 2, 64, 16, [20], 256, True, True, 1, 1),  # one K split, one slice
-    (4, 2, 64, 16, [37, 9], 384, True, False, 3, 2),  # two rows: the two ops in turn
-]
-
-
-@pytest.mark.parametrize("hq,hkv,d,page,lens,hidden,bias,qk_norm,gemm_splits,splits", NORM_QKV_CASES)
-def test_norm_qkv_decode_attention_rope(K, hq, hkv, d, page, lens, hidden, bias, qk_norm, gemm_splits, splits):
-    """The qkv GEMV leaving its split-K merge to decode attention: bit for bit what the GEMV and
-    the attention kernel compute in turn, caches included, and the reference within rounding."""
-    gen = torch.Generator().manual_seed(hash((hq, d, hidden, bias, qk_norm, len(lens))) & 0xFFFF)
-    args = norm_qkv_decode_case(lens, hq, hkv, d, page, hidden, torch.bfloat16, gen, bias=bias, qk_norm=qk_norm)
-    gemm_cfg = replace(K.skinny_gemm.launch_config(len(lens), (hq + 2 * hkv) * d, hidden, torch.device("cpu"),
-                                                   K.skinny_gemm.NORM), splits=gemm_splits, block_k=64)
-    fused = K.qkv_attention.norm_qkv_decode_attention_rope
-    check_norm_qkv_decode(
-        lambda *a: fused(*a, num_splits=splits, gemm_config=gemm_cfg),
-        lambda *a: K.skinny_gemm.rms_norm_linear(*a, config=gemm_cfg),
-        lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=splits),
-        args,
-    )
 
 
 def test_decode_attention_rope_needs_both_head_norms(K):
@@ -546,7 +518,6 @@ def test_kernels_take_their_ops_arguments(K):
         "rotary_embedding": K.rotary.rotary_embedding, "silu_and_mul": K.activation.silu_and_mul,
         "store_kv": K.kv_store.store_kv, "decode_attention": K.decode_attention.decode_attention,
         "decode_attention_rope": K.decode_attention.decode_attention_rope,
-        "norm_qkv_decode_attention_rope": K.qkv_attention.norm_qkv_decode_attention_rope,
         "prefill_attention": K.prefill_dispatch.prefill_attention, "skinny_linear": K.skinny_gemm.skinny_linear,
         "rms_norm_linear": K.skinny_gemm.rms_norm_linear,
         "rms_norm_linear_scaled": K.skinny_gemm.rms_norm_linear_scaled, "silu_mul_linear": K.skinny_gemm.silu_mul_linear,

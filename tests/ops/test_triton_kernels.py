@@ -24,7 +24,7 @@ import torch
 from ingot.ops import reference as ref
 from ingot.ops.triton._common import next_pow2
 from tests.ops.kernel_cases import check_linear_norm_router, check_prologue_linear, check_rope_decode, check_store_kv
-from tests.ops.kernel_cases import check_norm_qkv_decode, norm_qkv_decode_case, rel_err, rope_decode_case, rope_table
+from tests.ops.kernel_cases import rel_err, rope_decode_case, rope_table
 from tests.ops.kernel_cases import mixed_prefill_lens, paged as _paged, prefill_case as _prefill_case
 
 
@@ -69,13 +69,12 @@ class PoisonTorch:
 def K(monkeypatch):
     """The kernel modules with poisoned allocations."""
     from ingot.ops.triton import (
-        activation, decode_attention, kv_store, prefill_attention, prefill_dispatch, qkv_attention, rms_norm, rotary,
-        skinny_gemm,
+        activation, decode_attention, kv_store, prefill_attention, prefill_dispatch, rms_norm, rotary, skinny_gemm,
     )
 
     mods = dict(activation=activation, decode_attention=decode_attention, kv_store=kv_store,
-                prefill_attention=prefill_attention, prefill_dispatch=prefill_dispatch, qkv_attention=qkv_attention,
-                rms_norm=rms_norm, rotary=rotary, skinny_gemm=skinny_gemm)
+                prefill_attention=prefill_attention, prefill_dispatch=prefill_dispatch, rms_norm=rms_norm,
+                rotary=rotary, skinny_gemm=skinny_gemm)
     poison = PoisonTorch()
     for mod in mods.values():
         monkeypatch.setattr(mod, "torch", poison)
@@ -248,22 +247,6 @@ def test_decode_attention_rope(K, batch, hq, hkv, d):
 
     counters = _common._counters.get(torch.device("cuda", torch.cuda.current_device()))
     assert counters is None or int(counters.count_nonzero()) == 0  # reset for the next call
-
-
-@gpu
-@pytest.mark.parametrize("hq,hkv,d,hidden,bias,qk_norm,ctx", [
-    (32, 4, 128, 2048, False, True, 513),  # Qwen3-30B-A3B
-    (12, 2, 128, 1536, True, False, 677),  # Qwen2.5-1.5B
-    (32, 8, 128, 4096, False, False, 1000),  # Llama-3-8B
-    (9, 3, 64, 576, False, False, 64),  # SmolLM2-135M; the new token last of its tile
-])
-def test_norm_qkv_decode_attention_rope(K, hq, hkv, d, hidden, bias, qk_norm, ctx):
-    """One decode row: the qkv GEMV's split-K merge done by the attention kernel, with the
-    tables' launches, bit for bit what the two kernels compute in turn, and the reference."""
-    gen = torch.Generator().manual_seed(hidden + ctx)
-    args = norm_qkv_decode_case([ctx], hq, hkv, d, 16, hidden, BF16, gen, device="cuda", bias=bias, qk_norm=qk_norm)
-    check_norm_qkv_decode(K.qkv_attention.norm_qkv_decode_attention_rope, K.skinny_gemm.rms_norm_linear,
-                          K.decode_attention.decode_attention_rope, args)
 
 
 @gpu

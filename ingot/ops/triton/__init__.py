@@ -10,8 +10,7 @@ process-wide, so it applies from the first engine of the process.
 
 Kernel modules, one per family: decode_attention, prefill_attention, kv_store,
 rms_norm, rotary, activation, skinny_gemm (also rms_norm_linear, rms_norm_linear_scaled,
-linear_norm_linear_scaled, silu_mul_linear), qkv_attention (norm_qkv_decode_attention_rope:
-skinny_gemm's qkv GEMV handing its unmerged sums to decode_attention). Each exposes a
+linear_norm_linear_scaled, silu_mul_linear). Each exposes a
 function with its op's signature; the tuned ones also a ``launch_config(...)`` that picks the
 launch parameters from shapes and device (a frozen config the function accepts as an optional
 last argument, for sweeps and tests). rounding.py holds the bf16 rounding they share.
@@ -53,7 +52,7 @@ def register_cuda_kernels() -> bool:
 
     from ingot.ops import library
     from ingot.ops.triton import activation, decode_attention, kv_store, prefill_dispatch, rms_norm, rotary, skinny_gemm
-    from ingot.ops.triton import fused_moe, qkv_attention
+    from ingot.ops.triton import fused_moe
 
     try:  # one tiny kernel: a broken toolchain (no C compiler for the launcher, ...) shows here
         x = torch.ones(2, 32, device="cuda")
@@ -71,7 +70,6 @@ def register_cuda_kernels() -> bool:
     library.store_kv.register_kernel("cuda")(kv_store.store_kv)
     library.decode_attention.register_kernel("cuda")(_decode_op(decode_attention.decode_attention))
     library.decode_attention_rope.register_kernel("cuda")(_decode_rope_op(decode_attention.decode_attention_rope))
-    library.norm_qkv_decode_attention_rope.register_kernel("cuda")(_norm_qkv_op(qkv_attention.norm_qkv_decode_attention_rope))
     library.skinny_linear.register_kernel("cuda")(skinny_gemm.skinny_linear)
     library.rms_norm_linear.register_kernel("cuda")(skinny_gemm.rms_norm_linear)
     library.rms_norm_linear_scaled.register_kernel("cuda")(skinny_gemm.rms_norm_linear_scaled)
@@ -98,16 +96,6 @@ def _decode_rope_op(fn):
                   q_norm_weight, k_norm_weight, norm_eps)
 
     return decode_attention_rope
-
-
-def _norm_qkv_op(fn):
-    def norm_qkv_decode_attention_rope(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, k_cache,
-                                       v_cache, slot_mapping, block_tables, seq_lens, scale, q_norm_weight=None,
-                                       k_norm_weight=None, norm_eps=0.0):
-        return fn(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                  block_tables, seq_lens, scale, q_norm_weight, k_norm_weight, norm_eps)
-
-    return norm_qkv_decode_attention_rope
 
 
 def _prefill_op(fn):

@@ -61,20 +61,6 @@ class DecodeConfig:
     pdl: bool = False  # programmatic dependent launch (``pdl.py``): start during the previous kernel's tail
 
 
-@dataclass(frozen=True)
-class QkvParts:
-    """q, k and v handed over unmerged by the qkv GEMV (``skinny_gemm.rms_norm_linear_partials``):
-    the kernel's q/k/v pointers address split 0 of its sums, ``part_stride`` apart."""
-
-    sumsq: torch.Tensor  # [S] fp32: each split's share of the row's sum of squares
-    bias: Optional[torch.Tensor]  # [N] the projection's bias, or None
-    num_parts: int  # S
-    part_stride: int  # elements between split s and s + 1
-    in_features: int  # K, the normed row's width
-    eps: float  # the norm's epsilon
-    dtype: torch.dtype  # the model dtype q, k and v are rounded to
-
-
 @triton.jit
 def _merge_splits(
     mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, num_used,
@@ -143,24 +129,6 @@ def _head_rms_norm(x1, x2, w1, w2, eps, HEAD_DIM: tl.constexpr):
     return y1.to(x1.dtype), y2.to(x2.dtype)
 
 
-@triton.jit
-def _load_qkv(ptr, offs, mask, bias_ptr, rstd, num_parts, part_stride, dtype: tl.constexpr,
-              PARTS: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Columns of this step's q, k or v: loaded, or (``PARTS``) merged from the qkv GEMV's split-K
-    sums as its merging program would (``skinny_gemm.rms_norm_linear_partials``): the sums added
-    in split order from 0.0, times the row's rstd, plus the bias, rounded to ``dtype``."""
-    if PARTS:
-        acc = tl.zeros(offs.shape, dtype=tl.float32)
-        for s in range(num_parts):
-            acc += tl.load(ptr + s * part_stride + offs, mask=mask, other=0.0)
-        acc = acc * rstd
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        return acc.to(dtype)
-    else:
-        return tl.load(ptr + offs, mask=mask, other=0.0)
-
-
 # the block table's width varies between eager steps: not specialized
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
@@ -169,7 +137,6 @@ def _decode_kernel(
     k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
     scale_log2, norm_eps,
     num_splits,
-    sumsq_ptr, q_bias_ptr, k_bias_ptr, v_bias_ptr, num_parts, part_stride, in_features, in_eps,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -182,7 +149,6 @@ def _decode_kernel(
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
     BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
-    QKV_PARTS: tl.constexpr = False, QKV_BIAS: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -203,7 +169,7 @@ def _decode_kernel(
     if ROPE:
         pos = tl.load(pos_ptr + b).to(tl.int64)
         slot = tl.load(slot_ptr + b).to(tl.int64)
-        cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, out_ptr.dtype.element_ty, BF16)
+        cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q_ptr.dtype.element_ty, BF16)
         if QK_NORM:
             qn1, qn2 = _norm_weights(q_norm_ptr, offs_h, h_mask, HALF)
             kn1, kn2 = _norm_weights(k_norm_ptr, offs_h, h_mask, HALF)
@@ -213,30 +179,21 @@ def _decode_kernel(
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
     wait_for_producer(PDL)  # q, k and v come from the previous kernel
 
-    dtype = out_ptr.dtype.element_ty
-    rstd = 1.0
-    if QKV_PARTS:  # the qkv GEMV's row rstd, its sums of squares added in split order as its merge does
-        row_sumsq = 0.0
-        for part in range(num_parts):
-            row_sumsq += tl.load(sumsq_ptr + part)
-        rstd = tl.rsqrt(row_sumsq / in_features + in_eps)
     # q as two halves (the rotary pairs), so the fused variant rotates it in registers
-    q_cols = b64 * stride_qb + heads[:, None] * stride_qh + offs_h[None, :]
+    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + offs_h[None, :]
     gh_mask = g_mask[:, None] & h_mask[None, :]
-    q1 = _load_qkv(q_ptr, q_cols, gh_mask, q_bias_ptr, rstd, num_parts, part_stride, dtype, QKV_PARTS, QKV_BIAS)
-    q2 = _load_qkv(q_ptr, q_cols + HALF, gh_mask, q_bias_ptr, rstd, num_parts, part_stride, dtype, QKV_PARTS, QKV_BIAS)
+    q1 = tl.load(q_rows, mask=gh_mask, other=0.0)
+    q2 = tl.load(q_rows + HALF, mask=gh_mask, other=0.0)
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     kv_limit = seq_len  # cache positions this program may read
     if ROPE:
-        k_cols = b64 * stride_knb + kvh * stride_knh + offs_h
-        k1 = _load_qkv(k_new_ptr, k_cols, h_mask, k_bias_ptr, rstd, num_parts, part_stride, dtype, QKV_PARTS, QKV_BIAS)
-        k2 = _load_qkv(k_new_ptr, k_cols + HALF, h_mask, k_bias_ptr, rstd, num_parts, part_stride, dtype,
-                       QKV_PARTS, QKV_BIAS)
-        v_new = _load_qkv(v_new_ptr, b64 * stride_vnb + kvh * stride_vnh + offs_d, d_mask, v_bias_ptr, rstd,
-                          num_parts, part_stride, dtype, QKV_PARTS, QKV_BIAS)
+        k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
+        k1 = tl.load(k_row, mask=h_mask, other=0.0)
+        k2 = tl.load(k_row + HALF, mask=h_mask, other=0.0)
+        v_new = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
         if QK_NORM:
             q1, q2 = _head_rms_norm(q1, q2, qn1, qn2, norm_eps, HEAD_DIM)
             k1, k2 = _head_rms_norm(k1, k2, kn1, kn2, norm_eps, HEAD_DIM)
@@ -382,7 +339,6 @@ def _launch(
     rope: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     config: Optional[DecodeConfig],
     qk_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
-    qkv_parts: Optional[QkvParts] = None,
 ) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -392,7 +348,7 @@ def _launch(
     q = last_dim_contiguous(q)
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
-    out = torch.empty(q.shape, dtype=qkv_parts.dtype if qkv_parts is not None else q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
     group = num_q_heads // num_kv_heads
@@ -430,18 +386,12 @@ def _launch(
         q_norm, k_norm, norm_eps = qk_norm
         assert q_norm.shape == k_norm.shape == (head_dim,), "q/k norm weights are per head"
         q_norm, k_norm = q_norm.contiguous(), k_norm.contiguous()
-    parts = qkv_parts or QkvParts(seq_lens, None, 1, 0, 1, 0.0, q.dtype)  # unused without QKV_PARTS
-    q_bias = k_bias = v_bias = parts.sumsq
-    if parts.bias is not None:
-        q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
-        q_bias, k_bias, v_bias = parts.bias[:q_size], parts.bias[q_size:q_size + kv_size], parts.bias[q_size + kv_size:]
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, mid_o, mid_lse, counters if merge_here else seq_lens,
         k_new, v_new, positions, cos_sin, slots, q_norm, k_norm,
         float(scale) * _LOG2E, float(norm_eps),
         num_splits,
-        parts.sumsq, q_bias, k_bias, v_bias, parts.num_parts, parts.part_stride, parts.in_features, float(parts.eps),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -453,8 +403,7 @@ def _launch(
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
-        BF16=out.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl,
-        QKV_PARTS=qkv_parts is not None, QKV_BIAS=parts.bias is not None,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     if not direct and not merge_here:
@@ -499,18 +448,16 @@ def decode_attention_rope(
     norm_eps: float = 0.0,
     num_splits: Optional[int] = None,
     config: Optional[DecodeConfig] = None,
-    qkv_parts: Optional[QkvParts] = None,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.decode_attention_rope``: (RMSNorm of each
     q and k head, with both weights given,) rotary on q and k, k/v stored at
-    ``slot_mapping``, attention over the cache (new token included). With ``qkv_parts``, q, k
-    and v are split 0 of a qkv GEMV's unmerged sums (``qkv_attention``)."""
+    ``slot_mapping``, attention over the cache (new token included)."""
     assert k.dtype == q.dtype == v.dtype, "q, k and v must share a dtype"
     if (q_norm_weight is None) != (k_norm_weight is None):
         raise ValueError("decode_attention_rope folds q and k norms together: pass both weights or neither")
     qk_norm = None if q_norm_weight is None else (q_norm_weight, k_norm_weight, norm_eps)
     return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
-                   (k, v, positions, cos_sin_cache, slot_mapping), config, qk_norm, qkv_parts)
+                   (k, v, positions, cos_sin_cache, slot_mapping), config, qk_norm)
 
 
-__all__ = ["decode_attention", "decode_attention_rope", "QkvParts", "choose_num_splits", "launch_config", "DecodeConfig", "MAX_SPLITS"]
+__all__ = ["decode_attention", "decode_attention_rope", "choose_num_splits", "launch_config", "DecodeConfig", "MAX_SPLITS"]

@@ -140,7 +140,7 @@ def _skinny_gemm_kernel(
     HAS_BIAS: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, USE_DOT: tl.constexpr,
     PROLOGUE: tl.constexpr, WRITE_SCALED: tl.constexpr, ROUTER: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_P: tl.constexpr, PDL: tl.constexpr, PARTIALS: tl.constexpr = False,
+    BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -204,11 +204,7 @@ def _skinny_gemm_kernel(
     if ROUTER:  # this tile's columns of the router, loaded while the tile's other splits finish
         w_router = tl.load(rw_ptr + offs_e[:, None] * N + offs_n[None, :],
                            mask=(offs_e < E)[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
-    if PARTIALS:  # the consumer merges: split k's sums [S, BLOCK_M, N] and the first tile's sums of squares [S, BLOCK_M]
-        tl.store(part_ptr + pid_k * BLOCK_M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mn_mask)
-        if PROLOGUE == 1 and pid_n == 0:
-            tl.store(ss_ptr + pid_k * BLOCK_M + offs_m, sumsq)
-    elif DIRECT:
+    if DIRECT:
         if PROLOGUE == 1:
             rstd = tl.rsqrt(sumsq / K + eps)
             acc *= rstd[:, None]
@@ -283,15 +279,12 @@ def _launch(
     x: torch.Tensor, k: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
     prologue: int = NONE, residual: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None,
     eps: float = 0.0, config: Optional[SkinnyConfig] = None, write_scaled: bool = False,
-    router_weight: Optional[torch.Tensor] = None, partials: bool = False,
+    router_weight: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """y [M, N], and for the norm prologue the new residual, and with ``write_scaled`` the
     GEMV's input ``norm_w * s`` and each row's rstd; ``x`` holds ``K`` (SILU: 2K) columns.
     With ``router_weight`` [E, N] (one row, no prologue: ``linear_norm_linear_scaled``): the
-    router's logits [1, E], the new residual, ``norm_w * s`` and rstd of y + residual.
-    With ``partials`` (the norm prologue): no merge; the split-K sums [S, BLOCK_M, N] (fp32,
-    before rstd and bias) in place of y, the new residual, the sums of squares [S, BLOCK_M]
-    (fp32, split k's share of each row) and None (``rms_norm_linear_partials``)."""
+    router's logits [1, E], the new residual, ``norm_w * s`` and rstd of y + residual."""
     m = x.shape[0]
     n = weight.shape[0]
     assert m <= MAX_ROWS, f"skinny GEMMs take at most {MAX_ROWS} rows, got {m}"
@@ -323,19 +316,17 @@ def _launch(
     k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
     splits = cdiv(k, k_per_split)
     # one counter per tile for its splits; the router epilogue's last-tile counter after them
-    needed = tiles + 1 if router else (tiles if splits > 1 and not partials else 0)
+    needed = tiles + 1 if router else (tiles if splits > 1 else 0)
     counters = split_counters(x.device, needed) if needed else None
     if needed and counters is None:  # capture with too few counters
         assert not router, "linear_norm_linear_scaled needs its counters allocated before a capture"
         splits, k_per_split = 1, cdiv(k, block_k) * block_k  # whole-K tiles
     block_m = max(16, next_pow2(m)) if use_dot else 1
-    part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 or partials else y
+    part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     partial_sumsq = y
     if router:  # each tile's share of the router's sums and of the sum of squares
         shares = torch.empty(tiles, router_weight.shape[0], dtype=torch.float32, device=x.device)
         partial_sumsq = torch.empty(tiles, dtype=torch.float32, device=x.device)
-    elif partials:
-        partial_sumsq = torch.empty(splits, block_m, dtype=torch.float32, device=x.device)
     elif splits > 1 and prologue == NORM:
         partial_sumsq = torch.empty(tiles * splits * block_m, dtype=torch.float32, device=x.device)
     experts = router_weight.shape[0] if router else 1
@@ -353,11 +344,9 @@ def _launch(
         PROLOGUE=prologue, WRITE_SCALED=write_scaled, ROUTER=router, BF16=x.dtype == torch.bfloat16,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
         BLOCK_P=max(1, min(next_pow2(tiles), cfg.share_block // block_e)),
-        PDL=pdl, PARTIALS=partials,
+        PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
-    if partials:
-        return part, r_out, partial_sumsq, None
     return y, r_out, xw, rstd
 
 
@@ -374,23 +363,6 @@ def rms_norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of ``torch.ops.ingot.rms_norm_linear``."""
     return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config)[:2]
-
-
-def rms_norm_linear_partials(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    config: Optional[SkinnyConfig] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``rms_norm_linear`` of one row with its split-K merge left to the consumer: (sums [S, 1, N]
-    fp32, sums of squares [S, 1] fp32, x + residual). The row is ``round(sum_s sums[s] * rstd +
-    bias)`` with ``rstd = rsqrt(sum_s sumsq[s] / K + eps)``, each sum over s in order from 0.0, as
-    the merging program computes it (bit for bit the same); decode attention reads its q, k and v
-    this way (``decode_attention.norm_qkv_decode_attention_rope``), so the GEMV's programs end
-    without the counter and merge round trips."""
-    assert x.shape[0] == 1, "the partials form takes one row"
-    cfg = config or launch_config(1, weight.shape[0], x.shape[1], x.device, NORM)
-    assert not cfg.use_dot, "the partials form is the one-row multiply-reduce"
-    part, r_out, sumsq, _ = _launch(x, x.shape[1], weight, None, NORM, residual, norm_weight, eps, cfg, partials=True)
-    return part, sumsq, r_out
 
 
 def rms_norm_linear_scaled(
@@ -423,4 +395,4 @@ def silu_mul_linear(
     return _launch(x, x.shape[1] // 2, weight, bias, SILU, config=config)[0]
 
 
-__all__ = ["skinny_linear", "rms_norm_linear", "rms_norm_linear_partials", "rms_norm_linear_scaled", "linear_norm_linear_scaled", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
+__all__ = ["skinny_linear", "rms_norm_linear", "rms_norm_linear_scaled", "linear_norm_linear_scaled", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
