@@ -5,10 +5,9 @@ file, all named the llama.cpp way. ``load_gguf`` maps them to an HF-style
 config dict, a ``tokenizers.Tokenizer`` and a lazy iterator of HF-named tensors
 dequantized with ``gguf.quants``, so the model code never sees the format.
 
-The header is parsed here with ``struct`` rather than ``gguf.GGUFReader``: that
-reader makes a numpy view per array item and needs ~5 s for the 49k-token
-vocabulary of SmolLM2 (the default model); this parser needs ~0.2 s. The tensor
-data stays memory-mapped and is read one tensor at a time.
+This module owns the llama.cpp -> HF mapping (architectures, metadata keys,
+tensor names, q/k row order); the container is read by ``gguf_file`` and the
+tokenizer rebuilt by ``gguf_tokenizer``.
 """
 
 from __future__ import annotations
@@ -18,32 +17,30 @@ import math
 import mmap
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
-from gguf.constants import GGMLQuantizationType as QT
-from gguf.constants import GGUFValueType as VT
-from gguf.quants import dequantize
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer
 
 from ingot.loading.errors import CheckpointError
+from ingot.loading.gguf_file import (
+    SUPPORTED_QUANT_TYPES,
+    GGUFFormatError,
+    TensorInfo,
+    check_supported,
+    map_file,
+    read_header,
+    read_tensor,
+)
+from ingot.loading.gguf_tokenizer import build_tokenizer, default_add_bos
 from ingot.loading.weights import WeightSelector, select as select_part
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GGUFCheckpoint", "load_gguf", "CheckpointError", "SUPPORTED_QUANT_TYPES"]
-
-# Types whose dequantization gguf-py implements and our tests check.
-SUPPORTED_QUANT_TYPES = frozenset(
-    {QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K}
-)
-# Float types torch reads straight from the file, skipping a float32 detour.
-_TORCH_FLOATS = {QT.F32: torch.float32, QT.F16: torch.float16, QT.BF16: torch.bfloat16}
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",  # MixtralForCausalLM when the file has experts
@@ -87,15 +84,6 @@ _SKIPPED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-@dataclass(frozen=True)
-class _TensorInfo:
-    name: str
-    shape: tuple[int, ...]  # HF (numpy) order: GGUF's ne order reversed
-    qtype: QT
-    start: int  # absolute byte offset in the file
-    nbytes: int
-
-
 @dataclass
 class GGUFCheckpoint:
     """Everything ingot needs from one .gguf file; weights stay on disk until iterated."""
@@ -108,7 +96,7 @@ class GGUFCheckpoint:
     add_bos_token: bool
     path: Path
     _buf: mmap.mmap = field(repr=False)
-    _tensors: list[tuple[str, _TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
+    _tensors: list[tuple[str, TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
 
     @property
     def num_tensors(self) -> int:
@@ -118,7 +106,7 @@ class GGUFCheckpoint:
         """(HF name, tensor in ``dtype``) one at a time, so peak memory stays at one tensor;
         with ``select``, each tensor is dequantized whole, then cut to the part it names."""
         for hf_name, info, heads in self._tensors:
-            tensor = _read_tensor(self._buf, info)
+            tensor = read_tensor(self._buf, info)
             if heads:
                 tensor = _unpermute_rows(tensor, heads)
             if hf_name.endswith("shared_expert_gate.weight") and tensor.dim() == 1:
@@ -134,19 +122,10 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
     as a CheckpointError naming the file, before any weight is read.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no such file: {path}" if not path.exists() else f"{path} is not a file")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path} is empty, not a GGUF file")
-    try:
-        with open(path, "rb") as f:
-            # Copy-on-write: a writable private mapping, so numpy/torch views do not warn; never written.
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    buf = map_file(path)
     try:
         return _open(path, buf)
-    except _Corrupt as exc:
+    except GGUFFormatError as exc:
         raise CheckpointError(f"{path} is not a valid GGUF file: {exc}") from None
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
@@ -155,7 +134,7 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
 
 
 def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
-    meta, tensors = _parse(buf)
+    meta, tensors = read_header(buf)
     by_name = {t.name: t for t in tensors}
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
@@ -163,7 +142,7 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
     config = _config(meta, arch, by_name, buf)
 
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    plan: list[tuple[str, _TensorInfo, int]] = []
+    plan: list[tuple[str, TensorInfo, int]] = []
     unknown: list[str] = []
     for info in tensors:
         hf_name = _hf_name(info.name)
@@ -173,7 +152,7 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
             else:
                 unknown.append(info.name)
             continue
-        _check_type(info)
+        check_supported(info)
         # llama.cpp's llama converter interleaves the rotary halves of q/k rows; qwen's does not.
         n_heads = heads.get(info.name.split(".")[-2], 0) if arch == "llama" else 0
         if n_heads and info.shape[0] % (2 * n_heads):
@@ -183,7 +162,7 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
         raise CheckpointError(f"tensors with no known HF equivalent: {', '.join(unknown[:8])}")
 
     try:
-        tokenizer = _tokenizer(meta)
+        tokenizer = build_tokenizer(meta)
     except CheckpointError:
         raise
     except Exception as exc:  # tokenizers raises bare Exceptions on bad vocab/merges
@@ -195,135 +174,14 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
         chat_template=meta.get("tokenizer.chat_template"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=list(dict.fromkeys(int(i) for i in eos_ids)),
-        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", _default_add_bos(meta))),
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos(meta))),
         path=path,
         _buf=buf,
         _tensors=plan,
     )
 
 
-# ---------------------------------------------------------------- file format
-
-
-class _Corrupt(Exception):
-    """The bytes do not follow the GGUF layout (internal; becomes CheckpointError)."""
-
-
-_SCALAR_FORMATS = {
-    VT.UINT8: "<B",
-    VT.INT8: "<b",
-    VT.UINT16: "<H",
-    VT.INT16: "<h",
-    VT.UINT32: "<I",
-    VT.INT32: "<i",
-    VT.FLOAT32: "<f",
-    VT.BOOL: "<?",
-    VT.UINT64: "<Q",
-    VT.INT64: "<q",
-    VT.FLOAT64: "<d",
-}
-
-
-class _Cursor:
-    """Sequential little-endian reads from the mapped file, bounds-checked."""
-
-    def __init__(self, buf: mmap.mmap) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def take(self, n: int) -> int:
-        start, self.pos = self.pos, self.pos + n
-        if self.pos > len(self.buf):
-            raise _Corrupt(f"truncated: needs {self.pos} bytes, the file has {len(self.buf)}")
-        return start
-
-    def scalar(self, fmt: str) -> Any:
-        return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        start = self.take(n)
-        return self.buf[start : start + n].decode("utf-8", errors="replace")
-
-    def value(self, vtype: int) -> Any:
-        if vtype == VT.STRING:
-            return self.string()
-        if vtype == VT.ARRAY:
-            itype, count = self.scalar("<I"), self.scalar("<Q")
-            if itype in _SCALAR_FORMATS:  # numeric arrays in one numpy read
-                dtype = np.dtype(_SCALAR_FORMATS[VT(itype)])
-                start = self.take(count * dtype.itemsize)
-                return np.frombuffer(self.buf, dtype, count, start).tolist()
-            return [self.value(itype) for _ in range(count)]
-        if vtype not in _SCALAR_FORMATS:
-            raise _Corrupt(f"unknown metadata value type {vtype} at byte {self.pos}")
-        value = self.scalar(_SCALAR_FORMATS[VT(vtype)])
-        # float32 scalars (eps, rope base) as their shortest decimal: 1e-05, not 9.99999974e-06
-        return float(str(np.float32(value))) if vtype == VT.FLOAT32 else value
-
-
-def _parse(buf: mmap.mmap) -> tuple[dict[str, Any], list[_TensorInfo]]:
-    """Header, metadata and tensor table (GGUF v2/v3, little-endian)."""
-    cur = _Cursor(buf)
-    if len(buf) < 4 or cur.scalar("<I") != GGUF_MAGIC:
-        raise _Corrupt("bad magic (the file does not start with 'GGUF')")
-    version = cur.scalar("<I")
-    if version not in (2, 3):
-        detail = "a big-endian file" if version & 0xFFFF == 0 else f"version {version}"
-        raise _Corrupt(f"{detail} is not supported (GGUF v2/v3 little-endian only)")
-    n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
-    meta: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = cur.string()
-        meta[key] = cur.value(cur.scalar("<I"))
-    raw = []
-    for _ in range(n_tensors):
-        name = cur.string()
-        n_dims = cur.scalar("<I")
-        if not 1 <= n_dims <= 4:
-            raise _Corrupt(f"tensor {name!r} has {n_dims} dimensions")
-        ne = [cur.scalar("<Q") for _ in range(n_dims)]
-        raw.append((name, ne, cur.scalar("<I"), cur.scalar("<Q")))
-    align = meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-    if not isinstance(align, int) or align <= 0:
-        raise _Corrupt(f"bad general.alignment {align!r}")
-    data_start = -(-cur.pos // align) * align
-    tensors = []
-    for name, ne, type_id, offset in raw:
-        try:
-            qtype = QT(type_id)
-        except ValueError:
-            raise _Corrupt(f"tensor {name!r} has unknown ggml type id {type_id}") from None
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        if ne[0] % block:
-            raise _Corrupt(f"tensor {name!r}: row length {ne[0]} is not a multiple of the {qtype.name} block {block}")
-        nbytes = math.prod(ne) // block * type_size
-        start = data_start + offset
-        if start + nbytes > len(buf):
-            raise _Corrupt(
-                f"truncated: tensor {name!r} needs bytes up to {start + nbytes}, the file has {len(buf)}"
-            )
-        tensors.append(_TensorInfo(name, tuple(reversed(ne)), qtype, start, nbytes))
-    return meta, tensors
-
-
-def _check_type(info: _TensorInfo) -> None:
-    if info.qtype not in SUPPORTED_QUANT_TYPES:
-        names = ", ".join(sorted(t.name for t in SUPPORTED_QUANT_TYPES))
-        raise CheckpointError(
-            f"tensor {info.name!r} is quantized as {info.qtype.name}, which ingot cannot dequantize "
-            f"(supported: {names}); use a GGUF with a supported quantization"
-        )
-
-
-def _read_tensor(buf: mmap.mmap, info: _TensorInfo) -> torch.Tensor:
-    """One tensor as a fresh torch tensor: floats as stored, quantized types as float32."""
-    if info.qtype in _TORCH_FLOATS:
-        dtype = _TORCH_FLOATS[info.qtype]
-        flat = torch.frombuffer(buf, dtype=dtype, count=math.prod(info.shape), offset=info.start)
-        return flat.reshape(info.shape).clone()  # clone: do not hand out views of the mapping
-    rows = np.frombuffer(buf, np.uint8, info.nbytes, info.start).reshape(*info.shape[:-1], -1)
-    return torch.from_numpy(dequantize(rows, info.qtype))
+# ---------------------------------------------------------------- names
 
 
 def _unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -338,6 +196,7 @@ def _unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _hf_name(name: str) -> Optional[str]:
+    """The HF parameter name of a llama.cpp tensor name, None when it has none (skipped or unknown)."""
     if (m := _PER_EXPERT_TENSOR.match(name)) is not None:
         layer, proj, expert = m.groups()
         return f"model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight"
@@ -367,7 +226,7 @@ def _meta_int(meta: dict[str, Any], key: str, default: Optional[int] = None) -> 
     return int(value)
 
 
-def _config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo], buf: mmap.mmap) -> dict[str, Any]:
+def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf: mmap.mmap) -> dict[str, Any]:
     """llama.cpp metadata keys -> an HF config.json dict."""
     p = arch + "."
     hidden = _meta_int(meta, p + "embedding_length")
@@ -408,7 +267,7 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo], bu
     return config
 
 
-def _moe_config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo]) -> dict[str, Any]:
+def _moe_config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo]) -> dict[str, Any]:
     """The HF MoE fields of a GGUF with experts ({} without): counts, widths, routing, dense layers."""
     p = arch + "."
     experts = _meta_int(meta, p + "expert_count", 0)
@@ -437,7 +296,7 @@ def _moe_config(meta: dict[str, Any], arch: str, tensors: dict[str, _TensorInfo]
 
 
 def _rope_scaling(
-    meta: dict[str, Any], p: str, tensors: dict[str, _TensorInfo], buf: mmap.mmap, theta: float, head_dim: int
+    meta: dict[str, Any], p: str, tensors: dict[str, TensorInfo], buf: mmap.mmap, theta: float, head_dim: int
 ) -> Optional[dict[str, Any]]:
     kind = meta.get(p + "rope.scaling.type")
     factor = meta.get(p + "rope.scaling.factor", meta.get(p + "rope.scale_linear"))
@@ -451,7 +310,7 @@ def _rope_scaling(
     if kind not in (None, "none", "linear", "yarn"):
         raise CheckpointError(f"unsupported rope scaling type {kind!r} in GGUF metadata")
     if "rope_freqs.weight" in tensors:
-        return _llama3_from_freqs(_read_tensor(buf, tensors["rope_freqs.weight"]).float().numpy(), theta, head_dim)
+        return _llama3_from_freqs(read_tensor(buf, tensors["rope_freqs.weight"]).float().numpy(), theta, head_dim)
     return None
 
 
@@ -480,127 +339,3 @@ def _llama3_from_freqs(divisors: np.ndarray, theta: float, head_dim: int) -> Opt
                     "original_max_position_embeddings": ctx,
                 }
     raise CheckpointError("the GGUF's rope_freqs tensor matches no known llama3 rope scaling; not supported")
-
-
-# ---------------------------------------------------------------- tokenizer
-
-# token_type values in tokenizer.ggml.token_type (llama.cpp's llama_token_type)
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
-
-# Split regexes by tokenizer.ggml.pre, as the model's tokenizer.json uses them.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# pre name -> (split regex or None for GPT-2's built-in one, digits split one by one first, ignore_merges)
-_PRE_TOKENIZERS: dict[str, tuple[Optional[str], bool, bool]] = {
-    "default": (None, False, False),
-    "gpt-2": (None, False, False),
-    "gpt2": (None, False, False),
-    "smollm": (None, True, False),
-    "starcoder": (None, True, False),
-    "refact": (None, True, False),
-    "llama-bpe": (_LLAMA3_SPLIT, False, True),
-    "llama3": (_LLAMA3_SPLIT, False, True),
-    "llama-v3": (_LLAMA3_SPLIT, False, True),
-    "smaug-bpe": (_LLAMA3_SPLIT, False, True),
-    "qwen2": (_QWEN2_SPLIT, False, False),
-    "deepseek-r1-qwen": (_QWEN2_SPLIT, False, False),
-    "tekken": (_TEKKEN_SPLIT, False, True),
-}
-
-
-def _default_add_bos(meta: dict[str, Any]) -> bool:
-    """llama.cpp's default when the file has no tokenizer.ggml.add_bos_token."""
-    if meta.get("tokenizer.ggml.model") == "llama":
-        return True
-    return meta.get("tokenizer.ggml.pre") in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "tekken")
-
-
-def _tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """A HF fast tokenizer equivalent to llama.cpp's for this vocabulary; adds no BOS/EOS itself."""
-    kind = meta.get("tokenizer.ggml.model")
-    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
-    if not tokens:
-        raise CheckpointError("the GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
-    vocab: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        vocab.setdefault(tok, i)  # a few files repeat a token; the first id wins
-    if kind == "gpt2":
-        tokenizer = _byte_level_bpe(meta, vocab)
-    elif kind == "llama":
-        tokenizer = _sentencepiece_bpe(meta, tokens, types, vocab)
-    else:
-        raise CheckpointError(f"unsupported GGUF tokenizer model {kind!r} (supported: gpt2, llama)")
-    # Control/unknown tokens are special (skipped when decoding); user-defined ones are
-    # plain added tokens. Either way they are matched whole, never split.
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (_CONTROL, _UNKNOWN) and t]
-    )
-    tokenizer.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t]
-    )
-    return tokenizer
-
-
-def _byte_level_bpe(meta: dict[str, Any], vocab: dict[str, int]) -> Tokenizer:
-    """GPT-2 style byte-level BPE; tokens and merges are stored in the byte alphabet already."""
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in _PRE_TOKENIZERS:
-        raise CheckpointError(
-            f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: {', '.join(sorted(_PRE_TOKENIZERS))}"
-        )
-    split, digits, ignore_merges = _PRE_TOKENIZERS[pre]
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
-    steps: list[pre_tokenizers.PreTokenizer] = []
-    if digits:
-        steps.append(pre_tokenizers.Digits(individual_digits=True))
-    if split is None:
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
-    else:
-        steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-    tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.ByteLevel()
-    return tok
-
-
-def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], types: list[int], vocab: dict[str, int]) -> Tokenizer:
-    """SentencePiece BPE (Llama 1/2, Mistral v0.x): merge by score, '▁' for spaces, byte fallback.
-
-    SentencePiece merges the adjacent pair whose joined piece scores highest; a
-    BPE merge list ranked by that score does the same. The space prefix is a
-    normalizer, so like llama.cpp it also applies after each special token.
-    """
-    scores: list[float] = meta.get("tokenizer.ggml.scores") or [-float(i) for i in range(len(tokens))]
-    ranked = []
-    for i, (tok, ty) in enumerate(zip(tokens, types)):
-        if ty != _NORMAL or len(tok) < 2 or vocab[tok] != i:
-            continue
-        for cut in range(1, len(tok)):
-            if tok[:cut] in vocab and tok[cut:] in vocab:
-                ranked.append((-scores[i], i, cut))
-    ranked.sort()
-    merges = [(tokens[i][:cut], tokens[i][cut:]) for _, i, cut in ranked]
-    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
-    unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
-    tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-    space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-    steps: list[normalizers.Normalizer] = [normalizers.Prepend("▁")] if space_prefix else []
-    tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
-    dec: list[decoders.Decoder] = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if space_prefix:
-        dec.append(decoders.Strip(" ", 1, 0))
-    tok.decoder = decoders.Sequence(dec)
-    return tok
