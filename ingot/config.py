@@ -20,6 +20,7 @@ ENV_PREFIX = "INGOT_"
 # Ops that have both a kernel and a PyTorch form Inductor can fuse.
 FUSIBLE_OPS = ("rms_norm", "rotary", "silu_and_mul")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 class ConfigError(ValueError):
@@ -34,70 +35,46 @@ class ConfigError(ValueError):
 class EngineConfig:
     """How the engine loads the model, sizes its KV cache, schedules and runs."""
 
-    model: Optional[str] = None  # HF dir, hub id, .gguf file; None = default SmolLM2
-    tokenizer: Optional[str] = None  # defaults to the model's own
+    model: Optional[str] = None  # HF dir, hub id, .gguf file; None = default SmolLM2; with load_format dummy also a built-in shape
+    tokenizer: Optional[str] = None  # defaults to the model's own; "default" = the default model's
+    # "auto": the checkpoint's weights; "dummy": its configuration with seeded random weights
+    # (vLLM's name), for measuring a model's speed without its weights (loading/dummy.py)
+    load_format: str = "auto"
     dtype: str = "auto"  # auto = bf16 on CUDA (fp16 if unsupported), fp32 on CPU
     device: str = "auto"  # auto = cuda if available, else cpu
     seed: int = 0
-    max_model_len: Optional[int] = None  # None = model's context length
+    max_model_len: Optional[int] = None  # None = model's context length (a built-in shape: 4096)
     # KV cache
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_tokens: int = 32768  # KV budget on CPU (tokens)
-    num_kv_blocks: Optional[int] = None  # explicit pool size (tests, tuning)
+    num_kv_blocks: Optional[int] = None  # explicit pool size; default: from free memory on CUDA, 32768 tokens on CPU
     # Reuse the KV of full blocks shared with earlier requests (system prompts, chat history,
     # n > 1): hashed by content (engine/block_manager.py), freed blocks kept until evicted (LRU).
     enable_prefix_caching: bool = True
     # scheduling
     # Most sequences in one batch. None: 512 on a GPU of 70 GiB or more, else 256
-    # (``max_num_seqs_for``, resolved once the engine knows its device). H200, 1.5B shape,
-    # 512 requests at once: 510 decode steps instead of 885, 4.84 s against 5.32 s by the
-    # median of 8 runs each, inter-token latency p50 6.5-6.9 against 3.7 ms
-    # (serve-max-num-seqs-512-vs-256-qwen2.5-1.5b-2026-12-01.json; vLLM's default on such
-    # GPUs is 1024).
+    # (``max_num_seqs_for``, resolved once the engine knows its device): fewer, fuller decode
+    # steps for a large batch of requests (vLLM's default on such GPUs is 1024).
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: int = 4096
     # Queue step n+1 on the device before reading step n back (it takes step n's sampled
     # tokens on the device; stops apply one step late, the extra token is dropped), so the
-    # host's scheduling and detokenizing overlap the GPU's step (H200, 1.5B shape, 512
-    # requests, 3 rounds: 9.4-14.6 s against 12.8-16.7 s serially; docs/benchmarks.md).
+    # host's scheduling and detokenizing overlap the GPU's step.
     overlap_scheduling: bool = True
     # While sequences decode, admit waiting prompts only once those that fit the free
     # slots add up to this many tokens (or after one held step per 8 running sequences,
     # at most 32): fewer, larger prefill steps, each stalling the decode batch once.
-    # 0 = admit as soon as a slot frees. The 512-request workload: 218 prefill steps (149
-    # under 1,024 tokens) -> 89; H200, 1.5B shape, same call: 5.86 / 6.29 s against
-    # 7.72 s (and a first-run 15.5 s) with 0 (serve-prefill-waves-qwen2.5-1.5b-2026-12-01.json).
+    # 0 = admit as soon as a slot frees.
     prefill_wave_tokens: int = 2048
     # kernels, decode CUDA graphs and compile
     triton_kernels: bool = True  # Triton kernels for torch.ops.ingot.* on CUDA (False: PyTorch references)
-    # Linear layers with at most this many rows (decode batches) use the Triton
-    # split-K GEMV (ops/triton/skinny_gemm.py) instead of cuBLAS, with the RMSNorm and
-    # SiLU-and-mul before them fused in; 0 = off, at most 16. 1 (batch 1 only): on the
-    # H200 it won there (1.5B step 1.655 -> 1.454 ms, 7B 4.479 -> 4.025 ms, batch1-2026-12-01.json) and lost or
-    # tied cuBLAS at 8 and 16 rows on the small projections (docs/benchmarks.md).
-    skinny_gemm_max_rows: int = 1
     eager_mode: bool = False
     cudagraph_capture_sizes: Optional[tuple[int, ...]] = None
-    fake_graph_capture: bool = False  # test hook: the padded bucket path without graphs, on CPU
     decode_compile: Union[bool, str] = False  # False, True or "auto" (per-bucket choice by measurement)
-    # Default: every op stays an opaque kernel. Measured on the H200 (torch 2.11,
-    # SmolLM2 bf16, 8 prompts x 128 steps): compiled decode was then bitwise equal
-    # to graph-only decode, at the same speed as the all-native policy, which
-    # drifted (top-1 99.2%, 1 of 8 greedy sequences identical). docs/decode-compile.md
+    # Ops that run their PyTorch form under compile, so Inductor fuses them with the glue.
+    # Default: every op stays an opaque kernel, which keeps compiled decode bitwise equal to
+    # graph-only decode at the same speed (docs/decode-compile.md).
     compile_native_ops: tuple[str, ...] = ()
-    compile_strict_numerics: bool = False
-    # One compile shared by every bucket (the batch dim symbolic; batch 1 specializes)
-    # instead of one per bucket: start-up no longer grows with the number of buckets.
-    compile_dynamic_batch: bool = True
-    auto_compile_max_drift: float = 1e-3  # auto: largest probe relative logit error a compiled bucket may show
-    # Inductor times its Triton GEMM templates against cuBLAS for every projection while
-    # compiling (max_autotune_gemm), and a template may take a native norm or activation
-    # (compile_native_ops) into its prologue or epilogue: the fusion graph decode cannot do.
-    # On: slower start-up, GEMM numerics no longer cuBLAS's (ingot check drift). H200, 1.5B
-    # shape: compiled 0.88x / 0.80x of graph decode at batch 8 / 32 (docs/decode-compile.md).
-    compile_autotune_gemm: bool = False
-    compile_skip_modules: tuple[str, ...] = ()
     # Tensor parallelism: one process per GPU (the engine's own process is rank 0 and spawns
     # the others); heads, MLP and vocabulary split across them (docs/architecture.md).
     # On CPU the ranks talk over gloo (tests); on CUDA over NCCL.
@@ -128,6 +105,8 @@ class EngineConfig:
             raise
 
     def validate(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}", "load_format")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -138,7 +117,6 @@ class EngineConfig:
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.prefill_wave_tokens < 0:
             raise ConfigError(f"prefill_wave_tokens must be >= 0 (0: off), got {self.prefill_wave_tokens}", "prefill_wave_tokens")
-        _positive("cpu_kv_cache_tokens", self.cpu_kv_cache_tokens)
         _positive("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
@@ -154,15 +132,10 @@ class EngineConfig:
                 raise ConfigError("cudagraph_capture_sizes must be positive batch sizes", "cudagraph_capture_sizes")
         if self.decode_compile not in (True, False, "auto"):
             raise ConfigError(f"decode_compile must be True, False or 'auto', got {self.decode_compile!r}", "decode_compile")
-        if not self.auto_compile_max_drift >= 0:
-            raise ConfigError(f"auto_compile_max_drift must be >= 0, got {self.auto_compile_max_drift}", "auto_compile_max_drift")
         self.compile_native_ops = tuple(self.compile_native_ops)
         bad = [op for op in self.compile_native_ops if op not in FUSIBLE_OPS]
         if bad:
             raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}", "compile_native_ops")
-        self.compile_skip_modules = tuple(self.compile_skip_modules)
-        if not 0 <= self.skinny_gemm_max_rows <= 16:
-            raise ConfigError(f"skinny_gemm_max_rows must be in [0, 16], got {self.skinny_gemm_max_rows}", "skinny_gemm_max_rows")
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

@@ -81,7 +81,7 @@ class LLM:
         # trust_remote_code only permits custom code; ingot runs none, and a model that needs
         # it fails as an unsupported architecture with its name
         self.config = EngineConfig.create(**explicit)
-        self.engine = Engine.from_config(self.config)
+        self.engine = Engine(self.config)
         self._loop = EngineLoop(self.engine)
         self._ids = itertools.count()
         self._finalizer = weakref.finalize(self, self._loop.shutdown)

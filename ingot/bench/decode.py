@@ -3,7 +3,10 @@
 Used by ``ingot bench decode`` (real checkpoints or random-weight model
 shapes). Each batch is a synthetic decode step: every sequence has
 ``context_len`` cached tokens in its own blocks, so attention reads real-sized
-context.
+context. The model comes from an ``Engine`` built for it (``decode_engine``),
+and the timing runs on its ModelRunner through ``Executor.run_on_ranks``
+(``bench_decode``): under tensor parallelism every rank times the same graph
+replays in lockstep, their collectives inside.
 """
 
 from __future__ import annotations
@@ -15,50 +18,20 @@ from typing import Optional
 
 import torch
 
-from ingot.config import EngineConfig
-from ingot.runner.kv_pool import blocks_for
-from ingot.layers.fused_moe import FusedMoE
-from ingot.models.loader import build_model, init_random
-from ingot.loading.model_config import ModelConfig
+from ingot.bench.floor import ModelBytes
 from ingot.bench.gemm_floor import gemm_only_ms
 from ingot.bench.gpu_state import gpu_state
 from ingot.bench.step_profile import StepProfile, profile_step
+from ingot.config import EngineConfig
+from ingot.engine.engine import Engine
+from ingot.layers.fused_moe import FusedMoE
 from ingot.runner.auto_compile import time_ms
 from ingot.runner.batch import ScheduledBatch
+from ingot.runner.graph_runner import DecodeGraphRunner
+from ingot.runner.kv_pool import blocks_for
 from ingot.runner.model_runner import ModelRunner
-from ingot.runner.model_source import ModelSource
-from ingot.runner.tp_runner import TensorParallelRunner, start_tensor_parallel
+from ingot.runner.step_inputs import StepInputs
 from ingot.sampling_params import SamplingParams
-
-# HF config.json fields of the benchmark shapes (random weights).
-DEFAULT_SHAPE = "qwen2.5-1.5b"
-SHAPES: dict[str, dict] = {
-    "qwen2.5-1.5b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
-                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False),
-    "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
-    # mixture of experts (random router weights route about uniformly)
-    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
-                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
-                          moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                          vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                          tie_word_embeddings=False),
-    "qwen1.5-moe-a2.7b": dict(architectures=["Qwen2MoeForCausalLM"], hidden_size=2048, intermediate_size=5632,
-                              num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16, num_experts=60,
-                              num_experts_per_tok=4, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
-                              norm_topk_prob=False, decoder_sparse_step=1, vocab_size=151936, max_position_embeddings=8192,
-                              rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False),
-    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
-                         vocab_size=32000, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
-                         tie_word_embeddings=False),
-}
-
 
 @dataclass
 class BucketTiming:
@@ -124,71 +97,24 @@ def time_back_to_back(fn, steps: int, device: torch.device, repeats: int = 5) ->
     return statistics.median(time_ms(queued, repeats, device, warmup=1)) / steps
 
 
-def shape_config(shape: str, vocab_size: Optional[int] = None, num_layers: Optional[int] = None) -> dict:
-    """The HF config fields of ``shape``, with the vocabulary size or layer count replaced when given."""
-    fields = dict(SHAPES[shape])
-    if vocab_size is not None:
-        fields["vocab_size"] = vocab_size
-    if num_layers is not None:
-        fields["num_hidden_layers"] = num_layers
-    return fields
+def decode_engine(config: EngineConfig, batches: list[int], context_len: int) -> Engine:
+    """An engine over ``config``'s model for synthetic decode steps: no graphs of its own (the
+    benchmark captures its own per mode), a KV pool where each of ``max(batches)`` sequences
+    owns the blocks of ``context_len + 1`` tokens, no step larger than the largest batch
+    (which sizes a tensor-parallel step buffer)."""
+    per_seq = blocks_for(context_len + 1, config.block_size)
+    return Engine(config.replace(
+        max_model_len=context_len + 1, num_kv_blocks=1 + max(batches) * per_seq, max_num_seqs=max(batches),
+        max_num_batched_tokens=max(batches), cudagraph_capture_sizes=tuple(batches), eager_mode=True,
+        show_progress=False))
 
 
-def build_shape(
-    shape: str, dtype: torch.dtype, device: torch.device, max_position: int, vocab_size: Optional[int] = None,
-    num_layers: Optional[int] = None,
-) -> tuple[torch.nn.Module, ModelConfig]:
-    """A random-weight model of ``shape`` (``vocab_size`` replaces the shape's, to match a tokenizer;
-    ``num_layers`` keeps that many decoder layers: a reduced model of the same layer shapes)."""
-    cfg = ModelConfig.from_hf(shape_config(shape, vocab_size, num_layers))
-    model = build_model(cfg, dtype, device, max_position)
-    return init_random(model), cfg
+def dtype_of(runner: ModelRunner) -> torch.dtype:
+    """The dtype a rank's model runs in (``Executor.run_on_ranks(dtype_of)``)."""
+    return runner.dtype
 
 
-def decode_bench_config(config: EngineConfig, batches: list[int]) -> EngineConfig:
-    """The engine configuration of synthetic decode steps: buckets = ``batches``; no step
-    has more tokens than the largest batch (which sizes a tensor-parallel step buffer)."""
-    return config.replace(max_num_seqs=max(batches), max_num_batched_tokens=max(batches),
-                          cudagraph_capture_sizes=tuple(batches), show_progress=False)
-
-
-def decode_bench_runner(
-    model: torch.nn.Module,
-    cfg: ModelConfig,
-    config: EngineConfig,
-    batches: list[int],
-    context_len: int,
-    dtype: torch.dtype = torch.bfloat16,
-) -> tuple[EngineConfig, ModelRunner, int]:
-    """(config, runner, blocks per sequence) for synthetic decode steps: buckets = ``batches``,
-    a KV pool where each of ``max(batches)`` sequences owns the blocks of ``context_len + 1`` tokens."""
-    device = next(model.parameters()).device
-    base = decode_bench_config(config, batches)
-    runner = ModelRunner(model, cfg, base, device, dtype)
-    per_seq = blocks_for(context_len + 1, base.block_size)
-    runner.allocate_kv_cache(1 + max(batches) * per_seq)
-    return base, runner, per_seq
-
-
-def tp_decode_bench_runner(
-    source: ModelSource,
-    cfg: ModelConfig,
-    config: EngineConfig,
-    batches: list[int],
-    context_len: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> tuple[EngineConfig, TensorParallelRunner, int]:
-    """``decode_bench_runner`` over ``config.tensor_parallel_size`` ranks, each building its
-    shard from ``source`` (call ``close()`` on the runner when done)."""
-    base = decode_bench_config(config, batches)
-    runner = start_tensor_parallel(base, source, cfg, device, dtype, context_len + 64)
-    per_seq = blocks_for(context_len + 1, base.block_size)
-    runner.allocate_kv_cache(1 + max(batches) * per_seq)
-    return base, runner, per_seq
-
-
-def count_experts_hit(runner: ModelRunner, inputs) -> Optional[list[int]]:
+def count_experts_hit(runner: ModelRunner, inputs: StepInputs) -> Optional[list[int]]:
     """Distinct experts each sparse layer's routing picks for the staged step ``inputs`` (one
     eager forward, its expert ids read by hooks on the fused-MoE layers); None for dense models."""
     layers = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
@@ -201,7 +127,7 @@ def count_experts_hit(runner: ModelRunner, inputs) -> Optional[list[int]]:
 
     hooks = [m.register_forward_hook(keep, with_kwargs=True) for m in layers]
     try:
-        runner.logits_of(None, inputs)
+        runner.raw_logits(inputs)
     finally:
         for h in hooks:
             h.remove()
@@ -209,30 +135,29 @@ def count_experts_hit(runner: ModelRunner, inputs) -> Optional[list[int]]:
 
 
 def bench_decode(
-    runner: ModelRunner | TensorParallelRunner,
-    base: EngineConfig,
-    per_seq: int,
-    cfg: ModelConfig,
+    runner: ModelRunner,
     batches: list[int],
     context_len: int,
     modes: list[str],
     iters: int = 30,
     profile_steps: int = 0,
-) -> list[BucketTiming]:
+) -> tuple[list[BucketTiming], ModelBytes]:
     """ms per decode step per batch size for each mode: eager, graph, compiled, auto
     (per-bucket choice, see runner/auto_compile.py) and gemm_only (the model's linear
-    layers alone, the floor a step cannot beat). ``profile_steps`` > 0: also the
-    kernels of the graph and compiled modes' replays, per step (``step_profile.py``). The runner
-    comes from ``decode_bench_runner`` or, tensor-parallel (no gemm_only, no profile:
-    they time the driver's kernels alone), ``tp_decode_bench_runner``; each timed step
-    there includes the broadcast of its inputs to the workers. On one GPU, a MoE model's
-    rows also count the experts each sparse layer's routing hits (``count_experts_hit``),
-    which the floor then reads instead of the uniform-routing expectation."""
-    batch_of = {b: synthetic_decode_batch(b, context_len, base.block_size, cfg.vocab_size) for b in batches}
+    layers alone, the floor a step cannot beat), and the bytes a step must read. Runs on a
+    rank's ModelRunner (``Executor.run_on_ranks``) of a ``decode_engine``. ``profile_steps``
+    > 0: also the kernels of the graph and compiled modes' replays, per step
+    (``step_profile.py``). A MoE model's rows also count the experts each sparse layer's
+    routing hits (``count_experts_hit``), which the floor then reads instead of the
+    uniform-routing expectation."""
+    cfg = runner.model_config
+    base = runner.config.replace(eager_mode=False)
+    per_seq = blocks_for(context_len + 1, base.block_size)
+    inputs_of = {b: runner.stage(synthetic_decode_batch(b, context_len, base.block_size, cfg.vocab_size)) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
-    if cfg.num_experts and isinstance(runner, ModelRunner):  # timed replays route these same tokens: count once
+    if cfg.num_experts:  # timed replays route these same tokens: count once
         for b in batches:
-            results[b].experts_hit = count_experts_hit(runner, runner.stage(batch_of[b]))
+            results[b].experts_hit = count_experts_hit(runner, inputs_of[b])
     for mode in modes:
         if mode == "gemm_only":
             for b in batches:
@@ -241,7 +166,8 @@ def bench_decode(
         graphs = None
         if mode != "eager":
             cfg_mode = base.replace(decode_compile={"graph": False, "compiled": True, "auto": "auto"}[mode])
-            graphs = runner.decode_variant(cfg_mode, per_seq)
+            graphs = DecodeGraphRunner(runner.model, cfg_mode, runner.device, per_seq, runner.policy, runner.tp)
+            graphs.capture_all()
         for b in batches:
             if graphs is not None:
                 info = graphs.info[b]
@@ -250,18 +176,16 @@ def bench_decode(
                 if b in graphs.decisions:
                     d = graphs.decisions[b]
                     results[b].auto_choice = f"{'compiled' if d.use_compiled else 'graph'}: {d.reason}"
-            inputs = runner.stage(batch_of[b])
-            results[b].ms[mode] = time_cuda(lambda: runner.logits_of(graphs, inputs), iters)
-            results[b].back_to_back_ms[mode] = time_back_to_back(lambda: runner.logits_of(graphs, inputs), iters, runner.device)
+            inputs = inputs_of[b]
+            step = (lambda: graphs.run(inputs)) if graphs is not None else (lambda: runner.raw_logits(inputs))
+            results[b].ms[mode] = time_cuda(step, iters)
+            results[b].back_to_back_ms[mode] = time_back_to_back(step, iters, runner.device)
             state = gpu_state(runner.device)
             if state is not None:
                 results[b].gpu_state[mode] = state
             if mode in ("graph", "compiled") and profile_steps:
-                results[b].profiles[mode] = profile_step(lambda: runner.logits_of(graphs, inputs), profile_steps,
-                                                         cfg.num_layers)
-        if graphs is not None:
-            runner.drop_variant(graphs)
-            del graphs
+                results[b].profiles[mode] = profile_step(step, profile_steps, cfg.num_layers)
+        del graphs
         if runner.device.type == "cuda":
             torch.cuda.empty_cache()
-    return [results[b] for b in batches]
+    return [results[b] for b in batches], ModelBytes.of(runner.model, cfg, runner.dtype)

@@ -36,109 +36,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
 from ingot.bench import report
-from ingot.bench.decode import DEFAULT_SHAPE, SHAPES, BucketTiming
+from ingot.bench.decode import BucketTiming
+from ingot.bench.floor import ModelBytes, copy_bandwidth, floor_fraction, floor_ms, tokens_per_s
 from ingot.config import DTYPES
+from ingot.loading.dummy import DEFAULT_SHAPE
 
 log = logging.getLogger(__name__)
 
 COMPILE_CHOICES = ("off", "on", "auto")
 COPY_BYTES = 1 << 30  # size of the bandwidth probe (each of source and destination)
-
-
-# ---------------------------------------------------------------------- floor math (pure)
-def expected_experts_hit(num_experts: int, top_k: int, batch: int) -> float:
-    """Distinct experts one sparse layer reads for ``batch`` tokens routed uniformly at random.
-
-    Each token picks ``top_k`` distinct experts of ``num_experts``, so it misses a given
-    expert with probability 1 - k/E, and all ``batch`` tokens miss it with (1 - k/E)^batch.
-    Qwen3-30B-A3B (128 experts, top-8): 8 at batch 1, 82.4 at batch 16, 128.0 at 256.
-    """
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
-
-
-@dataclass(frozen=True)
-class ModelBytes:
-    """What one decode step must read at least: the weights it uses, plus the batch's KV cache.
-
-    A dense step uses every weight. A mixture-of-experts step reads its dense part
-    (``weight_bytes``: attention, norms, routers, shared experts, dense layers, the
-    embedding table and the head) plus, in each sparse layer, the routed experts its
-    tokens hit. The experts hit are the expected number of distinct experts under
-    uniform random routing (``expected_experts_hit``), not counted from the benchmark's
-    own routing, unless ``hits`` are given: the distinct experts each sparse layer's
-    routing sent the timed step's tokens to (``bench_decode`` counts them; a trained router
-    concentrates tokens and hits fewer than uniform routing would). The embedding table
-    counts whole, as in the dense floor and in published active-parameter counts
-    (Qwen3-30B-A3B: 3.35B at batch 1), though a step gathers only its batch's rows.
-    """
-
-    weight_bytes: int  # every weight but the routed experts
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    kv_elem_size: int  # bytes per cached K or V element
-    expert_bytes: int = 0  # one routed expert of one layer: its gate, up and down projections
-    moe_layers: int = 0  # layers with routed experts
-    num_experts: int = 0
-    top_k: int = 0
-
-    def kv_bytes(self, batch: int, context_len: int) -> int:
-        """K and V of ``context_len`` cached tokens per sequence, every layer."""
-        return batch * context_len * self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv_elem_size
-
-    def experts_hit(self, batch: int, hits: Optional[Sequence[int]] = None) -> float:
-        """Distinct routed experts per sparse layer at ``batch`` tokens: the mean of the counted
-        ``hits`` (one per sparse layer), else the expectation under uniform routing (0 for dense models)."""
-        if not self.moe_layers:
-            return 0.0
-        if hits is not None:
-            return sum(hits) / len(hits)
-        return expected_experts_hit(self.num_experts, self.top_k, batch)
-
-    def weight_bytes_read(self, batch: int, hits: Optional[Sequence[int]] = None) -> float:
-        return self.weight_bytes + self.moe_layers * self.experts_hit(batch, hits) * self.expert_bytes
-
-    def step_bytes(self, batch: int, context_len: int, hits: Optional[Sequence[int]] = None) -> float:
-        return self.weight_bytes_read(batch, hits) + self.kv_bytes(batch, context_len)
-
-    @classmethod
-    def of(cls, model: Any, cfg: Any, dtype: Any) -> "ModelBytes":
-        """From a built model (unique parameters; tied weights count once) and its ModelConfig."""
-        import torch
-
-        from ingot.layers.fused_moe import FusedMoE
-
-        total = sum(p.numel() * p.element_size() for p in model.parameters())
-        elem = torch.empty((), dtype=dtype).element_size()
-        sparse = [m for m in model.modules() if isinstance(m, FusedMoE)]
-        if not sparse:
-            return cls(int(total), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
-        routed = sum(p.numel() * p.element_size() for m in sparse for p in m.parameters())
-        per_expert = routed // (len(sparse) * sparse[0].num_experts)
-        return cls(int(total - routed), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem,
-                   expert_bytes=int(per_expert), moe_layers=len(sparse), num_experts=sparse[0].num_experts,
-                   top_k=cfg.num_experts_per_tok)
-
-
-def copy_bandwidth(nbytes: int, ms: float) -> float:
-    """Bytes/s of a device-to-device copy of ``nbytes``: it reads them and writes them."""
-    return 2 * nbytes / (ms / 1e3)
-
-
-def floor_ms(
-    model_bytes: ModelBytes, batch: int, context_len: int, bandwidth: float, hits: Optional[Sequence[int]] = None
-) -> float:
-    """Milliseconds to move one step's minimum bytes at ``bandwidth`` bytes/s (``hits``: see ``ModelBytes``)."""
-    return model_bytes.step_bytes(batch, context_len, hits) / bandwidth * 1e3
-
-
-def floor_fraction(floor: float, step_ms: float) -> float:
-    """Fraction of the memory floor reached: 1.0 = the step runs at copy bandwidth."""
-    return floor / step_ms
-
-
-def tokens_per_s(batch: int, step_ms: float) -> float:
-    return batch / (step_ms / 1e3)
 
 
 # ---------------------------------------------------------------------- results
@@ -320,81 +226,46 @@ def measure_copy_bandwidth(device: Any, nbytes: int = COPY_BYTES, iters: int = 2
     return copy_bandwidth(nbytes, ms)
 
 
-def _load(args: argparse.Namespace, device: Any):
-    """(model, ModelConfig, dtype, source label): a checkpoint's real weights, or a random-weight shape."""
-    from ingot.bench.decode import build_shape
-    from ingot.models.loader import load_checkpoint
+def engine_config(args: argparse.Namespace) -> Any:
+    """The EngineConfig of the timed model: --model / --shape (default: the default shape), --tp."""
+    from ingot.engine_args import model_overrides
+    from ingot.config import EngineConfig
 
-    ckpt, cfg, dtype, label = _source(args, device)
-    if ckpt is not None:
-        max_position = min(args.context_len + 64, cfg.max_position_embeddings)
-        return load_checkpoint(ckpt, dtype, device, max_position, progress=not args.quiet), cfg, dtype, label
-    model, cfg = build_shape(args.shape or DEFAULT_SHAPE, dtype, device, args.context_len + 64)
-    return model, cfg, dtype, label
-
-
-def _source(args: argparse.Namespace, device: Any):
-    """(checkpoint or None for a random shape, its ModelConfig, dtype, source label)."""
-    from ingot.config import ConfigError
-    from ingot.loading.checkpoint import open_checkpoint
-    from ingot.loading.model_config import ModelConfig
-    from ingot.models.loader import resolve_dtype
-
-    if args.model is not None:
-        ckpt = open_checkpoint(args.model)
-        if args.context_len + 1 > ckpt.config.max_position_embeddings:
-            raise ConfigError(f"--context-len {args.context_len} does not fit the model's "
-                              f"{ckpt.config.max_position_embeddings} positions")
-        return ckpt, ckpt.config, resolve_dtype(args.dtype, device, ckpt.config.torch_dtype), args.model
-    shape = args.shape or DEFAULT_SHAPE
-    return None, ModelConfig.from_hf(SHAPES[shape]), resolve_dtype(args.dtype, device), f"shape {shape} (random weights)"
+    overrides = model_overrides(args)
+    overrides.setdefault("model", DEFAULT_SHAPE)
+    if "load_format" not in overrides and overrides["model"] == DEFAULT_SHAPE and args.model is None:
+        overrides["load_format"] = "dummy"
+    return EngineConfig.create(dtype=args.dtype, device=args.device, tensor_parallel_size=args.tp,
+                               show_progress=not args.quiet, **overrides)
 
 
-def _runner(args: argparse.Namespace, device: Any, config: Any):
-    """(runner, engine config, blocks per sequence, ModelConfig, dtype, label) of the timed model."""
-    from ingot.bench.decode import decode_bench_runner, tp_decode_bench_runner
-    from ingot.runner.model_source import CheckpointSource, RandomSource
-
-    if args.tp == 1:
-        model, cfg, dtype, label = _load(args, device)
-        base, runner, per_seq = decode_bench_runner(model, cfg, config, args.batch_sizes, args.context_len, dtype)
-        return runner, base, per_seq, cfg, dtype, label
-    _, cfg, dtype, label = _source(args, device)
-    source = CheckpointSource(args.model) if args.model is not None else RandomSource(SHAPES[args.shape or DEFAULT_SHAPE])
-    base, runner, per_seq = tp_decode_bench_runner(source, cfg, config.replace(tensor_parallel_size=args.tp),
-                                                   args.batch_sizes, args.context_len, dtype, device)
-    return runner, base, per_seq, cfg, dtype, f"{label}, tensor parallel over {args.tp}"
+def source_label(config: Any, tp: int) -> str:
+    """What the table's title calls the model."""
+    label = config.model if config.load_format != "dummy" else f"shape {config.model} (random weights)"
+    return label if tp == 1 else f"{label}, tensor parallel over {tp}"
 
 
 def run(args: argparse.Namespace, device: Any) -> DecodeBench:
     import torch
 
-    from ingot.bench.decode import bench_decode
-    from ingot.config import EngineConfig
+    from ingot.bench.decode import bench_decode, decode_engine, dtype_of
 
     modes = modes_for(args.decode_compile) + (["gemm_only"] if args.gemm_floor else [])
     if args.tp > 1 and (args.gemm_floor or args.profile or getattr(args, "compare_hf", False)):
         raise report.ReportError("--gemm-floor, --profile and --compare-hf time one GPU's kernels: run them without --tp")
-    if "compiled" in modes:
-        from ingot.runner.compile_options import supported
-
-        ok, why = supported()
-        if not ok:
-            print(f"ingot bench decode: compiled mode skipped: {why}", file=sys.stderr)
-            modes.remove("compiled")
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # CUDA events and copies run on the current device
     bandwidth = measure_copy_bandwidth(device)
-    config = EngineConfig.create(show_progress=not args.quiet)
-    runner, base, per_seq, cfg, dtype, source = _runner(args, device, config)
+    config = engine_config(args)
+    engine = decode_engine(config, args.batch_sizes, args.context_len)
     try:
-        rows = bench_decode(runner, base, per_seq, cfg, args.batch_sizes, args.context_len, modes, iters=args.iters,
-                            profile_steps=args.profile or 0)
-        model_bytes = ModelBytes.of(runner.model, runner.model_config, dtype)
+        rows, model_bytes = engine.executor.run_on_ranks(bench_decode, args.batch_sizes, args.context_len, modes,
+                                                         args.iters, args.profile or 0)
+        dtype = engine.executor.run_on_ranks(dtype_of)
     finally:
-        runner.close()
+        engine.close()
     bench = DecodeBench(
-        source=source,
+        source=source_label(config, args.tp),
         dtype=str(dtype).removeprefix("torch."),
         context_len=args.context_len,
         iters=args.iters,
@@ -406,7 +277,7 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
         env=report.env_info(),
         tensor_parallel_size=args.tp,
     )
-    del runner
+    del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
     if getattr(args, "compare_hf", False):
@@ -460,8 +331,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers, engine_args) -> None:
-    # Not engine_args: its --decode-compile is a flag, here it picks which modes to time.
+def add_parser(subparsers) -> None:
+    # Not add_engine_args: its --decode-compile is a flag, here it picks which modes to time.
     p = subparsers.add_parser(
         "decode",
         help="ms per decode step (eager, graph, compiled graph) per batch size, against the memory floor",
@@ -469,10 +340,9 @@ def add_parser(subparsers, engine_args) -> None:
                     "tokens/s, compiled-vs-graph speed-up and the fraction of the memory floor "
                     "(weights + KV read once at the measured copy bandwidth). Needs CUDA.",
     )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id: time it with its real weights")
-    src.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                     help=f"random-weight model of this shape (default {DEFAULT_SHAPE} when --model is not given)")
+    from ingot.engine_args import add_model_args
+
+    add_model_args(p.add_argument_group(f"model (default: --shape {DEFAULT_SHAPE})"))
     p.add_argument("--batch-sizes", type=report.positive_int_list, default=[1, 8, 32, 64, 256], metavar="N,N,...",
                    help="batch sizes to time (default 1,8,32,64,256)")
     p.add_argument("--context-len", type=report.positive_int, default=512, help="cached tokens per sequence (default 512)")

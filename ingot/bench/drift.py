@@ -18,10 +18,12 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
-from ingot.runner.kv_pool import blocks_for
 from ingot.runner.graph_runner import DecodeGraphRunner
-from ingot.runner.step_inputs import StepInputs
+from ingot.runner.kv_pool import blocks_for
+from ingot.runner.model_runner import ModelRunner
+from ingot.runner.step_inputs import HostStep, device_inputs, host_step
 from ingot.sampling_params import SamplingParams
 
 Mode = str  # "eager" | "graph" | "compiled"
@@ -67,46 +69,89 @@ def compare_free_running(mode: Mode, reference: Mode, bucket: int, got: list[lis
     return FreeRunning(mode, reference, bucket, sum(f is None for f in firsts), len(ref), same / max(total, 1), firsts)
 
 
+# Decode graphs of each mode, per process (every rank builds its own: ``Executor.run_on_ranks``).
+_VARIANTS: dict[int, Optional[DecodeGraphRunner]] = {}
+_ENGINE_GRAPHS = -1  # where the engine's own graphs wait while a mode serves
+
+
+def _build(runner: ModelRunner, vid: int, config: EngineConfig, max_blocks: int) -> bool:
+    """Capture mode ``vid``'s decode graphs on this rank; whether they replay a compiled forward."""
+    graphs = DecodeGraphRunner(runner.model, config, runner.device, max_blocks, runner.policy, runner.tp)
+    graphs.capture_all()
+    _VARIANTS[vid] = graphs
+    return graphs.compiled
+
+
+def _drop(runner: ModelRunner, vid: int) -> None:
+    _VARIANTS.pop(vid, None)
+    if runner.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _logits(runner: ModelRunner, host: HostStep, vids: list[Optional[int]]) -> list[torch.Tensor]:
+    """The staged step's logits replayed by each mode in turn (None: the raw forward), in fp32."""
+    inputs = device_inputs(host, runner.device)
+    out = []
+    for vid in vids:
+        graphs = _VARIANTS.get(vid) if vid is not None else None
+        logits = graphs.run(inputs) if graphs is not None else runner.raw_logits(inputs)
+        out.append(logits.float().clone())
+    return out
+
+
+def _serve_with(runner: ModelRunner, vid: Optional[int]) -> None:
+    """Engine steps decode with mode ``vid`` (None: eager); ``_ENGINE_GRAPHS`` restores the engine's own."""
+    if vid == _ENGINE_GRAPHS:
+        runner.graphs = _VARIANTS.pop(_ENGINE_GRAPHS, None)
+        return
+    if _ENGINE_GRAPHS not in _VARIANTS:
+        _VARIANTS[_ENGINE_GRAPHS] = runner.graphs
+    runner.graphs = _VARIANTS.get(vid) if vid is not None else None
+
+
 class DecodeModes:
-    """Builds one decode forward per mode on an engine's model and KV cache (through its
-    runner, so a tensor-parallel engine builds them on every rank)."""
+    """One decode forward per mode on an engine's model and KV cache, built on every rank
+    through ``Executor.run_on_ranks`` (so a tensor-parallel engine builds them on every rank)."""
 
     def __init__(self, engine: Engine, bucket: int) -> None:
         self.engine = engine
         self.bucket = bucket
-        self.runners: dict[Mode, Optional[DecodeGraphRunner]] = {"eager": None}
-        base = engine.config.replace(cudagraph_capture_sizes=(bucket,), max_num_seqs=max(bucket, engine.config.max_num_seqs))
+        self.ids: dict[Mode, Optional[int]] = {"eager": None}
+        base = engine.config.replace(cudagraph_capture_sizes=(bucket,), max_num_seqs=max(bucket, engine.config.max_num_seqs),
+                                     eager_mode=False, show_progress=False)
         max_blocks = blocks_for(engine.max_model_len, engine.config.block_size)
-        for mode, compile_on in (("graph", False), ("compiled", True)):
-            graphs = engine.runner.decode_variant(base.replace(decode_compile=compile_on, show_progress=False), max_blocks)
-            if compile_on and not graphs.compiled:
-                engine.runner.drop_variant(graphs)
-                continue  # compile unavailable here (CPU, old torch): skip the mode
-            self.runners[mode] = graphs
+        run = engine.executor.run_on_ranks
+        for vid, (mode, compile_on) in enumerate((("graph", False), ("compiled", True))):
+            compiled = run(_build, vid, base.replace(decode_compile=compile_on), max_blocks)
+            if compile_on and not compiled:
+                run(_drop, vid)
+                continue  # compile unavailable here (CPU): skip the mode
+            self.ids[mode] = vid
 
     @property
     def modes(self) -> list[Mode]:
-        return list(self.runners)
+        return list(self.ids)
 
-    def logits(self, mode: Mode, inputs: StepInputs) -> torch.Tensor:
-        return self.engine.runner.logits_of(self.runners[mode], inputs).float().clone()
+    def logits(self, modes: Sequence[Mode], host: HostStep) -> list[torch.Tensor]:
+        """Each mode's logits of the step, in the order given."""
+        return self.engine.executor.run_on_ranks(_logits, host, [self.ids[m] for m in modes])
 
     @contextlib.contextmanager
     def serving(self, mode: Mode) -> Iterator[None]:
         """Let the engine's own step loop decode with ``mode``."""
-        saved = self.engine.runner.graphs
-        self.engine.runner.graphs = self.runners[mode]
+        run = self.engine.executor.run_on_ranks
+        run(_serve_with, self.ids[mode])
         try:
             yield
         finally:
-            self.engine.runner.graphs = saved
+            run(_serve_with, _ENGINE_GRAPHS)
 
     def close(self) -> None:
         """Free the modes' graphs."""
-        for graphs in self.runners.values():
-            if graphs is not None:
-                self.engine.runner.drop_variant(graphs)
-        self.runners = {"eager": None}
+        for vid in self.ids.values():
+            if vid is not None:
+                self.engine.executor.run_on_ranks(_drop, vid)
+        self.ids = {"eager": None}
 
 
 def _prefill(engine: Engine, prompts: list[list[int]], steps: int) -> list:
@@ -145,9 +190,8 @@ def _teacher_forced_group(modes, prompts, steps, reference, others, agree, rel, 
     for _ in range(steps):
         batch = engine.scheduler.schedule()
         assert batch is not None and not batch.is_prefill and len(batch.seqs) == len(seqs)
-        inputs = engine.runner.stage(batch)
-        got = {m: modes.logits(m, inputs) for m in others}
-        ref = modes.logits(reference, inputs)  # last: the cache keeps the reference's K/V
+        *logits, ref = modes.logits([*others, reference], host_step(batch, engine.config.block_size))
+        got = dict(zip(others, logits))  # the reference ran last: the cache keeps its K/V
         tokens = ref.argmax(-1)
         ref_lp = torch.log_softmax(ref, -1)
         for m, lg in got.items():

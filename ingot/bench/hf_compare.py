@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ingot.bench.decode import DEFAULT_SHAPE
+from ingot.loading.dummy import DEFAULT_SHAPE
 
 HF_MODE = "hf_static_compiled"  # the mode name in the table / JSON
 HF_RECIPE = 'transformers StaticCache + torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)'
@@ -87,7 +87,7 @@ def model_type_for(architecture: str) -> str:
 
 def hf_config_for_shape(shape: str):
     """The transformers config of a benchmark shape (``SHAPES[shape]``, its ``architectures`` giving the model type)."""
-    from ingot.bench.decode import SHAPES
+    from ingot.loading.dummy import SHAPES
 
     transformers = require_transformers()
     fields = dict(SHAPES[shape])

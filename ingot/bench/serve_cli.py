@@ -1,13 +1,9 @@
 """`ingot bench serve`: end-to-end throughput and latency on a synthetic workload.
 
 For each decode-compile mode: build one engine, run one small warm-up request,
-then ``--repeat`` rounds; a round runs the workload (see ingot/bench/serve.py)
-once per serving setting (prefix caching x overlap scheduling), switched on that
-same engine (``Engine.set_serving_options``) with the prefix cache emptied before
-every run. Interleaved rounds on one engine compare settings under the same
-noise: on a shared GPU host separate runs differ by up to 40%. Each setting
-reports its median round. Print a table and optionally write every number, the
-workload and the environment as JSON. With ``--url``, the same workload goes
+then ``--repeat`` rounds of the workload (see ingot/bench/serve.py), the prefix
+cache emptied before every round; the median round is reported. Print a table
+and optionally write every number, the workload and the environment as JSON. With ``--url``, the same workload goes
 over HTTP to a running OpenAI-compatible server (``ingot serve`` or any other;
 see ingot/bench/http_serve.py) instead.
 """
@@ -23,7 +19,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
 from ingot.config import DTYPES
 
@@ -31,30 +27,6 @@ log = logging.getLogger(__name__)
 
 # --compile-modes names -> EngineConfig.decode_compile
 MODES = {"off": False, "on": True, "auto": "auto"}
-# --prefix-caching / --overlap-scheduling names -> EngineConfig.enable_prefix_caching / overlap_scheduling
-ON_OFF = {"on": True, "off": False}
-T = TypeVar("T")
-
-
-class Setting(NamedTuple):
-    """One serving setting to compare on an engine: "on" / "off" for each option."""
-
-    prefix_caching: str
-    overlap_scheduling: str
-
-    def options(self) -> dict[str, bool]:
-        """As EngineConfig fields (``LLM(...)`` and ``Engine.set_serving_options`` take them)."""
-        return {"enable_prefix_caching": ON_OFF[self.prefix_caching],
-                "overlap_scheduling": ON_OFF[self.overlap_scheduling]}
-
-    @property
-    def label(self) -> str:
-        return f"prefix cache {self.prefix_caching}, overlap {self.overlap_scheduling}"
-
-
-def settings_of(args: argparse.Namespace) -> list[Setting]:
-    """Every (prefix caching, overlap scheduling) pair asked for, prefix caching outermost."""
-    return [Setting(c, o) for c in args.prefix_caching for o in args.overlap_scheduling]
 
 
 def _range_arg(text: str) -> tuple[int, int]:
@@ -107,8 +79,10 @@ def _names_arg(choices: dict[str, Any]):
 _modes_arg = _names_arg(MODES)
 
 
-def add_parser(subparsers, engine_args) -> None:
-    # engine_args is not used: its --decode-compile is an on/off flag, here it picks modes to compare.
+def add_parser(subparsers) -> None:
+    # Not add_engine_args: its --decode-compile is an on/off flag, here it picks modes to compare.
+    from ingot.engine_args import add_model_args
+
     p = subparsers.add_parser(
         "serve",
         help="end-to-end throughput and latency (TTFT, ITL) on a synthetic workload",
@@ -129,12 +103,7 @@ def add_parser(subparsers, engine_args) -> None:
                         "once the previous turn has finished")
     w.add_argument("--turns", type=_range_arg, default=None, metavar="LOW-HIGH", help="turns per conversation, multi-turn only (default 2-6)")
     g = p.add_argument_group("model and engine")
-    src = g.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id; default: SmolLM2-135M-Instruct")
-    src.add_argument("--shape", choices=sorted(_shapes()), default=None,
-                     help="a random-weight model of this shape instead (no checkpoint needed; max_model_len 4096 unless given)")
-    g.add_argument("--tokenizer", default=None, metavar="MODEL",
-                   help="with --shape: this model's tokenizer and vocabulary ('default': the default model's) instead of token-id words")
+    add_model_args(g)
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA, fp32 on CPU")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--max-model-len", type=int, default=None, help="context length; default: the model's")
@@ -144,26 +113,16 @@ def add_parser(subparsers, engine_args) -> None:
         "--compile-modes", "--decode-compile", dest="compile_modes", type=_modes_arg, nargs="?", const=["on"], default=["off"],
         metavar="MODES", help="decode-compile modes to run, comma-separated from off,on,auto (default off; alone: on). Compile only applies on CUDA",
     )
-    g.add_argument("--prefix-caching", dest="prefix_caching", type=_names_arg(ON_OFF), default=["on"], metavar="MODES",
-                   help="automatic prefix caching settings to run, comma-separated from on,off (default on; on,off compares both)")
-    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=["off"], help="same as --prefix-caching off")
-    g.add_argument("--overlap-scheduling", dest="overlap_scheduling", type=_names_arg(ON_OFF), default=["on"], metavar="MODES",
-                   help="overlap scheduling settings to run (on: step n+1 is queued before step n is read back), "
-                        "comma-separated from on,off (default on; on,off compares both)")
-    g.add_argument("--no-overlap-scheduling", dest="overlap_scheduling", action="store_const", const=["off"],
-                   help="same as --overlap-scheduling off")
+    g.add_argument("--no-prefix-caching", action="store_true", help="recompute every prompt (no automatic prefix caching)")
+    g.add_argument("--no-overlap-scheduling", action="store_true",
+                   help="read each step back before queuing the next (default: step n+1 is queued before step n is read back)")
     g.add_argument("--prefill-wave-tokens", type=int, default=None, metavar="N",
                    help="while decoding, admit waiting prompts once they add up to N tokens (default: the engine's, 0 = at once)")
     g.add_argument("--repeat", type=_positive_arg, default=1, metavar="N",
-                   help="rounds (default 1): each compile mode builds ONE engine, and each round runs the workload once "
-                        "per --prefix-caching x --overlap-scheduling setting on it, interleaved, the prefix cache emptied "
-                        "before every run. Separate runs on a shared GPU host differ by up to 40%%, which hides small "
-                        "differences; interleaved rounds share the noise (odd rounds run the settings in reverse order). "
-                        "A setting reports its round of median duration (the shorter middle one for an even N) and, "
-                        "with several settings, the median over rounds of its duration over the first setting's in the "
-                        "same round; the table lists every round's duration in round order, the JSON every round's "
-                        "summary under 'rounds'. Local engine only (not with --url: a server's prefix cache cannot be "
-                        "emptied between rounds)")
+                   help="rounds of the workload on each compile mode's one engine, the prefix cache emptied before every "
+                        "round (default 1); the median round is reported (the shorter middle one for an even N), every "
+                        "round's duration in the table and its summary under 'rounds' in the JSON. Local engine only (not "
+                        "with --url: a server's prefix cache cannot be emptied between rounds)")
     g.add_argument("--warmup-rounds", type=_count_arg, default=0, metavar="N",
                    help="rounds run before the --repeat rounds and not counted (default 0): a GPU's first full run "
                         "also builds attention plans and grows the memory pool; listed under 'warmup_rounds' in the JSON")
@@ -181,33 +140,22 @@ def add_parser(subparsers, engine_args) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def _shapes() -> list[str]:
-    from ingot.bench.decode import SHAPES
-
-    return list(SHAPES)
-
-
-def build_engine(args: argparse.Namespace, decode_compile: Any, setting: Setting):
-    """The engine to benchmark: the checkpoint of --model, or a random model of --shape."""
-    kw = llm_kwargs(args, decode_compile, setting)
-    if args.shape:
-        from ingot.bench.random_engine import random_engine
-        from ingot.config import EngineConfig
-
-        return random_engine(args.shape, EngineConfig.create(**kw))
+def build_engine(args: argparse.Namespace, decode_compile: Any):
+    """The engine to benchmark: --model's checkpoint, or --shape's random weights."""
     from ingot.llm import LLM
 
-    return LLM(args.model, **kw).engine
+    return LLM(**llm_kwargs(args, decode_compile)).engine
 
 
-def llm_kwargs(args: argparse.Namespace, decode_compile: Any, setting: Setting) -> dict[str, Any]:
+def llm_kwargs(args: argparse.Namespace, decode_compile: Any) -> dict[str, Any]:
     """The one place that turns parsed options into ``LLM(...)`` keyword arguments."""
+    from ingot.engine_args import model_overrides
+
     kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "decode_compile": decode_compile,
-                          **setting.options()}
+                          "enable_prefix_caching": not args.no_prefix_caching,
+                          "overlap_scheduling": not args.no_overlap_scheduling, **model_overrides(args)}
     if getattr(args, "prefill_wave_tokens", None) is not None:
         kw["prefill_wave_tokens"] = args.prefill_wave_tokens
-    if getattr(args, "tokenizer", None):
-        kw["tokenizer"] = args.tokenizer
     if args.max_model_len:
         kw["max_model_len"] = args.max_model_len
     if args.max_num_seqs:
@@ -237,6 +185,10 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import ingot
+    from ingot.bench.decode import dtype_of
+
+    device = eng.executor.device
+    model = args.shape or args.model or "default (SmolLM2-135M-Instruct)"
 
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -244,94 +196,68 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "device": str(eng.device),
-        "device_name": device_name(eng.device),
+        "device": str(device),
+        "device_name": device_name(device),
         "cpu_threads": torch.get_num_threads(),
-        "model": f"random weights, {args.shape} shape" if args.shape else (args.model or "default (SmolLM2-135M-Instruct)"),
+        "model": f"random weights, {model}" if eng.config.load_format == "dummy" else model,
         "architecture": eng.model_config.architecture,
-        "dtype": str(eng.dtype).removeprefix("torch."),
+        "dtype": str(eng.executor.run_on_ranks(dtype_of)).removeprefix("torch."),
         "max_model_len": eng.max_model_len,
         "max_num_seqs": eng.config.max_num_seqs,
         "eager": eng.config.eager_mode,
     }
 
 
-def round_order(settings: list[T], r: int) -> list[T]:
-    """The settings (or any runs to compare) in the order round ``r`` runs them: as given in even rounds, reversed in
-    odd ones, so over two rounds every setting runs as often early as late in a round (a
-    machine that drifts within a round, or a run slowed by the one before it, does not
-    favour the setting that always comes first)."""
-    return list(settings) if r % 2 == 0 else list(reversed(settings))
-
-
-def paired_ratio(runs: list, first: list) -> float:
-    """Median over rounds of a setting's duration over the first setting's in the same
-    round: the runs of one round share the machine's state, so their ratio is steadier
-    than a ratio of medians taken from different rounds."""
-    import statistics
-
-    return statistics.median(m.duration_s / f.duration_s for m, f in zip(runs, first))
-
-
-def run_mode(args: argparse.Namespace, workload, mode: str, console, settings: list[Setting],
-             repeat: int = 1, warmup_rounds: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Build one engine for a compile mode (configured as ``settings[0]``), warm it up once,
-    run ``warmup_rounds`` rounds that are not counted, then ``repeat`` rounds of the
-    workload, each once per setting in ``round_order``, switched on that engine with the
-    prefix cache emptied before every run (a round never hits an earlier round's prompts):
-    (one result per setting, its median round; environment)."""
+def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int = 1,
+             warmup_rounds: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Build one engine for a compile mode, warm it up once, run ``warmup_rounds`` rounds
+    that are not counted, then ``repeat`` rounds of the workload, the prefix cache emptied
+    before every round (a round never hits an earlier round's prompts): (the result, its
+    median round; environment)."""
     from ingot.bench.serve import check_fits, make_requests, median_round, round_summary, run_workload, warm_up
     from ingot.engine.heap import freeze_heap, unfreeze_heap
 
     say = (lambda *a: None) if args.quiet else console.print
     say(f"[bold]decode-compile {mode}[/]: loading the model")
     t0 = time.perf_counter()
-    eng = build_engine(args, MODES[mode], settings[0])
+    eng = build_engine(args, MODES[mode])
     load_s = time.perf_counter() - t0
+    device = eng.executor.device
     try:
-        if mode != "off" and eng.device.type != "cuda":
-            console.print(f"[yellow]note[/]: decode compile only applies on CUDA; on {eng.device} decode runs uncompiled, as with off")
+        if mode != "off" and device.type != "cuda":
+            console.print(f"[yellow]note[/]: decode compile only applies on CUDA; on {device} decode runs uncompiled, as with off")
         requests = make_requests(workload, eng.model_config.vocab_size)
         check_fits(requests, eng.max_model_len)
         warmup_s = warm_up(eng)
         say(f"warm-up {warmup_s:.2f} s")
         freeze_heap()  # as the engine and server processes do once started (ingot/engine/heap.py)
-        runs: dict[Setting, list] = {s: [] for s in settings}
+        runs = []
         total = warmup_rounds + repeat
         for r in range(total):
-            for setting in round_order(settings, r):
-                eng.set_serving_options(**setting.options())
-                emptied = eng.reset_prefix_cache()
-                assert emptied, "the engine is idle between runs"
-                rounds = f"round {r + 1}/{total}{' (warm-up)' if r < warmup_rounds else ''}, " if total > 1 else ""
-                say(f"[bold]{rounds}{setting.label}[/]: running {len(requests)} requests")
-                runs[setting].append(_run_with_progress(eng, requests, args.quiet, console, run_workload))
-        first = runs[settings[0]][warmup_rounds:]
-        results = []
-        for setting, metrics in runs.items():
-            warm, counted = metrics[:warmup_rounds], metrics[warmup_rounds:]
-            k = median_round(counted)
-            result = {"mode": mode, "prefix_caching": setting.prefix_caching, "overlap_scheduling": setting.overlap_scheduling,
-                      "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(counted[k])}
-            if repeat > 1:
-                result["median_round"] = k
-                result["rounds"] = [round_summary(m) for m in counted]
-                if len(settings) > 1:
-                    result["duration_vs_first"] = paired_ratio(counted, first)
-            if warm:
-                result["warmup_rounds"] = [round_summary(m) for m in warm]
-            results.append(result)
+            emptied = eng.reset_prefix_cache()
+            assert emptied, "the engine is idle between runs"
+            rounds = f"round {r + 1}/{total}{' (warm-up)' if r < warmup_rounds else ''}: " if total > 1 else ""
+            say(f"[bold]{rounds}[/]running {len(requests)} requests")
+            runs.append(_run_with_progress(eng, requests, args.quiet, console, run_workload))
+        warm, counted = runs[:warmup_rounds], runs[warmup_rounds:]
+        k = median_round(counted)
+        result = {"mode": mode, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(counted[k])}
+        if repeat > 1:
+            result["median_round"] = k
+            result["rounds"] = [round_summary(m) for m in counted]
+        if warm:
+            result["warmup_rounds"] = [round_summary(m) for m in warm]
         env = environment(eng, args)
     finally:
-        device = eng.device
         unfreeze_heap()  # the engine's reference cycles must be reclaimable before the next one
+        eng.close()
         del eng
         gc.collect()
         if device.type == "cuda":
             import torch
 
             torch.cuda.empty_cache()
-    return results, env
+    return result, env
 
 
 def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -360,9 +286,9 @@ def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str
 
 def _vocab_of(model) -> int:
     """Vocabulary size of ``model``'s tokenizer ('default' or None: the default model)."""
-    from ingot.loading.checkpoint import open_checkpoint
+    from ingot.loading.checkpoint import open_tokenizer
 
-    return open_checkpoint(None if model in (None, "default") else model).tokenizer.vocab_size
+    return open_tokenizer(model or "default").vocab_size
 
 
 def _run_with_progress(eng, requests, quiet: bool, console, run_workload):
@@ -403,9 +329,7 @@ def render_table(results: list[dict[str, Any]]):
     table = Table()
     table.add_column("metric")
     for r in results:
-        # not over HTTP
-        setting = f", prefix cache {r['prefix_caching']}, overlap {r['overlap_scheduling']}" if "prefix_caching" in r else ""
-        table.add_column(f"compile {r['mode']}{setting}", justify="right")
+        table.add_column(f"compile {r['mode']}", justify="right")
     rows: list[tuple[str, Any]] = [
         ("duration (s)", lambda r: _fmt(r["duration_s"], 2)),
         ("requests/s", lambda r: _fmt(r["request_throughput"], 2)),
@@ -429,8 +353,6 @@ def render_table(results: list[dict[str, Any]]):
     ]
     if any("rounds" in r for r in results):
         rows.append(("rounds", _rounds_cell))
-    if any("duration_vs_first" in r for r in results):
-        rows.append(("duration / first setting's (median of rounds)", lambda r: _fmt(r.get("duration_vs_first"), 3)))
     for i, (name, cell) in enumerate(rows):
         table.add_row(name, *[cell(r) for r in results], end_section=i in ends)
     return table
@@ -469,8 +391,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             result, env = run_http_mode(args, workload, err)
             results.append(result)
         for mode in [] if args.url else args.compile_modes:
-            mode_results, env = run_mode(args, workload, mode, err, settings_of(args), args.repeat, args.warmup_rounds)
-            results += mode_results
+            result, env = run_mode(args, workload, mode, err, args.repeat, args.warmup_rounds)
+            results.append(result)
     except WorkloadError as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)
         return 2

@@ -22,10 +22,11 @@ from typing import Any, AsyncIterator, Callable, Optional, Protocol
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineLoop
-from ingot.engine.engine_process import EngineFactory, EngineProcessClient
+from ingot.engine.engine_process import EngineProcessClient
 from ingot.engine.outputs import Accumulator
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt
 from ingot.engine.stats import EngineInfo, EngineStats
+from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.tokenizer import Tokenizer
 from ingot.outputs import RequestOutput
 from ingot.sampling_params import SamplingParams
@@ -151,7 +152,7 @@ class RequestGroup:
 
 class AsyncLLM:
     """An engine shared by coroutines. ``AsyncLLM(engine)`` runs it in a thread;
-    ``AsyncLLM.in_process(factory, config, tokenizer)`` in a child process."""
+    ``AsyncLLM.in_process(config)`` in a child process."""
 
     def __init__(self, engine: Engine) -> None:
         self._init(ThreadBackend(engine), engine.tokenizer)
@@ -165,14 +166,15 @@ class AsyncLLM:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncLLM":
-        return cls(Engine.from_config(config))
+        return cls(Engine(config))
 
     @classmethod
-    def in_process(cls, factory: EngineFactory, config: EngineConfig, tokenizer: Tokenizer) -> "AsyncLLM":
-        """The engine ``factory(config)`` builds, run in a child process; ``tokenizer`` must be
-        the one that engine uses (requests are tokenized here)."""
+    def in_process(cls, config: EngineConfig) -> "AsyncLLM":
+        """``Engine(config)``, run in a child process; requests are tokenized here, with the
+        same tokenizer (opened without the weights)."""
+        tokenizer = open_checkpoint(config.model, config.tokenizer, config.load_format).tokenizer
         llm = cls.__new__(cls)
-        llm._init(EngineProcessClient(factory, config), tokenizer)
+        llm._init(EngineProcessClient(config), tokenizer)
         return llm
 
     @property

@@ -29,13 +29,11 @@ from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
-from ingot.models.loader import device_memory, load_checkpoint, resolve_device, resolve_dtype
 from ingot.outputs import RequestOutput
 from ingot.runner.batch import ScheduledBatch
+from ingot.runner.executor import Executor, create_executor
 from ingot.runner.kv_pool import blocks_for
-from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
-from ingot.runner.model_source import CheckpointSource
-from ingot.runner.sampler import make_generator
+from ingot.runner.model_runner import LaunchedStep, TokenFeed
 from ingot.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -46,28 +44,33 @@ _GOLDEN = 0x9E3779B97F4A7C15  # spreads the seeds of a request's n samples
 
 
 class Engine:
-    def __init__(
-        self,
-        config: EngineConfig,
-        model: torch.nn.Module,
-        model_config: ModelConfig,
-        tokenizer: Tokenizer,
-        device: torch.device,
-        dtype: torch.dtype,
-        max_model_len: int,
-        runner: Optional[ModelRunner] = None,
-    ) -> None:
-        config = config.for_device(device_memory(device))  # the device's defaults (max_num_seqs), before the runner and scheduler
-        self.config = config
+    """The one way to build an engine: ``Engine(config)`` opens the model, loads it through
+    an executor (one device or a tensor-parallel group), sizes and allocates the KV pool and
+    captures the decode graphs."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        ckpt = open_checkpoint(config.model, config.tokenizer, config.load_format)
+        mcfg = ckpt.config
+        max_model_len = config.max_model_len or ckpt.max_model_len or mcfg.max_position_embeddings
+        if mcfg.sliding_window is not None and mcfg.sliding_window < max_model_len:
+            raise ConfigError(
+                f"{mcfg.architecture} uses a sliding attention window of {mcfg.sliding_window} tokens, "
+                f"which ingot does not implement yet; pass max_model_len={mcfg.sliding_window} (or less)"
+            )
+        self.executor: Executor = create_executor(config, ckpt, max_model_len)
+        try:
+            self._start(self.executor.config, mcfg, ckpt.tokenizer, max_model_len)
+        except BaseException:
+            self.executor.close()
+            raise
+
+    def _start(self, config: EngineConfig, model_config: ModelConfig, tokenizer: Tokenizer, max_model_len: int) -> None:
+        self.config = config  # the device's defaults (max_num_seqs) resolved
         self.model_config = model_config
         self.tokenizer = tokenizer
-        self.device = device
-        self.dtype = dtype
         self.eos_token_ids = tuple(dict.fromkeys([*model_config.eos_token_ids, *tokenizer.eos_token_ids]))
-        # a tensor-parallel engine gets its runner built (TensorParallelRunner.start)
-        self.runner = runner if runner is not None else ModelRunner(model, model_config, config, device, dtype)
-        num_blocks = self.runner.num_kv_blocks()
-        self.runner.allocate_kv_cache(num_blocks)
+        num_blocks = self.executor.num_kv_blocks()
+        self.executor.allocate_kv_cache(num_blocks)
         blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if max_model_len > blocks.capacity_tokens:
             if config.max_model_len is not None:
@@ -79,7 +82,7 @@ class Engine:
             max_model_len = blocks.capacity_tokens
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
-        self.runner.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
+        self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
@@ -87,29 +90,9 @@ class Engine:
         self.prompt_tokens = 0  # admitted, since start
         self.generation_tokens = 0  # sampled, since start
 
-    @classmethod
-    def from_config(cls, config: EngineConfig) -> "Engine":
-        ckpt = open_checkpoint(config.model, config.tokenizer)
-        device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device, ckpt.config.torch_dtype)
-        mcfg = ckpt.config
-        max_len = config.max_model_len or mcfg.max_position_embeddings
-        if mcfg.sliding_window is not None and mcfg.sliding_window < max_len:
-            raise ConfigError(
-                f"{mcfg.architecture} uses a sliding attention window of {mcfg.sliding_window} tokens, "
-                f"which ingot does not implement yet; pass max_model_len={mcfg.sliding_window} (or less)"
-            )
-        if config.tensor_parallel_size > 1:
-            from ingot.runner.tp_runner import start_tensor_parallel
-
-            runner = start_tensor_parallel(config, CheckpointSource(config.model), mcfg, device, dtype, max_len)
-            return cls(config, runner.model, mcfg, ckpt.tokenizer, runner.device, dtype, max_len, runner=runner)
-        model = load_checkpoint(ckpt, dtype, device, max_len, progress=config.show_progress)
-        return cls(config, model, mcfg, ckpt.tokenizer, device, dtype, max_len)
-
     def close(self) -> None:
-        """Release the runner's processes (tensor-parallel workers); the engine is unusable after."""
-        self.runner.close()
+        """Release the executor's processes (tensor-parallel workers); the engine is unusable after."""
+        self.executor.close()
 
     # ------------------------------------------------------------------ requests
     def new_request_id(self) -> str:
@@ -141,7 +124,7 @@ class Engine:
         p = request.params
         seqs = []
         for i in range(p.n):
-            gen = make_generator((p.seed + i * _GOLDEN), self.device) if p.seed is not None else None
+            gen = self.executor.generator(p.seed + i * _GOLDEN) if p.seed is not None else None
             detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens)
             # samples 2..n wait until sample 1 has computed (and cached) the shared prompt
             seq = Sequence(request.request_id, request.prompt, request.prompt_token_ids, p, detok, gen, index=i,
@@ -248,30 +231,6 @@ class Engine:
             return False
         return self.scheduler.blocks.reset_cache()
 
-    def set_serving_options(
-        self, *, enable_prefix_caching: Optional[bool] = None, overlap_scheduling: Optional[bool] = None
-    ) -> None:
-        """Change settings that shape no tensor and no graph, on an idle engine (None keeps
-        one as it is), so one engine can compare them (``ingot bench serve --repeat``).
-        Switching prefix caching empties the cache. RuntimeError while requests are in flight."""
-        if not self._settle_idle():
-            raise RuntimeError(
-                f"cannot change serving options while {len(self.requests)} request(s) are in flight; "
-                "wait until the engine is idle"
-            )
-        changes = {name: value for name, value in (("enable_prefix_caching", enable_prefix_caching),
-                                                   ("overlap_scheduling", overlap_scheduling)) if value is not None}
-        for name, value in changes.items():
-            if not isinstance(value, bool):
-                raise ConfigError(f"{name} must be True or False, got {value!r}", name)
-        config = self.config.replace(**changes)  # validated again (EngineConfig.__post_init__)
-        blocks = self.scheduler.blocks
-        if config.enable_prefix_caching != blocks.caching:
-            emptied = blocks.reset_cache()
-            assert emptied, "an idle engine holds no block"
-            blocks.caching = config.enable_prefix_caching
-        self.config = config  # overlap_scheduling is read from here at every step
-
     def _settle_idle(self) -> bool:
         """Is no request in flight? If so, a step still queued for requests that have all
         ended (overlap: launched before a stop was read back) is read back first, so nothing
@@ -295,7 +254,7 @@ class Engine:
             if any(i >= 0 for i in src):
                 feed = TokenFeed(prev.step.tokens, src)
         try:
-            step = self.runner.launch(batch, self.eos_token_ids, feed)
+            step = self.executor.launch(batch, self.eos_token_ids, feed)
         except Exception as exc:  # the forward itself failed: these requests fail, the engine goes on
             log.exception("a step of %d sequences failed", len(batch.seqs))
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")

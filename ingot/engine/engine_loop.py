@@ -25,7 +25,6 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
-import torch
 
 from ingot.engine.engine import Engine
 from ingot.engine.request import EngineRequest, RequestError
@@ -60,8 +59,6 @@ class EngineLoop:
         self._inbox: deque[tuple[str, Any, Any]] = deque()
         self._sinks: dict[str, OutputSink] = {}
         self._thread: Optional[threading.Thread] = None
-        # the GPU of an engine whose device names none: the constructing thread's current one
-        self._cuda_index = torch.cuda.current_device() if engine.device.type == "cuda" else None
         self._stopping = False
         self._dead: Optional[str] = None  # why the loop stopped, once it has
 
@@ -135,15 +132,9 @@ class EngineLoop:
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
 
-    def _bind_device(self) -> None:
-        """Make the engine's GPU this thread's current device (a new thread starts on GPU 0)."""
-        device = self.engine.device
-        if device.type == "cuda":
-            torch.cuda.set_device(device if device.index is not None else self._cuda_index)
-
     def _run(self) -> None:
         try:
-            self._bind_device()
+            self.engine.executor.make_current()  # a new thread starts on GPU 0
             while True:
                 with self._cv:
                     while not self._inbox and not self._sinks and not self._stopping:

@@ -33,7 +33,6 @@ from ingot.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[[EngineConfig], Engine]
 
 
 class EngineStartError(RuntimeError):
@@ -68,12 +67,12 @@ class _PipeSink:
                 self.conn.send_bytes(pickle.dumps(("outputs", tuple(stats.__dict__.values()), batch), protocol=5))
 
 
-def child_main(factory: EngineFactory, config: EngineConfig, commands: Any, outputs: Any) -> None:
+def child_main(config: EngineConfig, commands: Any, outputs: Any) -> None:
     """The engine process: build, announce, serve commands until told to stop or orphaned."""
     logging.basicConfig(level=logging.WARNING if not config.show_progress else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        engine = factory(config)
+        engine = Engine(config)
     except BaseException:
         outputs.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
         return
@@ -132,12 +131,12 @@ def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
 class EngineProcessClient:
     """Starts the engine process and talks to it from one asyncio event loop."""
 
-    def __init__(self, factory: EngineFactory, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         ctx = multiprocessing.get_context("spawn")  # CUDA must not be forked
         cmd_recv, self._cmd = ctx.Pipe(duplex=False)
         self._out, out_send = ctx.Pipe(duplex=False)
         widen_pipe(out_send.fileno())
-        self.proc = ctx.Process(target=child_main, args=(factory, config, cmd_recv, out_send), name="ingot-engine",
+        self.proc = ctx.Process(target=child_main, args=(config, cmd_recv, out_send), name="ingot-engine",
                                 daemon=True)
         self.proc.start()
         cmd_recv.close()

@@ -16,9 +16,8 @@ the all-reduce adds it once.
 
 Inputs of at most ``policy.skinny_rows`` rows (decode batches; 0 = never) go
 through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead of
-``F.linear``; the model runner sets the row limit from
-``EngineConfig.skinny_gemm_max_rows`` in the policy it gives each forward
-(``layers/policy.py``). On that path ``norm_linear`` and ``silu_mul_linear``
+``F.linear``; the model runner sets the row limit (1 with the Triton kernels,
+else 0) in the policy it gives each forward (``layers/policy.py``). On that path ``norm_linear`` and ``silu_mul_linear``
 also fold the RMSNorm or SiLU-and-mul in front of a projection into the GEMV's
 load of its input (one launch instead of two), unless the policy keeps that op
 native; ``norm_linear_scaled`` also hands the normed input on, in two factors, to

@@ -76,12 +76,13 @@ def generation_eos_ids(path: Path) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos or [])
 
 
-def download_from_hub(repo_id: str) -> Path:
-    """Fetch a hub model (weights, configs, tokenizer) into the HF cache."""
+def download_from_hub(repo_id: str, weights: bool = True) -> Path:
+    """Fetch a hub model (configs, tokenizer and, with ``weights``, the weights) into the HF cache."""
     from huggingface_hub import snapshot_download
 
+    patterns = HUB_PATTERNS if weights else [p for p in HUB_PATTERNS if p != "*.safetensors"]
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as exc:  # offline, unknown repo, auth...
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = "HF_HUB_OFFLINE=1 is set" if offline else "the hub could not be reached or the repo does not exist"

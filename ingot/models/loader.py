@@ -1,4 +1,4 @@
-"""Build a model on its device and fill it: from a checkpoint, or randomly (benchmarks)."""
+"""Build a model on its device and fill it: from a checkpoint, or randomly (``load_format="dummy"``)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ def load_checkpoint(
     ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_position: int, progress: bool = True,
     tp: TensorParallel = SINGLE,
 ) -> nn.Module:
-    """The model filled from ``ckpt``; under tensor parallelism only this rank's part of each
-    tensor is read (``model.checkpoint_slice``)."""
+    """The model filled from ``ckpt`` (seeded random weights when it has none); under tensor
+    parallelism only this rank's part of each tensor is read (``model.checkpoint_slice``)."""
     model = build_model(ckpt.config, dtype, device, max_position, tp)
+    if ckpt.weights is None:
+        return init_random(model)
     select = model.checkpoint_slice if tp.enabled else None
     weights = tqdm(ckpt.weights(dtype, select), total=ckpt.num_tensors, desc="Loading weights", unit=" tensors",
                    disable=not progress, leave=False)

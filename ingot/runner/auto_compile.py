@@ -19,6 +19,9 @@ import torch
 
 # Relative spread (of the median) always assumed, even when repeated timings agree.
 MIN_NOISE = 0.01
+# The largest probe relative logit error a compiled bucket may show (with the default opaque
+# op policy compiled decode is bitwise equal to the graph; a native op policy drifts more).
+MAX_DRIFT = 1e-3
 
 
 @dataclass
@@ -85,7 +88,8 @@ def noise_ms(samples: Sequence[float]) -> float:
     return max(half_iqr, MIN_NOISE * med)
 
 
-def decide(size: int, raw: Sequence[float], compiled: Sequence[float], drift: ProbeDrift, max_drift: float) -> BucketDecision:
+def decide(size: int, raw: Sequence[float], compiled: Sequence[float], drift: ProbeDrift,
+           max_drift: float = MAX_DRIFT) -> BucketDecision:
     """Keep the compiled graph iff it is faster beyond the noise and does not drift."""
     raw_ms, comp_ms = statistics.median(raw), statistics.median(compiled)
     noise = max(noise_ms(raw), noise_ms(compiled))

@@ -10,7 +10,7 @@ cudagraphs stay off and ``mode=`` is never passed.
 The pieces:
 
 * pure helpers (``compile_options.py``): ``inductor_options``,
-  ``dynamo_limit_names``, ``skip_rule_targets``, ``supported``;
+  ``dynamo_limit_names``, ``SKIP_MODULES``;
 * the one side effect: ``configure_process`` (Dynamo limits, Dynamo skip
   rules, persistent cache directories);
 * ``build_decode_forward`` (the wrapper the graph runner captures) and
@@ -45,7 +45,7 @@ import torch
 
 from ingot.config import EngineConfig
 from ingot.runner import inductor_fallbacks
-from ingot.runner.compile_options import dynamo_limit_names, inductor_options, skip_rule_targets, supported
+from ingot.runner.compile_options import SKIP_MODULES, dynamo_limit_names, inductor_options
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,12 @@ _SKIPPED: list[str] = []  # modules registered as skip rules so far
 _WARNED: set[str] = set()
 
 
-def configure_process(config: EngineConfig) -> None:
+def configure_process() -> None:
     """Process setup for the decode compile; idempotent and thread-safe.
 
     * raises the Dynamo recompile limits to ``DYNAMO_LIMIT`` (one compile per
       bucket must never fall back to eager);
-    * registers ``skip_rule_targets(config)`` that are importable as Dynamo
-      skip rules (a later config only adds the modules not yet registered);
+    * registers the importable ``SKIP_MODULES`` as Dynamo skip rules;
     * points ``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR`` at
       ``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/ingot/{inductor,triton}`` unless
       the user set them (defaults Inductor wrote there itself don't count:
@@ -80,7 +79,7 @@ def configure_process(config: EngineConfig) -> None:
     with _LOCK:
         if not _PROCESS_DONE:
             _set_cache_dirs()
-        _register_skip_rules(skip_rule_targets(config))
+        _register_skip_rules(SKIP_MODULES)
         if not getattr(_THREAD, "limits_done", False):
             if not _PROCESS_DONE or _config_is_thread_local():
                 _raise_dynamo_limits()
@@ -88,10 +87,10 @@ def configure_process(config: EngineConfig) -> None:
         _PROCESS_DONE = True
 
 
-def _ensure_thread_configured(config: EngineConfig) -> None:
+def _ensure_thread_configured() -> None:
     """Fast path for the compiled wrapper: configure this thread if it is new."""
     if not getattr(_THREAD, "limits_done", False):
-        configure_process(config)
+        configure_process()
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,45 +141,15 @@ def _register_skip_rules(names: list[str]) -> list[str]:
 
 
 def _add_skip_rule(name: str) -> bool:
-    """Make Dynamo skip (never trace into) module ``name``; False (and a warning) if impossible.
-
-    ``torch._dynamo.trace_rules.add(module_name)`` (PyTorch >= 2.2; earlier
-    ``torch._dynamo.skipfiles.add``) appends the module's directory to
-    ``SKIP_DIRS``. The manual append is the last resort for a release that
-    drops ``add`` but keeps the list.
-    """
-    errors = []
+    """Make Dynamo skip (never trace into) module ``name``; False (and a warning) if impossible."""
     try:
         from torch._dynamo import trace_rules
-    except Exception as exc:  # pragma: no cover - very old or very new torch
-        trace_rules = None
-        errors.append(f"import trace_rules: {exc}")
-    add = getattr(trace_rules, "add", None)
-    if add is None:
-        with contextlib.suppress(Exception):
-            from torch._dynamo import skipfiles  # type: ignore[attr-defined]
 
-            add = getattr(skipfiles, "add", None)
-    if callable(add):
-        try:
-            add(name)
-            return True
-        except Exception as exc:
-            errors.append(f"add: {exc}")
-    try:
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec else None
-        skip_dirs = getattr(trace_rules, "SKIP_DIRS")
-        recompile = getattr(trace_rules, "_recompile_re")
-        if origin:
-            path = origin[: -len("__init__.py")] if origin.endswith("__init__.py") else origin
-            skip_dirs.append(Path(path).as_posix())
-            recompile()
-            return True
+        trace_rules.add(name)
+        return True
     except Exception as exc:
-        errors.append(f"SKIP_DIRS: {exc}")
-    _warn_once(f"skip:{name}", "could not register %r as a Dynamo skip rule (%s)", name, "; ".join(errors))
-    return False
+        _warn_once(f"skip:{name}", "could not register %r as a Dynamo skip rule (%s)", name, exc)
+        return False
 
 
 def user_cache_dir() -> Path:
@@ -259,21 +228,17 @@ def build_decode_forward(
 ) -> Callable[..., Any]:
     """The decode forward to capture: ``forward`` itself, or a compiled wrapper of it.
 
-    ``forward`` comes back unchanged when ``config.decode_compile`` is off, the
-    device is not CUDA (unless ``allow_cpu``, for tests), or this PyTorch is
-    too old (warned once). Otherwise the wrapper calls
-    ``torch.compile(forward, fullgraph=False, dynamic=..., backend=backend,
-    options=...)``; it has
+    ``forward`` comes back unchanged when ``config.decode_compile`` is off or the
+    device is not CUDA (unless ``allow_cpu``, for tests). Otherwise the wrapper calls
+    ``torch.compile(forward, fullgraph=False, backend=backend, options=...)``; it has
     ``.compiled = True`` and ``.raw = forward``. Compilation itself is lazy, so
     the caller's warm-up compiles.
 
-    ``config.compile_dynamic_batch`` (default) leaves ``dynamic`` to Dynamo's
-    automatic dynamic shapes: the first bucket compiles static, the second
-    recompiles with the batch dim symbolic, and every later bucket reuses that
-    graph (batch 1 gets its own, as Dynamo specializes sizes 0 and 1). Only the
-    batch dim changes between buckets (the block table width is fixed per
-    engine), so 3 compiles serve any number of buckets. Off: ``dynamic=False``,
-    one static compile per bucket.
+    ``dynamic`` is left to Dynamo's automatic dynamic shapes: the first bucket
+    compiles static, the second recompiles with the batch dim symbolic, and every
+    later bucket reuses that graph (batch 1 gets its own, as Dynamo specializes
+    sizes 0 and 1). Only the batch dim changes between buckets (the block table
+    width is fixed per engine), so 3 compiles serve any number of buckets.
     """
     if getattr(forward, "compiled", False):
         return forward  # already wrapped
@@ -282,23 +247,17 @@ def build_decode_forward(
     if torch.device(device).type != "cuda" and not allow_cpu:
         log.info("decode_compile is on but the device is %s: decode runs uncompiled", device)
         return forward
-    ok, why = supported()
-    if not ok:
-        _warn_once("unsupported", "decode_compile disabled: %s", why)
-        return forward
-
-    configure_process(config)
+    configure_process()
     options = None
     if backend == "inductor":
         import torch._inductor.config as inductor_config
 
-        options = inductor_options(inductor_config, config.compile_strict_numerics, config.compile_autotune_gemm)
+        options = inductor_options(inductor_config)
         inductor_fallbacks.register_op_fallbacks()  # before the model: see inductor_fallbacks.py
-    dynamic = None if config.compile_dynamic_batch else False
-    compiled = torch.compile(forward, fullgraph=False, dynamic=dynamic, backend=backend, options=options)
+    compiled = torch.compile(forward, fullgraph=False, backend=backend, options=options)
 
     def compiled_forward(*args: Any, **kwargs: Any) -> Any:
-        _ensure_thread_configured(config)
+        _ensure_thread_configured()
         return compiled(*args, **kwargs)
 
     functools.update_wrapper(compiled_forward, forward, updated=())
@@ -309,21 +268,6 @@ def build_decode_forward(
 
 @contextlib.contextmanager
 def forbid_recompiles() -> Iterator[None]:
-    """Within the block, a Dynamo (re)compile raises instead of silently compiling.
-
-    ``torch.compiler.set_stance("fail_on_recompile")`` (PyTorch >= 2.6), else
-    ``torch._dynamo.config.patch(error_on_recompile=True)``.
-    """
-    ctx: Any = None
-    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-    if set_stance is not None:
-        try:
-            ctx = set_stance("fail_on_recompile")
-        except Exception:  # unknown stance on this version
-            ctx = None
-    if ctx is None:
-        import torch._dynamo.config as dynamo_config
-
-        ctx = dynamo_config.patch(error_on_recompile=True)
-    with ctx:
+    """Within the block, a Dynamo (re)compile raises instead of silently compiling."""
+    with torch.compiler.set_stance("fail_on_recompile"):
         yield

@@ -7,8 +7,9 @@ bucket. Everything that changes per step lives in the static buffers; padded
 rows write their K/V to the dummy slot 0 and attend only to it, and their
 logits are dropped.
 
-``fake_graph_capture`` runs the same padded bucket path without graphs, so the
-padding and buffer logic is exercised on CPU; it is a test hook, not a speed-up.
+On CPU there are no graphs; ``CPU_BUCKETS`` (a test hook, not a speed-up) runs the
+same padded bucket path without them, so the padding and buffer logic is exercised
+there.
 
 Under tensor parallelism every rank captures the same buckets in the same
 order (the forward's collectives run in lockstep), and ``decode_compile="auto"``
@@ -39,6 +40,8 @@ from ingot.runner.step_inputs import StepInputs
 log = logging.getLogger(__name__)
 
 DecodeForward = Callable[..., torch.Tensor]
+# Test hook: engines on CPU run decode through padded buckets (no graphs) when set.
+CPU_BUCKETS = False
 
 
 def default_buckets(max_num_seqs: int) -> list[int]:
@@ -59,7 +62,7 @@ def capture_sizes(config: EngineConfig) -> list[int]:
 def graphs_enabled(config: EngineConfig, device: torch.device) -> bool:
     if config.eager_mode:
         return False
-    return device.type == "cuda" or config.fake_graph_capture
+    return device.type == "cuda" or CPU_BUCKETS
 
 
 def make_decode_forward(model: nn.Module, policy: OpPolicy) -> DecodeForward:
@@ -167,7 +170,7 @@ class DecodeGraphRunner:
         self.tp = tp
         self.config = config
         self.device = device
-        self.fake = device.type != "cuda" or config.fake_graph_capture
+        self.fake = device.type != "cuda"
         self.auto = config.decode_compile == "auto"
         self.buckets = capture_sizes(config)
         self.max_blocks = max_blocks_per_seq
@@ -283,7 +286,7 @@ class DecodeGraphRunner:
             t_raw += auto_compile.time_ms(lambda: raw.replay(args), iters, self.device, warmup=1)
             t_comp += auto_compile.time_ms(lambda: comp.replay(args), iters, self.device, warmup=1)
         self.buffers.reset(0, size)
-        return auto_compile.decide(size, t_raw, t_comp, drift, self.config.auto_compile_max_drift)
+        return auto_compile.decide(size, t_raw, t_comp, drift)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

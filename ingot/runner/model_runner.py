@@ -7,12 +7,13 @@ batch fits a bucket.
 A step is ``stage`` (inputs to the device), ``run_model`` (the device part:
 forward and logits) and sampling. ``run_model`` is what every tensor-parallel
 rank runs in lockstep (``tp_runner.py``); the rest runs on the driver only.
+A ModelRunner is the single-device ``Executor`` (``executor.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from torch import nn
 from ingot.config import ConfigError, EngineConfig
 from ingot.distributed.parallel import SINGLE
 from ingot.runner.kv_pool import KVCachePool, blocks_for
-from ingot.runner.sampler import DeviceSample, Sampler, SamplerOutput, SamplingRow
+from ingot.runner.sampler import DeviceSample, Sampler, SamplerOutput, SamplingRow, make_generator
 from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
@@ -29,6 +30,10 @@ from ingot.runner.prompt_logprobs import prompt_spans, span_entries
 from ingot.runner.step_inputs import StepInputs, build_step_inputs, last_token_indices
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# KV pool of an engine on CPU, in tokens, unless ``num_kv_blocks`` sets its size
+CPU_KV_CACHE_TOKENS = 32768
 
 
 class LaunchedStep:
@@ -90,8 +95,9 @@ class ModelRunner:
             from ingot.ops.triton import register_cuda_kernels
 
             kernels = register_cuda_kernels()  # Triton kernels become the CUDA dispatch of torch.ops.ingot.*
-        # the skinny GEMV exists only as a Triton kernel: without kernels every row count takes cuBLAS
-        self.policy = OpPolicy(skinny_rows=config.skinny_gemm_max_rows if kernels else 0)
+        # batch 1 runs the Triton split-K GEMV with the norm / SiLU-and-mul fused in (faster than
+        # cuBLAS there; from 2 rows on cuBLAS is as fast or faster); without kernels, cuBLAS
+        self.policy = OpPolicy(skinny_rows=1 if kernels else 0)
 
     # ------------------------------------------------------------------ KV cache
     def _bytes_per_block(self) -> int:
@@ -103,7 +109,7 @@ class ModelRunner:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if self.device.type != "cuda":
-            return blocks_for(self.config.cpu_kv_cache_tokens, self.block_size) + 1
+            return blocks_for(CPU_KV_CACHE_TOKENS, self.block_size) + 1
         peak = self._profile_peak_activation_bytes()
         free, total = torch.cuda.mem_get_info(self.device)
         used = total - free
@@ -177,13 +183,12 @@ class ModelRunner:
             and self.graphs.fits(inputs.num_seqs)
         ):
             return self.graphs.run(inputs)
-        return self._logits(self._hidden(inputs).index_select(0, inputs.logits_indices))
+        return self.raw_logits(inputs)
 
-    def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
-        """Run one step and wait for it; returns (rows that sampled, their tokens/logprobs, and
-        the prompt logprobs of the rows that asked for them)."""
-        step = self.launch(batch, eos_token_ids)
-        return step.rows, step.collect()
+    @torch.inference_mode()
+    def raw_logits(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [S, vocab] of the rows that sample, through the raw forward (no graphs)."""
+        return self._logits(self._hidden(inputs).index_select(0, inputs.logits_indices))
 
     def launch(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...], feed: Optional[TokenFeed] = None) -> "LaunchedStep":
         """Queue one step on the device and start copying its samples to the host; nothing
@@ -277,25 +282,17 @@ class ModelRunner:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, self.policy)
 
-    # ------------------------------------------------------------------ decode variants (drift checks, benchmarks)
-    def decode_variant(self, config: EngineConfig, max_blocks_per_seq: int):
-        """Decode graphs captured with ``config`` (other buckets, compile on or off) beside the
-        engine's own (a ``DecodeGraphRunner``); ``logits_of`` replays them."""
-        from ingot.runner.graph_runner import DecodeGraphRunner
+    # ------------------------------------------------------------------ executor
+    def generator(self, seed: int) -> torch.Generator:
+        return make_generator(seed, self.device)
 
-        graphs = DecodeGraphRunner(self.model, config, self.device, max_blocks_per_seq, self.policy, self.tp)
-        graphs.capture_all()
-        return graphs
+    def make_current(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
 
-    def drop_variant(self, graphs) -> None:
-        """Forget a variant (here: nothing holds it; a tensor-parallel runner frees it on every rank)."""
-
-    @torch.inference_mode()
-    def logits_of(self, graphs, inputs: StepInputs) -> torch.Tensor:
-        """Logits of a staged decode step, replayed by ``graphs`` (None: the raw forward)."""
-        if graphs is None:
-            return self._logits(self._hidden(inputs).index_select(0, inputs.logits_indices))
-        return graphs.run(inputs)
+    def run_on_ranks(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(self, *args)``: one process is every rank."""
+        return fn(self, *args)
 
     def close(self) -> None:
         """Release what outlives the engine's memory (a tensor-parallel runner's workers)."""

@@ -7,10 +7,10 @@ takes the same views of it as its ``StepInputs``. The buffer's size is fixed
 per engine, from the largest step the configuration allows
 (``capacity_for``), so a rank knows what to receive without a second message;
 a worker reads the header back to the host to learn the step's shape. The
-header also carries what to do: run a step, replay a decode variant, a
-control call (a pickled message follows), or stop.
+header also carries what to do: run a step, a call (a pickled function and its
+arguments follow), or stop.
 
-Header (int64): kind, argument, is_prefill, tokens T, sampled rows S, sequences
+Header (int64): kind, is_prefill, tokens T, sampled rows S, sequences
 B, block-table width W, prompt-logprob spans P. Fields: spans [2P], ids [T],
 positions [T], slots [T], logits indices [S] (int64); sequence lengths [B],
 block table [B * W], cu_seqlens [B + 1] for prefill (int32).
@@ -39,9 +39,8 @@ Span = tuple[int, int]
 
 class Kind(enum.IntEnum):
     STEP = 1  # run_model: a step of the engine
-    LOGITS = 2  # logits_of: a decode variant (argument: its id, -1 for the raw forward)
-    CALL = 3  # a control call follows as a pickled object
-    STOP = 4  # the worker leaves its loop
+    CALL = 2  # a function to run on every rank follows as a pickled object
+    STOP = 3  # the worker leaves its loop
 
 
 @dataclass(frozen=True)
@@ -55,12 +54,12 @@ class Layout:
     width: int
     spans: int
 
-    def header(self, kind: Kind, arg: int = 0) -> list[int]:
-        return [int(kind), arg, int(self.is_prefill), self.tokens, self.sampled, self.seqs, self.width, self.spans] + [0] * (HEADER - 8)
+    def header(self, kind: Kind) -> list[int]:
+        return [int(kind), int(self.is_prefill), self.tokens, self.sampled, self.seqs, self.width, self.spans] + [0] * (HEADER - 7)
 
     @classmethod
     def from_header(cls, h: Sequence[int]) -> "Layout":
-        return cls(bool(h[2]), h[3], h[4], h[5], h[6], h[7])
+        return cls(bool(h[1]), h[2], h[3], h[4], h[5], h[6])
 
     @property
     def counts64(self) -> list[int]:  # spans, ids, positions, slots, logits indices
@@ -103,7 +102,7 @@ class StepChannel:
         self.tp = tp
         self.device = device
         self.buffer = torch.zeros(capacity, dtype=torch.uint8, device=device)
-        self.command = (Kind.STOP, 0)  # what the buffer's header says now (driver)
+        self.command = Kind.STOP  # what the buffer's header says now (driver)
 
     # ------------------------------------------------------------------ driver
     def stage(self, host: HostStep, spans: Sequence[Span], kind: Kind = Kind.STEP) -> StepInputs:
@@ -124,24 +123,24 @@ class StepChannel:
         # one copy from pageable memory: it returns once the host arrays have been read
         data = torch.frombuffer(flat64, dtype=torch.uint8)
         self.buffer[: data.numel()].copy_(data, non_blocking=True)
-        self.command = (kind, 0)
+        self.command = kind
         return self._views(layout, host.sample_rows)
 
-    def send(self, kind: Kind, arg: int = 0) -> None:
+    def send(self, kind: Kind) -> None:
         """Broadcast the buffer as command ``kind`` (the staged step stays as it is)."""
-        if self.command != (kind, arg):
-            self.buffer[:16].copy_(torch.tensor([int(kind), arg], dtype=torch.int64).view(torch.uint8))
-            self.command = (kind, arg)
+        if self.command != kind:
+            self.buffer[:8].copy_(torch.tensor([int(kind)], dtype=torch.int64).view(torch.uint8))
+            self.command = kind
         broadcast_(self.buffer, self.tp)
 
     # ------------------------------------------------------------------ workers
-    def receive(self) -> tuple[Kind, int, Optional[StepInputs], list[Span]]:
-        """Wait for the driver's next message: (kind, argument, the step's inputs, its spans)."""
+    def receive(self) -> tuple[Kind, Optional[StepInputs], list[Span]]:
+        """Wait for the driver's next message: (kind, the step's inputs, its spans)."""
         broadcast_(self.buffer, self.tp)
         head = self.buffer[: HEADER * 8].view(torch.int64).tolist()  # waits for the broadcast
         kind = Kind(head[0])
-        if kind not in (Kind.STEP, Kind.LOGITS):
-            return kind, head[1], None, []
+        if kind is not Kind.STEP:
+            return kind, None, []
         layout = Layout.from_header(head)
         inputs = self._views(layout, list(range(layout.sampled)))  # workers only need how many rows sample
         spans: list[Span] = []
@@ -149,7 +148,7 @@ class StepChannel:
             start = layout.offsets()[0][0]
             flat = self.buffer[start : start + 16 * layout.spans].view(torch.int64).tolist()
             spans = list(zip(flat[0::2], flat[1::2]))
-        return kind, head[1], inputs, spans
+        return kind, inputs, spans
 
     # ------------------------------------------------------------------ both
     def _views(self, layout: Layout, sample_rows: list[int]) -> StepInputs:

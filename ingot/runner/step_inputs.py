@@ -51,7 +51,11 @@ def host_step(batch: ScheduledBatch, block_size: int) -> HostStep:
 def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
     """Flatten the batch's new tokens: host lists first, then one copy per dtype; the
     step's tensors are views of those two device tensors."""
-    h = host_step(batch, block_size)
+    return device_inputs(host_step(batch, block_size), device)
+
+
+def device_inputs(h: HostStep, device: torch.device) -> StepInputs:
+    """A host step's fields on ``device`` (a HostStep pickles: any rank can build its inputs from one)."""
     # two host-to-device copies per step (the int64 fields, then the int32 ones) instead of
     # six: each copy from pageable memory is its own blocking cudaMemcpy on the host
     input_ids, pos_t, slot_t, logits_t = _packed([h.ids, h.positions, h.slots, h.logits_indices], torch.int64, device)

@@ -10,9 +10,9 @@ projections and the embedding, the all-gather of the lm_head's vocabulary
 slices) pair up across ranks. The driver samples from the full logits; the
 workers drop theirs.
 
-Start-up and control (KV pool size, pool allocation, graph capture, decode
-variants) are ``RankState`` methods the driver names in a control message and
-every rank runs. A step that fails on the driver or any worker leaves the ranks
+Start-up (KV pool size, pool allocation, graph capture) and whatever a tool on
+top runs through ``run_on_ranks`` are functions the driver sends in a call
+message and every rank applies to its own ``ModelRunner``. A step that fails on the driver or any worker leaves the ranks
 out of step, so the group is shut down and every later call raises
 ``TensorParallelError`` carrying the first failure (a worker's traceback).
 """
@@ -22,31 +22,29 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
 from ingot.config import ConfigError, EngineConfig
 from ingot.distributed import process_group
 from ingot.distributed.collectives import broadcast_object
-from ingot.loading.model_config import ModelConfig
-from ingot.models.loader import device_memory
-from ingot.models.registry import check_tensor_parallel
+from ingot.loading.checkpoint import Checkpoint
+from ingot.models.loader import load_checkpoint
 from ingot.runner.batch import ScheduledBatch
-from ingot.runner.graph_runner import DecodeGraphRunner
-from ingot.runner.model_runner import LaunchedStep, TokenFeed
-from ingot.runner.model_source import ModelSource
+from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
 from ingot.runner.prompt_logprobs import prompt_spans
 from ingot.runner.sampler import SamplerOutput
 from ingot.runner.step_channel import Kind
 from ingot.runner.step_inputs import StepInputs, host_step
-from ingot.runner.tp_rank import RankState
+from ingot.runner.tp_rank import RankState, min_kv_blocks
 from ingot.runner.tp_worker import WorkerSpec, build_rank
 from ingot.runner.tp_workers import TensorParallelError, WorkerGroup
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TensorParallelRunner", "TensorParallelError", "rank_devices", "start_tensor_parallel"]
+__all__ = ["TensorParallelRunner", "TensorParallelError", "rank_devices"]
+T = TypeVar("T")
 
 # how long the driver waits for a worker to report why a collective broke
 _FAILURE_WAIT_S = 10.0
@@ -67,13 +65,15 @@ def rank_devices(device: torch.device, size: int) -> list[torch.device]:
 
 
 class TensorParallelRunner:
-    """Rank 0 of the group; the engine, drift checks and benchmarks use it like a ModelRunner."""
+    """Rank 0 of the group: the engine's ``Executor`` over several processes."""
 
     def __init__(self, state: RankState, workers: WorkerGroup) -> None:
         self.state = state
         self.local = state.runner
+        self.config = self.local.config
+        self.device = self.local.device
         self.workers = workers
-        self._lock = threading.RLock()  # one step or control call at a time; close() waits for it
+        self._lock = threading.RLock()  # one step or call at a time; close() waits for it
         self._down: Optional[str] = None
         self._closed = False
         workers.on_failure = self._on_worker_failure
@@ -81,24 +81,25 @@ class TensorParallelRunner:
 
     @classmethod
     def start(
-        cls, config: EngineConfig, source: ModelSource, device: torch.device, dtype: torch.dtype, max_model_len: int
+        cls, config: EngineConfig, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, max_model_len: int
     ) -> "TensorParallelRunner":
-        """Spawn the workers, join the group with them and load rank 0's shard. The model's shape
-        must already have passed ``registry.check_tensor_parallel``."""
+        """Spawn the workers, join the group with them and load rank 0's shard of ``checkpoint``
+        (every worker opens the checkpoint ``config`` names and loads its own). The model's
+        shape must already have passed ``registry.check_tensor_parallel``."""
         size = config.tensor_parallel_size
         devices = rank_devices(device, size)
         if devices[0].type == "cuda":
             torch.cuda.set_device(devices[0])  # c10d's object broadcasts use the current device
         process_group.set_collective_env()  # before the workers are spawned: they inherit it
         store = process_group.create_store(size)
-        spec = WorkerSpec(size, store.port, config, source, tuple(str(d) for d in devices), dtype, max_model_len)
+        spec = WorkerSpec(size, store.port, config, tuple(str(d) for d in devices), dtype, max_model_len)
         workers = WorkerGroup(spec)
         joined = False
         try:
             workers.wait_for("hello")
             tp = process_group.join(0, size, devices[0], store=store)
             joined = True
-            model = source.load(tp, devices[0], dtype, max_model_len, progress=config.show_progress)
+            model = load_checkpoint(checkpoint, dtype, devices[0], max_model_len, progress=config.show_progress, tp=tp)
             workers.wait_for("ready")
             return cls(build_rank(model, spec, devices[0]), workers)
         except BaseException as exc:
@@ -112,86 +113,41 @@ class TensorParallelRunner:
                 raise TensorParallelError(failure) from exc
             raise
 
-    # ------------------------------------------------------------------ what the engine reads
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.local.model
-
-    @property
-    def device(self) -> torch.device:
-        return self.local.device
-
-    @property
-    def model_config(self) -> ModelConfig:
-        """This rank's shard: its query and KV heads."""
-        return self.local.model_config
-
-    @property
-    def config(self) -> EngineConfig:
-        return self.local.config
-
-    @property
-    def policy(self):
-        return self.local.policy
-
-    @property
-    def kv(self):
-        return self.local.kv
-
-    @property
-    def tp(self):
-        return self.local.tp
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return self.workers.pids
-
-    @property
-    def graphs(self) -> Optional[DecodeGraphRunner]:
-        return self.local.graphs
-
-    @graphs.setter
-    def graphs(self, graphs: Optional[DecodeGraphRunner]) -> None:
-        """Which graphs engine steps replay, on every rank (drift checks swap variants in)."""
-        self._call("use_graphs", self.state.variant_id(graphs))
-
-    # ------------------------------------------------------------------ control
+    # ------------------------------------------------------------------ start-up and calls
     def num_kv_blocks(self) -> int:
-        return self._call("num_kv_blocks")
+        return self.run_on_ranks(min_kv_blocks)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        self._call("allocate_kv_cache", num_blocks)
+        self.run_on_ranks(ModelRunner.allocate_kv_cache, num_blocks)
 
     def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
-        self._call("setup_decode_graphs", max_blocks_per_seq)
+        self.run_on_ranks(ModelRunner.setup_decode_graphs, max_blocks_per_seq)
 
-    def decode_variant(self, config: EngineConfig, max_blocks_per_seq: int) -> DecodeGraphRunner:
-        return self.state.variants[self._call("decode_variant", config, max_blocks_per_seq)]
+    def generator(self, seed: int) -> torch.Generator:
+        return self.local.generator(seed)
 
-    def drop_variant(self, graphs: DecodeGraphRunner) -> None:
-        self._call("drop_variant", self.state.variant_id(graphs))
+    def make_current(self) -> None:
+        self.local.make_current()
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def run_on_ranks(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(runner, *args)`` on every rank in lockstep (``fn`` and ``args`` pickled to the
+        workers); the driver's result."""
         with self._lock:
             self._check()
             try:
                 self.state.channel.send(Kind.CALL)
-                broadcast_object((method, args), self.tp)
-                return self._checked(self.state.call(method, args))
+                broadcast_object((fn, args), self.state.tp)
+                return self._checked(fn(self.local, *args))
             except BaseException as exc:
                 self._break(exc)
 
     # ------------------------------------------------------------------ steps
     def stage(self, batch: ScheduledBatch) -> StepInputs:
-        """Pack a step into the step buffer (sent by the next ``execute`` or ``logits_of``)."""
+        """Pack a step into the step buffer (sent by the next ``launch``)."""
         spans = [(s.start, s.stop) for s in prompt_spans(batch)]
         with self._lock:
             self._check()
             return self.state.channel.stage(host_step(batch, self.local.block_size), spans)
-
-    def execute(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> tuple[list[int], SamplerOutput]:
-        step = self.launch(batch, eos_token_ids)
-        return step.rows, step.collect()
 
     def launch(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...], feed: Optional[TokenFeed] = None) -> LaunchedStep:
         """``ModelRunner.launch`` over the group: the step (with ``feed``'s tokens written into
@@ -207,16 +163,6 @@ class TensorParallelRunner:
             except BaseException as exc:
                 self._break(exc)
             return _Checked(step, self)
-
-    def logits_of(self, graphs: Optional[DecodeGraphRunner], inputs: StepInputs) -> torch.Tensor:
-        """Logits of the staged decode step (``stage``), replayed by ``graphs`` (None: raw) on every rank."""
-        with self._lock:
-            self._check()
-            try:
-                self.state.channel.send(Kind.LOGITS, self.state.variant_id(graphs))
-                return self._checked(self.local.logits_of(graphs, inputs))
-            except BaseException as exc:
-                self._break(exc)
 
     # ------------------------------------------------------------------ failure and shutdown
     def _check(self) -> None:
@@ -294,14 +240,3 @@ def _stop_at_exit(workers: WorkerGroup) -> None:
     """Safety net when a runner is collected or the interpreter exits without ``close``."""
     workers.stop(0.0)
     process_group.leave(abort=True)
-
-
-def start_tensor_parallel(
-    config: EngineConfig, source: ModelSource, model_config: ModelConfig, device: torch.device, dtype: torch.dtype,
-    max_model_len: int,
-) -> TensorParallelRunner:
-    """ConfigError if ``model_config`` cannot be split over ``config.tensor_parallel_size`` ranks
-    (nothing is spawned then); else the started runner."""
-    check_tensor_parallel(model_config, config.tensor_parallel_size)
-    config = config.for_device(device_memory(device))  # every rank gets the resolved copy
-    return TensorParallelRunner.start(config, source, device, dtype, max_model_len)

@@ -12,6 +12,7 @@ collective the driver is waiting in.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -26,9 +27,11 @@ from tqdm.auto import tqdm
 
 from ingot.config import EngineConfig
 from ingot.distributed import process_group
+from ingot.loading.checkpoint import open_checkpoint
+from ingot.loading.model_config import ModelConfig
+from ingot.models.loader import load_checkpoint
 from ingot.runner.kv_pool import blocks_for
 from ingot.runner.model_runner import ModelRunner
-from ingot.runner.model_source import ModelSource, rank_config
 from ingot.runner.step_channel import StepChannel, capacity_for
 from ingot.runner.tp_rank import RankState
 
@@ -39,11 +42,16 @@ class WorkerSpec:
 
     size: int
     port: int  # of the rendezvous store
-    config: EngineConfig
-    source: ModelSource
+    config: EngineConfig  # every rank opens the checkpoint it names and loads its own shard
     devices: tuple[str, ...]  # one per rank
     dtype: torch.dtype
     max_model_len: int
+
+
+def rank_config(model: torch.nn.Module) -> ModelConfig:
+    """The ModelConfig of one rank's shard: its own query and KV heads (what its KV pool holds)."""
+    attn = model.attention_layers()[0]
+    return dataclasses.replace(model.config, num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads)
 
 
 def build_rank(model: torch.nn.Module, spec: WorkerSpec, device: torch.device) -> RankState:
@@ -79,7 +87,9 @@ def worker_main(rank: int, spec: WorkerSpec, status: Any, lifeline: Any) -> None
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
         status.send(("hello", rank))
         tp = process_group.join(rank, spec.size, device, port=spec.port)
-        model = spec.source.load(tp, device, spec.dtype, spec.max_model_len)
+        config = spec.config
+        ckpt = open_checkpoint(config.model, config.tokenizer, config.load_format)
+        model = load_checkpoint(ckpt, spec.dtype, device, spec.max_model_len, progress=False, tp=tp)
         state = build_rank(model, spec, device)
         status.send(("ready", rank))
         state.serve()

@@ -8,7 +8,6 @@ briefly for the responses to go out, stops the engine and returns 0.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import socket
@@ -37,19 +36,19 @@ class ServeOptions:
     api_key: Optional[str] = None  # None: INGOT_API_KEY, if set
     served_model_name: Optional[str] = None
     max_queued_requests: Optional[int] = None
-    shape: Optional[str] = None  # serve a random-weight model of this benchmark shape (ingot bench serve --url)
     # the engine in a child process (no GIL shared with the HTTP work) rather than a thread
     engine_process: bool = True
     log_level: str = "warning"  # uvicorn's own access/error logging
 
 
-def model_name(config: EngineConfig, shape: Optional[str] = None) -> str:
-    """What clients call the model: the path's last part, or the default model's name."""
-    if shape is not None:
-        return f"random-{shape}"
+def model_name(config: EngineConfig) -> str:
+    """What clients call the model: the path's last part, or the default model's name
+    (``random-`` in front with random weights)."""
     if config.model is None:
-        return "SmolLM2-135M-Instruct"
-    return os.path.basename(config.model.rstrip("/")) or config.model
+        name = "SmolLM2-135M-Instruct"
+    else:
+        name = os.path.basename(config.model.rstrip("/")) or config.model
+    return f"random-{name}" if config.load_format == "dummy" else name
 
 
 class _Server(uvicorn.Server):
@@ -79,7 +78,7 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(config: EngineConfig, options: ServeOptions) -> int:
     """Build the engine, serve until a shutdown signal; returns the exit code."""
     api_key = options.api_key if options.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    name = options.served_model_name or model_name(config, options.shape)
+    name = options.served_model_name or model_name(config)
     sock = bind(options.host, options.port)  # fail fast on a taken port, before loading the model
     llm = build_llm(config, options)
     settings = ServerSettings(name, api_key, options.max_queued_requests)
@@ -101,23 +100,10 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
 
 
 def build_llm(config: EngineConfig, options: ServeOptions) -> AsyncLLM:
-    """The engine the server runs: the checkpoint of ``config``, or a random model of
-    ``options.shape``; in a child process or in a thread of this one."""
-    from ingot.engine.engine import Engine
-
-    if options.shape is not None:
-        from ingot.bench.random_engine import random_engine, shape_tokenizer
-
-        factory = functools.partial(random_engine, options.shape)
-        tokenizer = shape_tokenizer(options.shape, config)
-    else:
-        from ingot.loading.checkpoint import open_checkpoint
-
-        factory = Engine.from_config
-        tokenizer = open_checkpoint(config.model, config.tokenizer).tokenizer
+    """The engine the server runs, in a child process or in a thread of this one."""
     if options.engine_process:
-        return AsyncLLM.in_process(factory, config, tokenizer)
-    return AsyncLLM(factory(config))
+        return AsyncLLM.in_process(config)
+    return AsyncLLM.from_config(config)
 
 
 async def _serve(server: _Server, sock: socket.socket, ready: str) -> None:

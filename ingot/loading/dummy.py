@@ -1,0 +1,86 @@
+"""``load_format="dummy"``: a model's configuration with seeded random weights (vLLM's name).
+
+Decode and serving speed depend on a model's shapes, not its weights, so a user
+without the checkpoint (or without network) can still measure a deployment of
+that size. The configuration comes from a built-in shape (``SHAPES``, the
+``--shape NAME`` shortcut of every command) or from any model ingot opens (HF
+directory, hub id, .gguf file), whose weights are then never read.
+
+The tokenizer is ``tokenizer`` when given (``default``: the default model's; a
+built-in shape then takes its vocabulary size, so detokenizing costs what it
+costs with real weights), else the model's own, else a word-level one that
+spells token ``i`` as ``<i>`` (benchmark workloads send token ids, and their
+output must still detokenize).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import tokenizers
+
+from ingot.loading.errors import CheckpointError
+from ingot.loading.tokenizer import Tokenizer
+
+# HF config.json fields of the built-in shapes.
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-1.5b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False),
+    "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    # mixture of experts (random router weights route about uniformly)
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                          moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                          tie_word_embeddings=False),
+    "qwen1.5-moe-a2.7b": dict(architectures=["Qwen2MoeForCausalLM"], hidden_size=2048, intermediate_size=5632,
+                              num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16, num_experts=60,
+                              num_experts_per_tok=4, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                              norm_topk_prob=False, decoder_sparse_step=1, vocab_size=151936, max_position_embeddings=8192,
+                              rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False),
+    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                         vocab_size=32000, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                         tie_word_embeddings=False),
+}
+DEFAULT_SHAPE = "qwen2.5-1.5b"
+# the context of a built-in shape served with no max_model_len: the bench workloads (prompts up
+# to 1024 tokens, outputs up to 512) with room to spare, and a KV pool of a sensible size
+SHAPE_CONTEXT = 4096
+
+
+def shape_config(name: str, vocab_size: Optional[int] = None, num_layers: Optional[int] = None) -> dict[str, Any]:
+    """The HF config fields of the built-in shape ``name``, with the vocabulary size or layer
+    count replaced when given (fewer layers: a reduced model of the same layer shapes)."""
+    if name not in SHAPES:
+        raise CheckpointError(f"unknown shape {name!r}; choose from {', '.join(sorted(SHAPES))}")
+    fields = dict(SHAPES[name])
+    if vocab_size is not None:
+        fields["vocab_size"] = vocab_size
+    if num_layers is not None:
+        fields["num_hidden_layers"] = num_layers
+    return fields
+
+
+def id_tokenizer(vocab_size: int) -> Tokenizer:
+    """Token ``i`` <-> the word ``<i>``; no special tokens, no EOS."""
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="\x00", cleanup=False)  # joins words with spaces
+    return Tokenizer(tok)
+
+
+def model_tokenizer(path: Path, vocab_size: int, eos_token_ids: list[int]) -> Tokenizer:
+    """The tokenizer of an HF directory opened for its configuration alone: its own if it has
+    one, else token-id words over its vocabulary."""
+    if (path / "tokenizer.json").exists():
+        return Tokenizer.from_hf_dir(path, eos_token_ids)
+    return id_tokenizer(vocab_size)
