@@ -17,6 +17,7 @@ Writes JSON (default benchmarks/results/fused_moe_sweep-<date>.json).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import itertools
 import statistics
@@ -31,6 +32,7 @@ if str(ROOT) not in sys.path:
 
 from ingot.bench.report import env_info, write_json  # noqa: E402
 from ingot.ops.triton import fused_moe as moe  # noqa: E402
+from ingot.ops.triton.pdl import pdl_supported  # noqa: E402
 
 # name -> (experts, top_k, hidden, expert width)
 SHAPES = {
@@ -42,16 +44,18 @@ SHAPES = {
 LAYERS_BYTES = 4 << 30  # distinct expert weights per shape (>> L2), in as many layers as fit
 
 
-def candidates(batch: int) -> list[moe.MoeLaunch]:
+def candidates(batch: int, pdl: bool) -> list[moe.MoeLaunch]:
     """Up to batch 32 the per-pair path: its gate/up tiles varied with the down tiles at the
     default, then the down tiles with gate/up at the default (the two launches are
-    independent, so the best of each combine); at every batch the grouped path in 24."""
+    independent, so the best of each combine); at every batch the grouped path in 24.
+    ``pdl``: the per-pair launches use programmatic dependent launch, as ``launch_config``
+    gives them where it is supported (so the table's own choice is among the candidates)."""
     out = []
     if batch <= 32:
-        base = moe.PER_PAIR
+        base = dataclasses.replace(moe.PER_PAIR, pdl=pdl)
         tiles = [(bn, bk, warps, 4) for bn, bk, warps in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8))]
-        out += [base] + [moe.MoeLaunch(False, 1, t, base.down) for t in tiles if t != base.gate_up]
-        out += [moe.MoeLaunch(False, 1, base.gate_up, t) for t in tiles if t != base.down]
+        out += [base] + [moe.MoeLaunch(False, 1, t, base.down, pdl=pdl) for t in tiles if t != base.gate_up]
+        out += [moe.MoeLaunch(False, 1, base.gate_up, t, pdl=pdl) for t in tiles if t != base.down]
     for bm, bn, bk, warps in itertools.product((16, 32, 64), (64, 128), (64, 128), (4, 8)):
         out.append(moe.MoeLaunch(True, bm, (bn, bk, warps, 3), (bn, bk, warps, 3)))
     return out
@@ -108,7 +112,7 @@ def sweep_shape(name: str, batches: list[int], bandwidth: float) -> list[dict]:
         floor = hit * expert_bytes / bandwidth * 1e3
         chosen = moe.launch_config(e, i, batch, hidden.device)
         timings = []
-        for launch in candidates(batch):
+        for launch in candidates(batch, pdl_supported(hidden.device)):
             calls = [lambda w=w, x=x, launch=launch: moe.run(hidden, w[0], w[1], topw, x, launch=launch)
                      for w, x in zip(weights, ids)]
             try:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import statistics
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,12 +25,9 @@ from typing import Any, Callable
 
 import torch
 
-from ingot.bench.random_engine import id_tokenizer
 from ingot.bench.report import env_info, write_json
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
-from ingot.loading.model_config import ModelConfig
-from ingot.models.loader import build_model, init_random
 from ingot.runner import model_runner
 from ingot.sampling_params import SamplingParams
 
@@ -48,26 +47,32 @@ def _timed(times: dict[str, float], name: str, fn: Callable[..., Any]) -> Callab
     return wrapper
 
 
+def tiny_engine(batch: int, max_len: int) -> Engine:
+    """An engine over ``TINY`` with random weights (a config.json alone: token-id words as its tokenizer)."""
+    with tempfile.TemporaryDirectory(prefix="ingot-host-step-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(TINY))
+        return Engine(EngineConfig(model=tmp, load_format="dummy", device="cpu", dtype="float32", max_num_seqs=batch,
+                                   max_model_len=max_len, num_kv_blocks=batch * (max_len // 16 + 2) + 8,
+                                   show_progress=False))
+
+
 def measure(batch: int, steps: int, prompt_len: int = 64, stream: bool = False) -> dict[str, float]:
     torch.manual_seed(0)
-    cfg = ModelConfig.from_hf(TINY)
-    model = init_random(build_model(cfg, torch.float32, torch.device("cpu"), 4096))
-    max_len = prompt_len + steps + 40
-    config = EngineConfig(device="cpu", dtype="float32", max_num_seqs=batch, max_model_len=max_len,
-                          num_kv_blocks=batch * (max_len // 16 + 2) + 8, show_progress=False)
-    engine = Engine(config, model, cfg, id_tokenizer(VOCAB), torch.device("cpu"), torch.float32, max_len)
+    engine = tiny_engine(batch, prompt_len + steps + 40)
+    runner = engine.executor
+    assert isinstance(runner, model_runner.ModelRunner), "one process: the engine's executor is its ModelRunner"
     params = SamplingParams(temperature=0.0, max_tokens=steps + 20, ignore_eos=True)
     for i in range(batch):
         engine.add_request([(7 * i + j) % VOCAB for j in range(prompt_len)], params, str(i), stream=stream)
     while engine.scheduler.waiting or any(s.is_prefill for s in engine.scheduler.running):
         engine.step()  # prefill
     logits = torch.randn(batch, VOCAB)
-    engine.runner.forward_logits = lambda inputs: logits[: inputs.num_seqs]
+    runner.forward_logits = lambda inputs: logits[: inputs.num_seqs]
 
     phase: dict[str, float] = defaultdict(float)
     engine.scheduler.schedule = _timed(phase, "schedule", engine.scheduler.schedule)
     model_runner.build_step_inputs = _timed(phase, "step inputs", model_runner.build_step_inputs)
-    engine.runner.sampler.sample = _timed(phase, "sampler", engine.runner.sampler.sample)
+    runner.sampler.sample = _timed(phase, "sampler", runner.sampler.sample)
     totals: dict[str, list[float]] = defaultdict(list)
     for i in range(steps + 5):
         phase.clear()

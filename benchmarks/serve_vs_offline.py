@@ -29,20 +29,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from ingot.bench.report import env_info, write_json
 from ingot.bench.serve import Workload, make_requests, parse_range, round_summary, run_workload, warm_up
 from ingot.engine.heap import freeze_heap, unfreeze_heap
+from ingot.engine_args import add_model_args
+
+T = TypeVar("T")
 
 READY = re.compile(r"ingot serve: ready on (http://\S+)")
 
 
 def model_args(args: argparse.Namespace) -> list[str]:
-    """The model and engine options both engines get."""
+    """The model and engine options both engines get (``ingot serve`` and ``ingot bench serve`` take the same)."""
     out = ["--shape", args.shape] if args.shape else (["--model", args.model] if args.model else [])
-    if args.tokenizer:
-        out += ["--tokenizer", args.tokenizer]
+    for flag, value in (("--load-format", args.load_format), ("--tokenizer", args.tokenizer)):
+        if value:
+            out += [flag, value]
     for flag, value in (("--max-model-len", args.max_model_len), ("--max-num-seqs", args.max_num_seqs),
                         ("--device", args.device), ("--dtype", args.dtype)):
         if value is not None:
@@ -88,12 +92,19 @@ class ServerProcess:
 
 def build_offline_engine(args: argparse.Namespace):
     """The offline engine, built from the same model options by ``ingot bench serve``'s own
-    parser and engine builder (so it is configured exactly as that command configures it)."""
-    from ingot.bench.serve_cli import MODES, Setting, build_engine
+    parser and engine builder (so it is configured exactly as that command configures it:
+    decode compile off, prefix caching and overlap scheduling on, as ``ingot serve``'s defaults)."""
+    from ingot.bench.serve_cli import MODES, build_engine
     from ingot.cli import build_parser
 
     bench_args = build_parser().parse_args(["bench", "serve", *model_args(args), "--quiet"])
-    return build_engine(bench_args, MODES["off"], Setting("on", "on"))
+    return build_engine(bench_args, MODES["off"])
+
+
+def round_order(runs: list[T], r: int) -> list[T]:
+    """``runs`` as given in even rounds, reversed in odd ones: over two rounds each runs as
+    often first as second, so a machine that drifts within a round favours neither."""
+    return list(runs) if r % 2 == 0 else list(reversed(runs))
 
 
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"))
@@ -108,7 +119,6 @@ def summary(metrics: Any) -> dict[str, Any]:
 
 def run_rounds(args: argparse.Namespace, engine, url: str) -> list[dict[str, Any]]:
     from ingot.bench.http_serve import run_http
-    from ingot.bench.serve_cli import round_order
     from ingot.engine import event_loop
 
     vocab = engine.model_config.vocab_size
@@ -154,10 +164,7 @@ def render(rounds: list[dict[str, Any]]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="checkpoint (default: the default model)")
-    src.add_argument("--shape", default=None, help="a random-weight model of this benchmark shape")
-    p.add_argument("--tokenizer", default=None, help="with --shape: this model's tokenizer ('default': the default model's)")
+    add_model_args(p)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--device", default=None)

@@ -26,26 +26,39 @@ from pathlib import Path
 
 import torch
 
-from ingot.bench.decode import SHAPES, build_shape, decode_bench_runner
+from ingot.bench.decode import decode_engine
 from ingot.bench.report import env_info, write_json
 from ingot.config import EngineConfig, max_num_seqs_for
+from ingot.loading.dummy import SHAPES
 from ingot.models.loader import device_memory
 from ingot.runner.graph_runner import DecodeGraphRunner, default_buckets
+from ingot.runner.kv_pool import blocks_for
+from ingot.runner.model_runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def capture_once(shape: str, batches: list[int], context: int) -> dict:
-    """Seconds to build the decode graph runner and capture every bucket with compile on (this process)."""
-    device = torch.device("cuda")
-    model, cfg = build_shape(shape, torch.bfloat16, device, context + 64)
-    config, runner, per_seq = decode_bench_runner(model, cfg, EngineConfig(decode_compile=True), batches, context)
+def capture_buckets(runner: ModelRunner, context: int) -> dict:
+    """Seconds to build a decode graph runner with compile on and capture every bucket of
+    ``runner``'s config (its engine captured none: ``decode_engine`` runs it eager)."""
+    config = runner.config.replace(eager_mode=False)
+    per_seq = blocks_for(context + 1, config.block_size)
     t0 = time.perf_counter()
-    graphs = DecodeGraphRunner(model, config, device, per_seq, runner.policy)
+    graphs = DecodeGraphRunner(runner.model, config, runner.device, per_seq, runner.policy, runner.tp)
     graphs.capture_all()
     total = time.perf_counter() - t0
     return {"capture_all_s": total,
             "per_bucket": {b: [i.seconds_warmup, i.seconds_capture] for b, i in graphs.info.items()}}
+
+
+def capture_once(shape: str, batches: list[int], context: int) -> dict:
+    """``capture_buckets`` on a random-weight bf16 model of ``shape`` (this process)."""
+    config = EngineConfig(model=shape, load_format="dummy", device="cuda", dtype="bfloat16", decode_compile=True)
+    engine = decode_engine(config, batches, context)
+    try:
+        return engine.executor.run_on_ranks(capture_buckets, context)
+    finally:
+        engine.close()
 
 
 def cold_and_warm(shape: str, batches: list[int], context: int) -> dict:
