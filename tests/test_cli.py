@@ -99,13 +99,43 @@ def test_max_model_len_zero_is_an_error(tiny, capsys):
 
 def test_engine_flags_reach_the_engine_config():
     """`ingot generate` / `serve` flags become EngineConfig fields; a bad value is the config's clear error."""
-    from ingot.cli import _engine_overrides
     from ingot.config import EngineConfig
+    from ingot.engine_args import engine_overrides
 
     for command in (["generate", "hi"], ["serve"]):
         args = build_parser().parse_args([*command, "--prefill-wave-tokens", "0", "--no-overlap-scheduling"])
-        cfg = EngineConfig.create(**_engine_overrides(args), env={})
+        cfg = EngineConfig.create(**engine_overrides(args), env={})
         assert cfg.prefill_wave_tokens == 0 and cfg.overlap_scheduling is False
     assert EngineConfig.create(env={}).prefill_wave_tokens == 2048  # the default: waves on
     with pytest.raises(ConfigError, match="prefill_wave_tokens"):
-        EngineConfig.create(**_engine_overrides(build_parser().parse_args(["serve", "--prefill-wave-tokens", "-1"])), env={})
+        EngineConfig.create(**engine_overrides(build_parser().parse_args(["serve", "--prefill-wave-tokens", "-1"])), env={})
+
+
+def test_shape_and_load_format_reach_the_engine_config():
+    """--shape NAME is --model NAME --load-format dummy; --shape with another load format is an error."""
+    from ingot.config import EngineConfig
+    from ingot.engine_args import engine_overrides
+
+    for command in (["generate", "hi"], ["serve"], ["chat"]):
+        args = build_parser().parse_args([*command, "--shape", "qwen2.5-7b", "--tokenizer", "default"])
+        cfg = EngineConfig.create(**engine_overrides(args), env={})
+        assert (cfg.model, cfg.load_format, cfg.tokenizer) == ("qwen2.5-7b", "dummy", "default")
+        args = build_parser().parse_args([*command, "--model", "m", "--load-format", "dummy"])
+        assert EngineConfig.create(**engine_overrides(args), env={}).load_format == "dummy"
+    with pytest.raises(ConfigError, match="--shape takes random weights"):
+        engine_overrides(build_parser().parse_args(["generate", "hi", "--shape", "qwen2.5-7b", "--load-format", "auto"]))
+    with pytest.raises(SystemExit):  # --model and --shape exclude each other
+        build_parser().parse_args(["generate", "hi", "--shape", "qwen2.5-7b", "--model", "m"])
+
+
+def test_generate_with_random_weights_of_a_config(tmp_path, capsys):
+    """--load-format dummy on a directory holding only a config.json: random weights, token-id words."""
+    import json
+
+    from tests.helpers import ARCHS, TINY
+
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, **ARCHS["qwen2"]}))
+    assert main(["generate", "<1> <2> <3>", "--model", str(tmp_path), "--load-format", "dummy", "--device", "cpu",
+                 "--max-tokens", "3", "--quiet"]) == 0
+    words = capsys.readouterr().out.split()
+    assert len(words) == 3 and all(w.startswith("<") and w.endswith(">") for w in words), words

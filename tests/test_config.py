@@ -40,21 +40,30 @@ def test_bad_values_name_the_problem(env, match):
         EngineConfig.create(env=env)
 
 
-def test_skinny_gemm_rows_from_env_and_bounds():
-    assert EngineConfig().skinny_gemm_max_rows == 1  # batch 1 only by default
-    assert EngineConfig.create(env={"INGOT_SKINNY_GEMM_MAX_ROWS": "8"}).skinny_gemm_max_rows == 8
-    assert EngineConfig.create(env={"INGOT_SKINNY_GEMM_MAX_ROWS": "0"}).skinny_gemm_max_rows == 0
-    for bad in (-1, 17):
-        with pytest.raises(ConfigError, match="skinny_gemm_max_rows"):
-            EngineConfig(skinny_gemm_max_rows=bad)
-    assert EngineConfig().compile_dynamic_batch is True
-    assert EngineConfig.create(env={"INGOT_COMPILE_DYNAMIC_BATCH": "0"}).compile_dynamic_batch is False
+def test_load_format_from_env_and_bounds():
+    assert EngineConfig().load_format == "auto"
+    assert EngineConfig.create(env={"INGOT_LOAD_FORMAT": "dummy"}).load_format == "dummy"
+    with pytest.raises(ConfigError, match=r"INGOT_LOAD_FORMAT='pt': load_format must be one of \('auto', 'dummy'\)"):
+        EngineConfig.create(env={"INGOT_LOAD_FORMAT": "pt"})
+
+
+def test_removed_options_are_unknown_arguments():
+    """Options measured to lose or never used by a default are gone: asking for one is an error."""
+    for name in ("skinny_gemm_max_rows", "compile_autotune_gemm", "fake_graph_capture"):
+        with pytest.raises(ConfigError, match=f"unknown engine argument.*{name}"):
+            EngineConfig.create(env={}, **{name: 1})
+
+
+def test_at_most_24_fields():
+    import dataclasses
+
+    assert len(dataclasses.fields(EngineConfig)) <= 24
 
 
 def test_bad_bool_message_names_the_variable_once():
     with pytest.raises(ConfigError) as info:
-        EngineConfig.create(env={"INGOT_COMPILE_AUTOTUNE_GEMM": "maybe"})
-    assert str(info.value) == "INGOT_COMPILE_AUTOTUNE_GEMM='maybe' is not a boolean (use 1/0, true/false, on/off)"
+        EngineConfig.create(env={"INGOT_ENABLE_PREFIX_CACHING": "maybe"})
+    assert str(info.value) == "INGOT_ENABLE_PREFIX_CACHING='maybe' is not a boolean (use 1/0, true/false, on/off)"
 
 
 @pytest.mark.parametrize("var,value", [("INGOT_MAX_NUM_SEQS", "0"), ("INGOT_BLOCK_SIZE", "-4"),
@@ -92,5 +101,5 @@ def test_an_engine_resolves_max_num_seqs_for_its_device(tmp_path):
     from tests.helpers import write_tiny_checkpoint
 
     path = write_tiny_checkpoint(tmp_path / "llama", "llama")
-    engine = Engine.from_config(EngineConfig.create(env={}, model=str(path), device="cpu", show_progress=False))
+    engine = Engine(EngineConfig.create(env={}, model=str(path), device="cpu", show_progress=False))
     assert engine.config.max_num_seqs == 256 == engine.scheduler.max_num_seqs == engine.info().max_num_seqs

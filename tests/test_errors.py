@@ -13,7 +13,7 @@ from tests.helpers import write_tiny_checkpoint
 
 
 def make(path, **kw):
-    return Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, **kw))
+    return Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, **kw))
 
 
 @pytest.fixture(scope="module")

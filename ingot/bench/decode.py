@@ -77,9 +77,10 @@ def synthetic_decode_batch(batch: int, context_len: int, block_size: int, vocab_
     return ScheduledBatch(seqs, is_prefill=False, num_new_tokens=[1] * batch)
 
 
-def time_cuda(fn, iters: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` runs, each timed with CUDA events."""
-    return statistics.median(time_ms(fn, iters, torch.device("cuda"), warmup))
+def time_cuda(fn, iters: int, device: torch.device, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs, each timed with CUDA events (on CPU:
+    the wall clock)."""
+    return statistics.median(time_ms(fn, iters, device, warmup))
 
 
 def time_back_to_back(fn, steps: int, device: torch.device, repeats: int = 5) -> float:
@@ -178,7 +179,7 @@ def bench_decode(
                     results[b].auto_choice = f"{'compiled' if d.use_compiled else 'graph'}: {d.reason}"
             inputs = inputs_of[b]
             step = (lambda: graphs.run(inputs)) if graphs is not None else (lambda: runner.raw_logits(inputs))
-            results[b].ms[mode] = time_cuda(step, iters)
+            results[b].ms[mode] = time_cuda(step, iters, runner.device)
             results[b].back_to_back_ms[mode] = time_back_to_back(step, iters, runner.device)
             state = gpu_state(runner.device)
             if state is not None:

@@ -220,7 +220,7 @@ def measure_copy_bandwidth(device: Any, nbytes: int = COPY_BYTES, iters: int = 2
     nbytes = max(1 << 20, min(nbytes, free // 4))
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
-    ms = time_cuda(lambda: dst.copy_(src), iters, warmup=5)
+    ms = time_cuda(lambda: dst.copy_(src), iters, device, warmup=5)
     del src, dst
     torch.cuda.empty_cache()
     return copy_bandwidth(nbytes, ms)

@@ -205,6 +205,8 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": eng.max_model_len,
         "max_num_seqs": eng.config.max_num_seqs,
         "eager": eng.config.eager_mode,
+        "prefix_caching": eng.config.enable_prefix_caching,
+        "overlap_scheduling": eng.config.overlap_scheduling,
     }
 
 

@@ -337,7 +337,7 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
     from ingot.bench import decode as decode_mod
     from tests.helpers import write_tiny_checkpoint
 
-    def cpu_timer(fn, iters, warmup=3):
+    def cpu_timer(fn, iters, device, warmup=3):
         fn()
         times = []
         for _ in range(iters):
@@ -373,12 +373,10 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
 
 
 def test_command_pipeline_tensor_parallel_with_cpu_timer(tmp_path, monkeypatch, capsys):
-    """``--tp 2`` on CPU: a worker process mirrors every timed step (gloo); the floor is one rank's shard."""
-    from ingot.bench import decode as decode_mod
+    """``--tp 2`` on CPU: a worker process times the same steps in lockstep (gloo); the floor is one rank's shard."""
     from tests.helpers import write_tiny_checkpoint
 
     tiny = write_tiny_checkpoint(tmp_path / "llama", "llama")
-    monkeypatch.setattr(decode_mod, "time_cuda", lambda fn, iters, warmup=3: [fn() for _ in range(iters)] and 1.0)
     monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
     monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
     out = tmp_path / "decode.json"

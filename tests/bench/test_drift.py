@@ -24,9 +24,9 @@ def test_compare_free_running_counts():
     assert r.token_agreement == pytest.approx(6 / 8)
 
 
-def test_drift_check_on_cpu_fake_graphs(tmp_path):
+def test_drift_check_on_cpu_fake_graphs(tmp_path, cpu_buckets):
     path = write_tiny_checkpoint(tmp_path / "llama", "llama")
-    llm = LLM(str(path), dtype="float32", device="cpu", show_progress=False, max_num_seqs=4, fake_graph_capture=True)
+    llm = LLM(str(path), dtype="float32", device="cpu", show_progress=False, max_num_seqs=4)
     tok = llm.get_tokenizer()
     prompts = [tok.encode(p) for p in ["hello world", "the quick brown", "def f(x)"]]
     modes = DecodeModes(llm.engine, bucket=4)

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ingot.bench import decode as decode_mod
+from ingot.loading import dummy
 from ingot.bench import decode_cli, hf_compare
 from ingot.bench.decode import BucketTiming
-from ingot.bench.decode_cli import DecodeBench, ModelBytes
+from ingot.bench.decode_cli import DecodeBench
+from ingot.bench.floor import ModelBytes
 from ingot.cli import build_parser
 from tests.helpers import TINY, write_tiny_checkpoint
 
@@ -37,7 +38,7 @@ def tiny_qwen2(tmp_path_factory):
 
 @pytest.fixture
 def fake_shape(monkeypatch):
-    monkeypatch.setitem(decode_mod.SHAPES, FAKE_SHAPE, FAKE_FIELDS)
+    monkeypatch.setitem(dummy.SHAPES, FAKE_SHAPE, FAKE_FIELDS)
     return FAKE_SHAPE
 
 
@@ -161,7 +162,7 @@ def test_build_hf_model_for_shape(fake_shape):
 
 def test_build_hf_model_shape_for_every_benchmark_shape():
     """The real shapes map to transformers configs (no model is built: that takes GBs)."""
-    for shape, fields in decode_mod.SHAPES.items():
+    for shape, fields in dummy.SHAPES.items():
         cfg = hf_compare.hf_config_for_shape(shape)
         assert cfg.hidden_size == fields["hidden_size"] and cfg.num_hidden_layers == fields["num_hidden_layers"], shape
 

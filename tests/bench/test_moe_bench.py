@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ingot.bench import decode as decode_mod
-from ingot.bench.decode_cli import ModelBytes, expected_experts_hit
+from ingot.bench.floor import ModelBytes, expected_experts_hit
+from ingot.loading import dummy
 from ingot.loading.model_config import ModelConfig
 from ingot.models.loader import build_model
 
@@ -15,7 +16,7 @@ MOE_SHAPES = ("qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b")
 
 def shape_bytes(shape: str) -> ModelBytes:
     """ModelBytes of the full-size shape, built on the meta device (no memory)."""
-    cfg = ModelConfig.from_hf(decode_mod.SHAPES[shape])
+    cfg = ModelConfig.from_hf(dummy.SHAPES[shape])
     model = build_model(cfg, torch.bfloat16, torch.device("meta"), 1024)
     return ModelBytes.of(model, cfg, torch.bfloat16)
 
@@ -66,13 +67,25 @@ def test_dense_shapes_unchanged():
     assert mb.step_bytes(8, 100) == mb.weight_bytes + mb.kv_bytes(8, 100)
 
 
-def test_reduced_shape_keeps_layer_shapes(monkeypatch):
-    """build_shape(num_layers=...) (``ingot check drift --shape --num-layers``): fewer layers, same layer shapes."""
-    fields = dict(decode_mod.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
-                  num_key_value_heads=2, moe_intermediate_size=32, num_experts=16, vocab_size=256)
-    monkeypatch.setitem(decode_mod.SHAPES, "tiny-moe-test", fields)
-    model, cfg = decode_mod.build_shape("tiny-moe-test", torch.float32, torch.device("cpu"), 64, num_layers=2)
-    assert cfg.num_layers == 2 and len(model.layers) == 2
+def reduced_shape(path, num_layers: int, **fields):
+    """A config.json of a tiny Qwen3-MoE shape with ``num_layers`` layers, as ``check drift --num-layers`` writes."""
+    import json
+
+    base = dict(dummy.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
+                num_key_value_heads=2, moe_intermediate_size=32, vocab_size=256)
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**base, **fields, "num_hidden_layers": num_layers}))
+    return str(path)
+
+
+def test_reduced_shape_keeps_layer_shapes(tmp_path):
+    """A reduced shape (``ingot check drift --shape --num-layers``): fewer layers, same layer shapes."""
+    from ingot.loading.checkpoint import open_checkpoint
+    from ingot.models.loader import load_checkpoint
+
+    ckpt = open_checkpoint(reduced_shape(tmp_path / "m", 2, num_experts=16), load_format="dummy")
+    model = load_checkpoint(ckpt, torch.float32, torch.device("cpu"), 64)
+    assert ckpt.config.num_layers == 2 and len(model.layers) == 2
     assert tuple(model.layers[1].mlp.experts.w_gate_up.shape) == (16, 64, 64)
     assert model.layers[0].mlp.experts.w_down.std().item() == pytest.approx(0.02, rel=0.1)  # random, not empty
 
@@ -84,10 +97,10 @@ def test_drift_on_a_reduced_random_moe_shape(monkeypatch, tmp_path):
 
     from ingot.cli import main
 
-    fields = dict(decode_mod.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
+    fields = dict(dummy.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
                   num_key_value_heads=2, moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2,
                   vocab_size=256)
-    monkeypatch.setitem(decode_mod.SHAPES, "tiny-moe-test", fields)
+    monkeypatch.setitem(dummy.SHAPES, "tiny-moe-test", fields)
     out = tmp_path / "drift.json"
     argv = ["check", "drift", "--shape", "tiny-moe-test", "--num-layers", "2", "--device", "cpu", "--dtype", "float32",
             "--fake-graphs", "--steps", "3", "--buckets", "1,3", "--json", str(out)]
@@ -107,18 +120,17 @@ def test_floor_with_counted_hits_by_hand():
     assert mb.step_bytes(2, 512, hits) == mb.weight_bytes_read(2, hits) + mb.kv_bytes(2, 512)
 
 
-def test_count_experts_hit_reads_each_sparse_layers_routing(monkeypatch):
+def test_count_experts_hit_reads_each_sparse_layers_routing(monkeypatch, tmp_path):
     """The hooks see the ids each MoE layer's routing picked for the staged step: routing is
     replaced by a hand-written one (token t -> experts (t + layer) % 8, 2t % 8 and 7 - layer)."""
-    from ingot.bench.decode import count_experts_hit, decode_bench_runner, synthetic_decode_batch
+    from ingot.bench.decode import count_experts_hit, decode_engine, synthetic_decode_batch
     from ingot.config import EngineConfig
     from ingot.models.moe import MoEBlock
 
-    fields = dict(decode_mod.SHAPES["qwen3-30b-a3b"], hidden_size=64, head_dim=16, num_attention_heads=4,
-                  num_key_value_heads=2, moe_intermediate_size=32, num_experts=8, vocab_size=256)
-    monkeypatch.setitem(decode_mod.SHAPES, "tiny-moe-test", fields)
-    model, cfg = decode_mod.build_shape("tiny-moe-test", torch.float32, torch.device("cpu"), 64, num_layers=3)
-    blocks = [m for m in model.modules() if isinstance(m, MoEBlock)]
+    config = EngineConfig.create(model=reduced_shape(tmp_path / "m", 3, num_experts=8), load_format="dummy",
+                                 device="cpu", dtype="float32", show_progress=False)
+    runner = decode_engine(config, [3], 5).executor
+    blocks = [m for m in runner.model.modules() if isinstance(m, MoEBlock)]
     assert len(blocks) == 3
     for layer, block in enumerate(blocks):
         def route(logits, layer=layer):
@@ -126,8 +138,7 @@ def test_count_experts_hit_reads_each_sparse_layers_routing(monkeypatch):
             ids = torch.cat([(t + layer) % 8, (2 * t) % 8, torch.full_like(t, 7 - layer)], dim=1)
             return torch.full(ids.shape, 1 / 3, dtype=logits.dtype), ids
         monkeypatch.setattr(block, "route", route)
-    base, runner, _ = decode_bench_runner(model, cfg, EngineConfig.create(show_progress=False), [3], 5, torch.float32)
-    hits = count_experts_hit(runner, runner.stage(synthetic_decode_batch(3, 5, base.block_size, cfg.vocab_size)))
+    hits = count_experts_hit(runner, runner.stage(synthetic_decode_batch(3, 5, config.block_size, 256)))
     # tokens 0, 1, 2: layer 0 {0,1,2} {0,2,4} {7} -> 5; layer 1 {1,2,3} {0,2,4} {6} -> 6; layer 2 {2,3,4} {0,2,4} {5} -> 5
     assert hits == [5, 6, 5]
     assert not [h for b in blocks for h in b.experts._forward_hooks.values()]  # the hooks are removed
@@ -143,7 +154,7 @@ def test_bench_decode_floor_counts_the_routed_experts(tmp_path, monkeypatch, cap
     from tests.helpers import write_tiny_checkpoint
 
     tiny = write_tiny_checkpoint(tmp_path / "moe", "qwen3_moe")  # layers 0 and 2 sparse, 8 experts, top-3
-    monkeypatch.setattr(decode_mod, "time_cuda", lambda fn, iters, warmup=3: [fn() for _ in range(iters)] and 1.0)
+    monkeypatch.setattr(decode_mod, "time_cuda", lambda fn, iters, device, warmup=3: [fn() for _ in range(iters)] and 1.0)
     monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
     monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
     out = tmp_path / "decode.json"

@@ -276,7 +276,8 @@ def test_cli_all_at_once_both_modes(tiny, tmp_path, capsys):
     env = doc["environment"]
     assert env["device"] == "cpu" and env["torch"] and env["date"] and env["max_model_len"] == 256
     _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5))
-    assert all(r["prefix_caching"] == r["overlap_scheduling"] == "on" and "rounds" not in r for r in doc["results"])
+    assert env["prefix_caching"] is True and env["overlap_scheduling"] is True
+    assert all("rounds" not in r for r in doc["results"])
     out = capsys.readouterr().out
     assert "TTFT p99 (ms)" in out and "output tokens/s" in out and "compile on" in out and "rounds" not in out
 
@@ -313,25 +314,25 @@ def test_cli_compile_modes_parsing(capsys):
 
 def test_cli_random_weight_shape(tmp_path, monkeypatch):
     """--shape serves a random model of a benchmark shape: no checkpoint, every token accounted for."""
-    from ingot.bench import decode as decode_mod
+    from ingot.loading import dummy
 
     fields = dict(architectures=["Qwen2ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=320, max_position_embeddings=512,
                   rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
-    monkeypatch.setitem(decode_mod.SHAPES, "tiny-shape-test", fields)
+    monkeypatch.setitem(dummy.SHAPES, "tiny-shape-test", fields)
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--shape", "tiny-shape-test", "--device", "cpu", "--dtype", "float32",
             "--max-model-len", "128", "--input-len", "4-20", "--output-len", "3-9", "--num-requests", "5",
             "--seed", "2", "--quiet", "--json", str(out)]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
-    assert doc["environment"]["model"] == "random weights, tiny-shape-test shape"
+    assert doc["environment"]["model"] == "random weights, tiny-shape-test"
     assert doc["environment"]["architecture"] == "Qwen2ForCausalLM" and doc["environment"]["max_model_len"] == 128
     _check_consistent(doc, Workload(5, (4, 20), (3, 9), seed=2), vocab_size=320)
 
 
 def test_id_tokenizer_round_trip():
-    from ingot.bench.random_engine import id_tokenizer
+    from ingot.loading.dummy import id_tokenizer
 
     tok = id_tokenizer(50)
     assert tok.decode([3, 49, 0]) == "<3> <49> <0>"
@@ -407,19 +408,21 @@ def test_check_fits_counts_every_turn():
 
 
 def test_cli_shared_prefix_caching_on_and_off(tiny, tmp_path, capsys):
-    doc = _serve(tiny, tmp_path, "--num-requests", "6", "--shared-prefix-len", "40", "--prefix-caching", "on,off",
-                 "--max-num-seqs", "2")
-    assert doc["workload"]["shared_prefix_len"] == 40
-    on, off = doc["results"]
-    assert (on["prefix_caching"], off["prefix_caching"]) == ("on", "off")
+    doc = _serve(tiny, tmp_path, "--num-requests", "6", "--shared-prefix-len", "40", "--max-num-seqs", "2")
+    assert doc["workload"]["shared_prefix_len"] == 40 and doc["environment"]["prefix_caching"] is True
+    (on,) = doc["results"]
     _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5, shared_prefix_len=40))
+    out = capsys.readouterr().out
+    doc = _serve(tiny, tmp_path, "--num-requests", "6", "--shared-prefix-len", "40", "--max-num-seqs", "2",
+                 "--no-prefix-caching")
+    assert doc["environment"]["prefix_caching"] is False
+    (off,) = doc["results"]
     # two run at a time: the first two compute the prefix, the other four reuse its 2 full blocks of 16
     assert on["prefix_cache_queries"] == on["input_tokens"] and on["prefix_cache_hits"] == 4 * 32
     assert on["prefix_cache_hit_rate"] == pytest.approx(128 / on["input_tokens"])
     assert sorted(q["cached_tokens"] for q in on["requests"]) == [0, 0, 32, 32, 32, 32]
     assert off["prefix_cache_hit_rate"] is None and off["prefix_cache_queries"] == 0
     assert all(q["cached_tokens"] == 0 for q in off["requests"])
-    out = capsys.readouterr().out
     assert "prefix cache hit rate" in out and f"{on['prefix_cache_hit_rate']:.1%}" in out and "shared 40-token prefix" in out
 
 
@@ -427,9 +430,8 @@ def test_cli_no_prefix_caching_flag():
     from ingot.cli import build_parser
 
     parse = build_parser().parse_args
-    assert parse(["bench", "serve"]).prefix_caching == ["on"]
-    assert parse(["bench", "serve", "--no-prefix-caching"]).prefix_caching == ["off"]
-    assert parse(["bench", "serve", "--prefix-caching", "off,on"]).prefix_caching == ["off", "on"]
+    assert not parse(["bench", "serve"]).no_prefix_caching
+    assert parse(["bench", "serve", "--no-prefix-caching"]).no_prefix_caching
     assert parse(["generate", "hi", "--no-prefix-caching"]).no_prefix_caching
 
 
@@ -468,23 +470,19 @@ def test_step_counts_of_a_run(tiny, tmp_path):
     assert (r["prefill_steps"], r["decode_steps"], r["mean_decode_batch"]) == (1, 5, 4.0)
 
 
-# ---------------------------------------------------------------- --repeat: rounds of every setting on one engine
+# ---------------------------------------------------------------- --repeat: rounds on one engine
 @pytest.fixture
 def engine_calls(monkeypatch):
-    """Record engine builds and the serving-option and reset calls made on them."""
+    """Record engine builds and the prefix-cache resets made on them."""
     from ingot.bench import serve_cli
     from ingot.engine.engine import Engine
 
     calls: list = []
-    build, set_options, reset = serve_cli.build_engine, Engine.set_serving_options, Engine.reset_prefix_cache
+    build, reset = serve_cli.build_engine, Engine.reset_prefix_cache
 
-    def building(args, decode_compile, setting):
-        calls.append(("build", decode_compile, setting.options()))
-        return build(args, decode_compile, setting)
-
-    def setting(self, **options):
-        calls.append(("set", options))
-        return set_options(self, **options)
+    def building(args, decode_compile):
+        calls.append(("build", decode_compile))
+        return build(args, decode_compile)
 
     def resetting(self):
         done = reset(self)
@@ -492,69 +490,44 @@ def engine_calls(monkeypatch):
         return done
 
     monkeypatch.setattr(serve_cli, "build_engine", building)
-    monkeypatch.setattr(Engine, "set_serving_options", setting)
     monkeypatch.setattr(Engine, "reset_prefix_cache", resetting)
     return calls
 
 
-def test_cli_repeat_interleaves_the_settings_on_one_engine(tiny, tmp_path, capsys, monkeypatch, engine_calls):
+def test_cli_repeat_runs_every_round_on_one_engine(tiny, tmp_path, capsys, monkeypatch, engine_calls):
     monkeypatch.setenv("COLUMNS", "240")  # the table unwrapped
-    doc = _serve(tiny, tmp_path, "--num-requests", "5", "--overlap-scheduling", "on,off", "--repeat", "3")
-    on = {"enable_prefix_caching": True, "overlap_scheduling": True}
-    off = {"enable_prefix_caching": True, "overlap_scheduling": False}
-    forward = [("set", on), ("reset", True), ("set", off), ("reset", True)]
-    backward = [("set", off), ("reset", True), ("set", on), ("reset", True)]
-    assert engine_calls == [("build", False, on)] + forward + backward + forward, "odd rounds run the settings in reverse"
+    doc = _serve(tiny, tmp_path, "--num-requests", "5", "--no-overlap-scheduling", "--repeat", "3")
+    assert engine_calls == [("build", False)] + [("reset", True)] * 3, "one engine, emptied before every round"
+    assert doc["environment"]["overlap_scheduling"] is False
     _check_consistent(doc, Workload(5, (8, 32), (8, 32), seed=5))
     drawn = make_requests(Workload(5, (8, 32), (8, 32), seed=5), TINY["vocab_size"])
-    assert [(r["prefix_caching"], r["overlap_scheduling"]) for r in doc["results"]] == [("on", "on"), ("on", "off")]
-    for r in doc["results"]:
-        rounds = r["rounds"]
-        assert len(rounds) == 3
-        assert [x["output_tokens"] for x in rounds] == [sum(q.output_len for q in drawn)] * 3
-        # no shared prefix: every round misses, the second as much as the first (the cache was emptied)
-        assert [x["prefix_cache_hit_rate"] for x in rounds] == [0.0] * 3
-        durations = [x["duration_s"] for x in rounds]
-        k = r["median_round"]
-        assert sorted(durations)[1] == durations[k] == r["duration_s"], "the result is the median round"
-        assert rounds[k]["output_throughput"] == r["output_throughput"]
-        assert rounds[k]["ttft_p50_ms"] == r["ttft_ms"]["p50"] and rounds[k]["itl_p50_ms"] == r["itl_ms"]["p50"]
-        assert r["load_s"] == doc["results"][0]["load_s"], "one engine: one load"
+    (r,) = doc["results"]
+    rounds = r["rounds"]
+    assert len(rounds) == 3
+    assert [x["output_tokens"] for x in rounds] == [sum(q.output_len for q in drawn)] * 3
+    # no shared prefix: every round misses, the second as much as the first (the cache was emptied)
+    assert [x["prefix_cache_hit_rate"] for x in rounds] == [0.0] * 3
+    durations = [x["duration_s"] for x in rounds]
+    k = r["median_round"]
+    assert sorted(durations)[1] == durations[k] == r["duration_s"], "the result is the median round"
+    assert rounds[k]["output_throughput"] == r["output_throughput"]
+    assert rounds[k]["ttft_p50_ms"] == r["ttft_ms"]["p50"] and rounds[k]["itl_p50_ms"] == r["itl_ms"]["p50"]
     out = capsys.readouterr().out
-    assert "compile off, prefix cache on, overlap off" in out
     assert gc.get_freeze_count() == 0, "the runs froze the heap; dropping the engine must give it back"
-    first = doc["results"][0]["rounds"]
-    assert f"3 ({first[0]['duration_s']:.2f} / {first[1]['duration_s']:.2f} / {first[2]['duration_s']:.2f} s)" in out
-    second = doc["results"][1]["rounds"]
-    assert doc["results"][0]["duration_vs_first"] == 1.0
-    assert doc["results"][1]["duration_vs_first"] == pytest.approx(
-        sorted(b["duration_s"] / a["duration_s"] for a, b in zip(first, second))[1])
-    assert "warmup_rounds" not in doc["results"][0]
+    assert f"3 ({rounds[0]['duration_s']:.2f} / {rounds[1]['duration_s']:.2f} / {rounds[2]['duration_s']:.2f} s)" in out
+    assert "warmup_rounds" not in r
 
 
 def test_cli_warmup_rounds_run_first_and_are_not_counted(tiny, tmp_path, engine_calls):
-    doc = _serve(tiny, tmp_path, "--num-requests", "3", "--overlap-scheduling", "on,off", "--repeat", "2",
-                 "--warmup-rounds", "1")
-    assert len([c for c in engine_calls if c[0] == "reset"]) == 2 * 3, "one warm-up round and two counted"
-    for r in doc["results"]:
-        assert len(r["warmup_rounds"]) == 1 and len(r["rounds"]) == 2
-        assert r["duration_s"] == min(x["duration_s"] for x in r["rounds"]), "the median of two counted rounds"
+    doc = _serve(tiny, tmp_path, "--num-requests", "3", "--repeat", "2", "--warmup-rounds", "1")
+    assert len([c for c in engine_calls if c[0] == "reset"]) == 3, "one warm-up round and two counted"
+    (r,) = doc["results"]
+    assert len(r["warmup_rounds"]) == 1 and len(r["rounds"]) == 2
+    assert r["duration_s"] == min(x["duration_s"] for x in r["rounds"]), "the median of two counted rounds"
 
 
-def test_round_order_and_paired_ratio():
-    from types import SimpleNamespace
-
-    from ingot.bench.serve_cli import Setting, paired_ratio, round_order
-
-    a, b, c = Setting("on", "on"), Setting("on", "off"), Setting("off", "on")
-    assert [round_order([a, b, c], r) for r in range(3)] == [[a, b, c], [c, b, a], [a, b, c]]
-    runs = [SimpleNamespace(duration_s=d) for d in (6.0, 9.0, 4.0)]
-    first = [SimpleNamespace(duration_s=d) for d in (5.0, 6.0, 5.0)]
-    assert paired_ratio(runs, first) == pytest.approx(1.2)  # median of 1.2, 1.5, 0.8
-
-
-@pytest.mark.parametrize("caching, reset", [("on,off", True), ("on", True), ("on", False)])
-def test_cli_repeat_with_a_shared_prefix_hits_the_same_in_every_round(tiny, tmp_path, monkeypatch, caching, reset):
+@pytest.mark.parametrize("reset", [True, False])
+def test_cli_repeat_with_a_shared_prefix_hits_the_same_in_every_round(tiny, tmp_path, monkeypatch, reset):
     """Two at a time: in each round the first two compute the 40-token prefix and the other
     four reuse its 2 full blocks of 16. Without the reset before each run, round 2 would hit
     round 1's prompts too."""
@@ -563,9 +536,8 @@ def test_cli_repeat_with_a_shared_prefix_hits_the_same_in_every_round(tiny, tmp_
     if not reset:
         monkeypatch.setattr(Engine, "reset_prefix_cache", lambda self: True)
     doc = _serve(tiny, tmp_path, "--num-requests", "6", "--shared-prefix-len", "40", "--max-num-seqs", "2",
-                 "--prefix-caching", caching, "--repeat", "2")
-    on, *off = doc["results"]
-    assert on["prefix_caching"] == "on" and [r["prefix_caching"] for r in off] == ["off"] * len(off)
+                 "--repeat", "2")
+    (on,) = doc["results"]
     _check_consistent(doc, Workload(6, (8, 32), (8, 32), seed=5, shared_prefix_len=40))
     first_round = 128 / on["input_tokens"]
     hit_rates = [x["prefix_cache_hit_rate"] for x in on["rounds"]]
@@ -576,7 +548,6 @@ def test_cli_repeat_with_a_shared_prefix_hits_the_same_in_every_round(tiny, tmp_
         drawn = make_requests(Workload(6, (8, 32), (8, 32), seed=5, shared_prefix_len=40), TINY["vocab_size"])
         everything = sum((len(q.prompt_token_ids) - 1) // 16 * 16 for q in drawn) / on["input_tokens"]
         assert hit_rates[1] == pytest.approx(everything) and everything > 2 * first_round
-    assert all([x["prefix_cache_hit_rate"] for x in r["rounds"]] == [None, None] for r in off)
 
 
 def test_cli_repeat_needs_a_local_engine(capsys):
@@ -586,20 +557,16 @@ def test_cli_repeat_needs_a_local_engine(capsys):
 
 
 def test_cli_overlap_scheduling_and_repeat_parsing(capsys):
-    from ingot.bench.serve_cli import Setting, settings_of
+    from ingot.bench.serve_cli import llm_kwargs
     from ingot.cli import build_parser
 
     parse = build_parser().parse_args
     args = parse(["bench", "serve"])
-    assert args.overlap_scheduling == ["on"] and args.repeat == 1 and args.warmup_rounds == 0
+    assert not args.no_overlap_scheduling and args.repeat == 1 and args.warmup_rounds == 0
     assert parse(["bench", "serve", "--warmup-rounds", "0"]).warmup_rounds == 0
-    assert settings_of(args) == [Setting("on", "on")]
-    assert parse(["bench", "serve", "--no-overlap-scheduling"]).overlap_scheduling == ["off"]
-    args = parse(["bench", "serve", "--overlap-scheduling", "off,on", "--prefix-caching", "on,off", "--repeat", "4"])
-    assert args.repeat == 4
-    assert settings_of(args) == [Setting("on", "off"), Setting("on", "on"), Setting("off", "off"), Setting("off", "on")]
-    assert Setting("off", "on").options() == {"enable_prefix_caching": False, "overlap_scheduling": True}
-    for bad in (["--repeat", "0"], ["--repeat", "two"], ["--overlap-scheduling", "maybe"], ["--warmup-rounds", "-1"]):
+    kw = llm_kwargs(parse(["bench", "serve", "--no-overlap-scheduling", "--shape", "qwen2.5-7b", "--repeat", "4"]), False)
+    assert kw["overlap_scheduling"] is False and kw["enable_prefix_caching"] is True
+    assert (kw["model"], kw["load_format"]) == ("qwen2.5-7b", "dummy")
+    for bad in (["--repeat", "0"], ["--repeat", "two"], ["--prefix-caching", "on,off"], ["--warmup-rounds", "-1"]):
         with pytest.raises(SystemExit):
             main(["bench", "serve", *bad])
-    assert "on/off" in capsys.readouterr().err

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ingot.runner.graph_runner import make_decode_forward
-from ingot.runner.step_channel import Kind
-from ingot.runner.tp_rank import RAW
+from ingot.runner.step_inputs import host_step
 from ingot.sampling_params import SamplingParams
-from tests.distributed.tp_helpers import tp_engine
+from tests.distributed.tp_helpers import compile_decode_forward, tp_engine
 from tests.helpers import write_tiny_checkpoint
 
 
@@ -22,27 +20,11 @@ def test_compiled_tp_decode_forward_is_one_graph_with_the_collectives(tmp_path):
         engine.step()  # prefill: both sequences decode from here on
         batch = engine.scheduler.schedule()
         assert not batch.is_prefill
-        runner = engine.runner
-        inputs = runner.stage(batch)
-        raw = runner.logits_of(None, inputs).clone()
-
-        graphs = []
-
-        def backend(gm, example_inputs):
-            graphs.append(gm)
-            from torch._dynamo.backends.common import aot_autograd
-
-            return aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
-
-        forward = torch.compile(make_decode_forward(runner.model, runner.policy), backend=backend, fullgraph=True)
-        a = inputs.attn
-        with torch.inference_mode():
-            runner.state.channel.send(Kind.LOGITS, RAW)  # the worker runs its raw forward against ours
-            compiled = forward(inputs.input_ids, inputs.positions, a.slot_mapping, a.block_tables, a.seq_lens)
+        # every rank compiles and runs its decode forward: the collectives pair up across ranks
+        raw, compiled, graphs = engine.executor.run_on_ranks(compile_decode_forward, host_step(batch, engine.config.block_size))
     finally:
         engine.close()
-    (gm,) = graphs  # fullgraph: one graph, no break
-    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    (targets,) = graphs  # fullgraph: one graph, no break
     layers = engine.model_config.num_layers
     assert sum("_c10d_functional.all_reduce" in t for t in targets) == 2 * layers + 1  # o_proj, down per layer; embedding
     assert sum("_c10d_functional.all_gather_into_tensor" in t for t in targets) == 1  # lm_head

@@ -13,7 +13,7 @@ import torch
 
 from ingot import LLM, SamplingParams
 from ingot.bench.drift import DecodeModes, teacher_forced
-from tests.distributed.tp_helpers import alive
+from tests.distributed.tp_helpers import alive, decode_graphs
 from tests.helpers import write_tiny_checkpoint
 
 pytestmark = [
@@ -38,11 +38,11 @@ def test_tp2_decode_graphs_give_tp1_greedy_tokens(tmp_path, arch):
     tokens = {}
     for size in (1, 2):
         with LLM(path, tensor_parallel_size=size, **ENGINE) as llm:
-            graphs = llm.engine.runner.graphs
-            assert graphs is not None and sorted(graphs.entries) == [1, 2, 4, 8]
-            assert all(e.graph is not None for e in graphs.entries.values())  # real captures, NCCL inside
+            graphs = llm.engine.executor.run_on_ranks(decode_graphs)
+            assert graphs is not None and sorted(graphs) == [1, 2, 4, 8]
+            assert all(captured for captured, _ in graphs.values())  # real captures, NCCL inside
             tokens[size] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-            pids = llm.engine.runner.worker_pids if size > 1 else []
+            pids = llm.engine.executor.workers.pids if size > 1 else []
     assert tokens[2] == tokens[1]
     assert pids and not any(alive(p) for p in pids)
 
@@ -67,7 +67,7 @@ def test_tp2_bf16_engine_serves_with_compile_on(tiny):
     outs = {}
     for compile_on in (False, True):
         with LLM(tiny, tensor_parallel_size=2, decode_compile=compile_on, **{**ENGINE, "dtype": "bfloat16"}) as llm:
-            assert llm.engine.runner.graphs.compiled == compile_on
+            assert any(compiled for _, compiled in llm.engine.executor.run_on_ranks(decode_graphs).values()) == compile_on
             outs[compile_on] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     same = sum(a == b for x, y in zip(outs[False], outs[True]) for a, b in zip(x, y))
     assert same >= 0.9 * sum(len(x) for x in outs[False])
@@ -77,10 +77,10 @@ def test_failing_worker_on_nccl_ends_the_step_instead_of_hanging(tiny):
     """In a child process with a deadline: a collective waiting on a dead NCCL rank must be aborted."""
     code = textwrap.dedent(f"""
         from ingot import SamplingParams
-        from tests.distributed.tp_helpers import FaultySource, alive, tp_engine
-        engine = tp_engine({tiny!r}, FaultySource({tiny!r}, rank=1, at="forward", after=2), device="cuda",
-                           tensor_parallel_size=2, max_model_len=128, eager_mode=True)
-        pids = engine.runner.worker_pids
+        from tests.distributed.tp_helpers import alive, fail_in_forward, tp_engine
+        engine = tp_engine({tiny!r}, device="cuda", tensor_parallel_size=2, max_model_len=128, eager_mode=True)
+        engine.executor.run_on_ranks(fail_in_forward, 1, 2)
+        pids = engine.executor.workers.pids
         engine.add_request([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))
         outs = []
         while engine.has_unfinished():

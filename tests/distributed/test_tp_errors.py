@@ -18,7 +18,7 @@ from ingot.config import ConfigError
 from ingot.loading.model_config import ModelConfig
 from ingot.models.registry import check_tensor_parallel
 from ingot.runner.tp_runner import TensorParallelError
-from tests.distributed.tp_helpers import FaultySource, alive, tp_engine
+from tests.distributed.tp_helpers import FAULT_ENV, FAULT_SITE, alive, fail_in_forward, tp_engine
 from tests.helpers import TINY, write_tiny_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -73,9 +73,11 @@ def test_smollm2_over_two_ranks_is_refused_before_any_process_starts(smollm2_ggu
     assert _no_children() and not dist.is_initialized()
 
 
-def test_worker_failing_to_load_surfaces_its_traceback(tiny):
+def test_worker_failing_to_load_surfaces_its_traceback(tiny, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "1")  # the spawned worker of rank 1 fails loading its shard
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAULT_SITE, *filter(None, [os.environ.get("PYTHONPATH")])]))
     with pytest.raises(TensorParallelError) as info:
-        tp_engine(tiny, FaultySource(tiny, rank=1, at="load"), tensor_parallel_size=2)
+        tp_engine(tiny, tensor_parallel_size=2)
     text = str(info.value)
     assert "worker 1 failed" in text and "Traceback (most recent call last)" in text
     assert "RuntimeError: injected fault on rank 1 while loading" in text
@@ -83,8 +85,9 @@ def test_worker_failing_to_load_surfaces_its_traceback(tiny):
 
 
 def test_worker_failing_in_a_step_fails_its_requests_and_stops_the_group(tiny):
-    engine = tp_engine(tiny, FaultySource(tiny, rank=1, at="forward", after=2), tensor_parallel_size=2, max_model_len=128)
-    pids = engine.runner.worker_pids
+    engine = tp_engine(tiny, tensor_parallel_size=2, max_model_len=128)
+    engine.executor.run_on_ranks(fail_in_forward, 1, 2)
+    pids = engine.executor.workers.pids
     seq = engine.add_request([5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))
     outputs = []
     while engine.has_unfinished():
@@ -109,7 +112,7 @@ def _driver(tiny: str, body: str) -> subprocess.Popen:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from ingot import LLM, SamplingParams
         llm = LLM({tiny!r}, device="cpu", tensor_parallel_size=2, show_progress=False, max_model_len=256)
-        print(*llm.engine.runner.worker_pids, flush=True)
+        print(*llm.engine.executor.workers.pids, flush=True)
     """) + textwrap.dedent(body)
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -164,13 +167,14 @@ def test_ctrl_c_in_the_driver_stops_everything(tiny):
 
 
 def test_tensor_parallel_size_from_the_environment_and_the_command_line():
-    from ingot.cli import _engine_overrides, build_parser
+    from ingot.cli import build_parser
     from ingot.config import EngineConfig
+    from ingot.engine_args import engine_overrides
 
     assert EngineConfig.create(env={"INGOT_TENSOR_PARALLEL_SIZE": "2"}).tensor_parallel_size == 2
     with pytest.raises(ConfigError, match="INGOT_TENSOR_PARALLEL_SIZE='0'"):
         EngineConfig.create(env={"INGOT_TENSOR_PARALLEL_SIZE": "0"})
     for argv in (["generate", "hi", "--tp", "3"], ["serve", "--tensor-parallel-size", "3"]):
-        assert _engine_overrides(build_parser().parse_args(argv))["tensor_parallel_size"] == 3
+        assert engine_overrides(build_parser().parse_args(argv))["tensor_parallel_size"] == 3
     assert build_parser().parse_args(["bench", "decode", "--tp", "2"]).tp == 2
     assert build_parser().parse_args(["check", "drift", "--tensor-parallel-size", "2"]).tp == 2

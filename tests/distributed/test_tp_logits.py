@@ -33,7 +33,7 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_tp2_logits_equal_tp1(tmp_path, arch):
     path = str(write_tiny_checkpoint(tmp_path / arch, arch, fused_experts=arch in FUSED_EXPERTS, overrides=CASES[arch]))
-    ref_engine = Engine.from_config(EngineConfig.create(model=path, device="cpu", dtype="float32", show_progress=False, **ENGINE))
+    ref_engine = Engine(EngineConfig.create(model=path, device="cpu", dtype="float32", show_progress=False, **ENGINE))
     ref, fed = teacher_forced_logits(ref_engine, PROMPTS, steps=6)
     engine = tp_engine(path, tensor_parallel_size=2, **ENGINE)
     try:
@@ -59,7 +59,7 @@ def test_tp2_sampling_and_logprobs_equal_tp1(tmp_path, monkeypatch):
     for size in (1, 2):
         with LLM(path, device="cpu", dtype="float32", show_progress=False, tensor_parallel_size=size, **ENGINE) as llm:
             results[size] = llm.generate([list(range(3, 30)), [5, 6, 7]], params, use_tqdm=False)
-            pids = llm.engine.runner.worker_pids if size > 1 else []
+            pids = llm.engine.executor.workers.pids if size > 1 else []
             for pid in pids:
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     environ = f.read().split(b"\0")
@@ -90,18 +90,18 @@ def test_token_feed_reaches_every_rank(tmp_path):
         batch = engine.scheduler.schedule()
         assert not batch.is_prefill and len(batch.seqs) == 3
         if feed:
-            step = engine.runner.launch(batch, (), TokenFeed(torch.tensor(fed), [0, 1, 2]))
+            step = engine.executor.launch(batch, (), TokenFeed(torch.tensor(fed), [0, 1, 2]))
         else:  # the same tokens from the host (or the sampled ones: ``override=False``)
             for seq, token in zip(seqs, fed):
                 if override:
                     seq.output_token_ids[-1] = token
-            step = engine.runner.launch(batch, ())
+            step = engine.executor.launch(batch, ())
         tokens = step.collect().token_ids
         for seq in seqs:
             engine.abort(seq.request_id)
         return tokens
 
-    ref_engine = Engine.from_config(EngineConfig.create(model=path, device="cpu", dtype="float32", show_progress=False, **ENGINE))
+    ref_engine = Engine(EngineConfig.create(model=path, device="cpu", dtype="float32", show_progress=False, **ENGINE))
     expected = decode_tokens(ref_engine, feed=False)
     assert decode_tokens(ref_engine, feed=False, override=False) != expected  # the fed tokens matter
     assert decode_tokens(ref_engine, feed=True) == expected

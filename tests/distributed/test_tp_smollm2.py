@@ -24,7 +24,7 @@ def test_smollm2_tp3_greedy_tokens_equal_tp1(smollm2_gguf):
         with LLM(str(smollm2_gguf), device="cpu", dtype="float32", tensor_parallel_size=size, max_num_seqs=8,
                  max_model_len=256, max_num_batched_tokens=512, show_progress=False) as llm:
             outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-            pids = llm.engine.runner.worker_pids if size > 1 else []
+            pids = llm.engine.executor.workers.pids if size > 1 else []
         assert all(o.error is None for o in outputs)
         tokens[size] = [o.outputs[0].token_ids for o in outputs]
     assert all(len(t) == 48 for t in tokens[3])

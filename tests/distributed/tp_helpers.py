@@ -1,20 +1,25 @@
-"""Helpers of the tensor-parallel tests (a module of its own: spawned workers import FaultySource)."""
+"""Helpers of the tensor-parallel tests (a module of its own: spawned workers import the
+functions ``Executor.run_on_ranks`` sends them from here)."""
 
 from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
-from ingot.loading.checkpoint import open_checkpoint
-from ingot.runner.model_source import CheckpointSource
-from ingot.runner.tp_runner import start_tensor_parallel
+from ingot.runner.graph_runner import make_decode_forward
+from ingot.runner.model_runner import ModelRunner
+from ingot.runner.step_inputs import HostStep, device_inputs, host_step
 from ingot.sampling_params import SamplingParams
+
+# Set in the test process, inherited by the spawned workers: "RANK" makes that rank's loading raise
+# (``tests/distributed/faults/sitecustomize.py``, put on PYTHONPATH by the test).
+FAULT_ENV = "INGOT_TEST_LOAD_FAULT_RANK"
+FAULT_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
 
 
 def alive(pid: int) -> bool:
@@ -26,20 +31,63 @@ def alive(pid: int) -> bool:
         return False
 
 
-def tp_engine(model: str, source=None, device: str = "cpu", **overrides) -> Engine:
-    """An fp32 engine over ``model`` whose ranks build their shards from ``source`` (default: the checkpoint)."""
-    config = EngineConfig.create(model=model, device=device, dtype="float32", show_progress=False, **overrides)
-    ckpt = open_checkpoint(model)
-    max_len = config.max_model_len or ckpt.config.max_position_embeddings
-    runner = start_tensor_parallel(config, source or CheckpointSource(model), ckpt.config, torch.device(device),
-                                   torch.float32, max_len)
-    return Engine(config, runner.model, ckpt.config, ckpt.tokenizer, runner.device, torch.float32, max_len, runner=runner)
+def tp_engine(model: str, device: str = "cpu", **overrides) -> Engine:
+    """An fp32 engine over ``model`` (``tensor_parallel_size`` and the rest in ``overrides``)."""
+    return Engine(EngineConfig.create(model=model, device=device, dtype="float32", show_progress=False, **overrides))
+
+
+def raw_logits(runner: ModelRunner, host: HostStep) -> torch.Tensor:
+    """The raw forward's logits of a step, on every rank (the driver's come back)."""
+    return runner.raw_logits(device_inputs(host, runner.device))
+
+
+def decode_graphs(runner: ModelRunner) -> Optional[dict[int, tuple[bool, bool]]]:
+    """A rank's decode graphs: bucket -> (a real graph was captured, it replays the compiled forward)."""
+    if runner.graphs is None:
+        return None
+    return {size: (e.graph is not None, e.compiled) for size, e in runner.graphs.entries.items()}
+
+
+def fail_in_forward(runner: ModelRunner, rank: int, after: int) -> None:
+    """Rank ``rank``'s model raises from its ``after + 1``-th forward on."""
+    if runner.tp.rank != rank:
+        return
+    calls = itertools.count()
+    forward = runner.model.forward
+
+    def faulty(*args, **kwargs):
+        if next(calls) >= after:
+            raise RuntimeError(f"injected fault on rank {rank} in forward (pid {os.getpid()})")
+        return forward(*args, **kwargs)
+
+    runner.model.forward = faulty
+
+
+def compile_decode_forward(runner: ModelRunner, host: HostStep) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
+    """On every rank: the raw logits of a decode step, the same through the decode forward
+    compiled with ``fullgraph=True`` (a recording backend), and each graph's call targets."""
+    inputs = device_inputs(host, runner.device)
+    raw = runner.raw_logits(inputs).clone()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    forward = torch.compile(make_decode_forward(runner.model, runner.policy), backend=backend, fullgraph=True)
+    a = inputs.attn
+    with torch.inference_mode():
+        compiled = forward(inputs.input_ids, inputs.positions, a.slot_mapping, a.block_tables, a.seq_lens)
+    targets = [[str(n.target) for n in gm.graph.nodes if n.op == "call_function"] for gm in graphs]
+    return raw, compiled, targets
 
 
 def teacher_forced_logits(engine: Engine, prompts: list[list[int]], steps: int,
                           forced: Optional[list[list[int]]] = None) -> tuple[list[torch.Tensor], list[list[int]]]:
     """Logits of every step (prefill chunks' last tokens, then each decode step) of ``prompts``
-    decoded together, through the runner's stage / logits_of; the next tokens are ``forced``
+    decoded together, through the raw forward on every rank; the next tokens are ``forced``
     (per prompt) or the argmax. Returns (logits per step, tokens fed per prompt)."""
     params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
     seqs = [engine.add_request(p, params) for p in prompts]
@@ -48,11 +96,11 @@ def teacher_forced_logits(engine: Engine, prompts: list[list[int]], steps: int,
     out = []
     while any(len(f) < steps for f in fed):
         batch = engine.scheduler.schedule()
-        inputs = engine.runner.stage(batch)
-        logits = engine.runner.logits_of(None, inputs).float().cpu()
+        host = host_step(batch, engine.config.block_size)
+        logits = engine.executor.run_on_ranks(raw_logits, host).float().cpu()
         out.append(logits)
         engine.scheduler.on_step_done(batch, engine.scheduler.on_step_launched(batch))  # counts the computed tokens (and caches full blocks)
-        for k, row in enumerate(inputs.sample_rows):
+        for k, row in enumerate(host.sample_rows):
             seq = batch.seqs[row]
             i = index[id(seq)]
             token = forced[i][len(fed[i])] if forced is not None else int(logits[k].argmax())
@@ -61,30 +109,3 @@ def teacher_forced_logits(engine: Engine, prompts: list[list[int]], steps: int,
     for seq in seqs:
         engine.abort(seq.request_id)
     return out, fed
-
-
-@dataclass(frozen=True)
-class FaultySource:
-    """A checkpoint whose rank ``rank`` raises while loading (``at="load"``) or in its
-    ``after + 1``-th forward (``at="forward"``)."""
-
-    model: str
-    rank: int
-    at: str
-    after: int = 0
-
-    def load(self, tp, device, dtype, max_position, progress=False):
-        if tp.rank == self.rank and self.at == "load":
-            raise RuntimeError(f"injected fault on rank {tp.rank} while loading")
-        model = CheckpointSource(self.model).load(tp, device, dtype, max_position, progress)
-        if tp.rank == self.rank and self.at == "forward":
-            calls = itertools.count()
-            forward = model.forward
-
-            def faulty(*args, **kwargs):
-                if next(calls) >= self.after:
-                    raise RuntimeError(f"injected fault on rank {tp.rank} in forward (pid {os.getpid()})")
-                return forward(*args, **kwargs)
-
-            model.forward = faulty
-        return model

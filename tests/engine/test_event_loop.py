@@ -57,7 +57,7 @@ def test_engine_process_on_uvloop(tmp_path):
     offline = LLM(model=str(path), dtype="float32", device="cpu", show_progress=False)
     expected = [o.outputs[0].token_ids for o in offline.generate(prompts, params)]
     offline.shutdown()
-    llm = AsyncLLM.in_process(Engine.from_config, config, open_checkpoint(config.model).tokenizer)
+    llm = AsyncLLM.in_process(config)
 
     async def one(prompt: str) -> list[int]:
         ids: list[int] = []

@@ -112,7 +112,7 @@ def test_failing_sampler_row_fails_that_request_alone(llm, monkeypatch):
 
 
 def test_failing_model_step_fails_its_batch_and_the_engine_goes_on(llm, monkeypatch):
-    runner = llm.engine.runner
+    runner = llm.engine.executor
     real = runner.launch
     calls = {"n": 0}
 
@@ -179,14 +179,14 @@ def test_ctrl_c_signal_during_generate_is_an_interrupt(llm):
 def test_an_engine_thread_that_cannot_start_fails_requests_instead_of_hanging(tmp_path, monkeypatch):
     """If the loop thread dies before its first step (binding the GPU, say), the requests
     waiting for it get an error output and later calls fail clearly; nothing hangs."""
-    from ingot.engine.engine_loop import EngineDeadError, EngineLoop
+    from ingot.engine.engine_loop import EngineDeadError
 
-    def broken(self):
+    def broken():
         raise RuntimeError("no such GPU")
 
-    monkeypatch.setattr(EngineLoop, "_bind_device", broken)
     path = write_tiny_checkpoint(tmp_path / "llama", "llama")
     llm = LLM(str(path), dtype="float32", device="cpu", show_progress=False)
+    monkeypatch.setattr(llm.engine.executor, "make_current", broken)
     (out,) = llm.generate("hello world", GREEDY)
     assert out.error and "no such GPU" in out.error
     with pytest.raises(EngineDeadError, match="no such GPU"):

@@ -1,7 +1,7 @@
-"""Serving options changed on a live engine: ``Engine.reset_prefix_cache`` (and
-``LLM.reset_prefix_cache``) and ``Engine.set_serving_options`` (prefix caching, overlap
-scheduling), allowed only while no request is in flight, on a tiny random checkpoint
-(greedy fp32); the reference for tokens is an engine built with the other setting."""
+"""Serving options: ``Engine.reset_prefix_cache`` (and ``LLM.reset_prefix_cache``), allowed
+only while no request is in flight, and engines built with prefix caching or overlap
+scheduling off, on a tiny random checkpoint (greedy fp32); the reference for tokens is
+an engine built with the other setting."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import random
 import pytest
 
 from ingot import LLM
-from ingot.config import ConfigError
 from ingot.engine.engine_loop import EngineDeadError
 from ingot.sampling_params import SamplingParams
 from tests.engine.fake_steps import check_all_free, check_invariants
@@ -66,19 +65,14 @@ def test_reset_prefix_cache_forgets_what_a_repeated_prompt_would_hit(tiny):
     assert cached == [28], "the cache fills again after a reset"
 
 
-def test_reset_and_options_are_refused_while_requests_are_in_flight(tiny):
+def test_reset_is_refused_while_requests_are_in_flight(tiny):
     engine = engine_of(tiny)
     run(engine, [PROMPT], "warm")  # its blocks stay cached
     cached = dict(engine.scheduler.blocks.cached)
-    config = engine.config
     seq = engine.add_request(PROMPTS[2], greedy(), "busy", stream=False)
     engine.step()
     assert engine.reset_prefix_cache() is False
-    with pytest.raises(RuntimeError, match="1 request.* in flight"):
-        engine.set_serving_options(overlap_scheduling=False)
-    with pytest.raises(RuntimeError, match="in flight"):
-        engine.set_serving_options(enable_prefix_caching=False)
-    assert engine.config is config and engine.scheduler.blocks.caching
+    assert engine.scheduler.blocks.caching
     assert all(engine.scheduler.blocks.cached.get(h) == b for h, b in cached.items()), "nothing was forgotten"
     while engine.has_unfinished():
         engine.step()
@@ -102,52 +96,28 @@ def test_a_step_in_flight_for_ended_requests_is_read_back_first(tiny):
     check_all_free(engine.scheduler)
 
 
-def test_switching_overlap_scheduling_keeps_the_greedy_tokens(tiny):
+def test_overlap_scheduling_keeps_the_greedy_tokens(tiny):
     serial = engine_of(tiny, overlap_scheduling=False, enable_prefix_caching=False)
     want, _, overlapped = run(serial, PROMPTS, "ref", n=9)
-    assert not overlapped
+    assert not overlapped, "a serial engine never leaves a step in flight"
     engine = engine_of(tiny)  # overlap on
     tokens, _, overlapped = run(engine, PROMPTS, "on", n=9)
     assert overlapped and tokens == want
-    engine.set_serving_options(overlap_scheduling=False)
-    assert engine.config.overlap_scheduling is False and engine.config.enable_prefix_caching is True
-    assert engine.reset_prefix_cache()
-    tokens, _, overlapped = run(engine, PROMPTS, "off", n=9)
-    assert not overlapped, "a serial engine never leaves a step in flight"
-    assert tokens == want
-    engine.set_serving_options(overlap_scheduling=True)
-    tokens, _, overlapped = run(engine, PROMPTS, "on-again", n=9)
-    assert overlapped and tokens == want
 
 
-def test_switching_prefix_caching_empties_the_cache(tiny):
-    engine = engine_of(tiny, overlap_scheduling=False)
-    want, _, _ = run(engine, [PROMPT], "a")
-    engine.set_serving_options(enable_prefix_caching=False)
+def test_prefix_caching_off_looks_nothing_up(tiny):
+    engine = engine_of(tiny, overlap_scheduling=False, enable_prefix_caching=False)
     blocks = engine.scheduler.blocks
-    assert engine.config.enable_prefix_caching is False and not blocks.caching
-    assert engine.config.overlap_scheduling is False, "None keeps a setting"
-    assert not blocks.cached and not blocks.evictable
-    queries = engine.stats().prefix_cache_queries
+    assert not blocks.caching
+    want, _, _ = run(engine, [PROMPT], "a")
     for tag in ("off1", "off2"):
         tokens, cached, _ = run(engine, [PROMPT], tag)
-        assert tokens == want and cached == [0] and not blocks.cached
-    assert engine.stats().prefix_cache_queries == queries, "with caching off nothing is looked up"
-    engine.set_serving_options(enable_prefix_caching=True)
-    assert blocks.caching
-    _, cached, _ = run(engine, [PROMPT], "on1")
-    assert cached == [0]
-    tokens, cached, _ = run(engine, [PROMPT], "on2")
+        assert tokens == want and cached == [0] and not blocks.cached and not blocks.evictable
+    assert engine.stats().prefix_cache_queries == 0, "with caching off nothing is looked up"
+    cached_engine = engine_of(tiny, overlap_scheduling=False)
+    run(cached_engine, [PROMPT], "on1")
+    tokens, cached, _ = run(cached_engine, [PROMPT], "on2")
     assert cached == [28] and tokens == want
-
-
-def test_set_serving_options_rejects_what_is_not_a_bool(tiny):
-    engine = engine_of(tiny)
-    with pytest.raises(ConfigError, match="overlap_scheduling"):
-        engine.set_serving_options(overlap_scheduling="off")  # type: ignore[arg-type]
-    config = engine.config
-    engine.set_serving_options()
-    assert engine.config == config
 
 
 def test_llm_reset_prefix_cache_runs_in_the_engine_loop(tiny):

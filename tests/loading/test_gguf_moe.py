@@ -106,7 +106,7 @@ def test_moe_gguf_logits_match_hf(tmp_path, arch):
     path = write_moe_gguf(hf_dir, tmp_path / f"{arch}.gguf", arch)
     ckpt = load_gguf(path)
     assert ckpt.config["architectures"] == json.loads((hf_dir / "config.json").read_text())["architectures"]
-    engine = Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
+    engine = Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
     ids = torch.randint(3, 300, (30,), generator=torch.Generator().manual_seed(4)).tolist()
     got = ingot_logits(engine, ids, prefill_len=20, chunk=9)
     ref = hf_logits(hf_dir, ids)

@@ -22,13 +22,13 @@ def test_fused_prologue_decode_matches_hf(tmp_path, monkeypatch, arch):
     launch = skinny_gemm._launch
     monkeypatch.setattr(skinny_gemm, "_launch", lambda *a, **k: launches.append(a[4:5]) or launch(*a, **k))
     path = write_tiny_checkpoint(tmp_path / arch, arch)
-    engine = Engine.from_config(EngineConfig(model=str(path), dtype="bfloat16", device="cuda",
+    engine = Engine(EngineConfig(model=str(path), dtype="bfloat16", device="cuda",
                                              eager_mode=True, show_progress=False))
     ids = torch.randint(3, 300, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     ref = hf_logits(path, ids)
     errors = {}
     for rows in (0, 1):
-        engine.runner.policy = OpPolicy(skinny_rows=rows)
+        engine.executor.policy = OpPolicy(skinny_rows=rows)
         got = ingot_logits(engine, ids, prefill_len=16)
         errors[rows] = ((got - ref).norm() / ref.norm()).item()
         assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95

@@ -14,7 +14,7 @@ from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
 def test_logits_match_hf(tmp_path, arch):
     path = write_tiny_checkpoint(tmp_path / arch, arch)
     assert (path / "model.safetensors.index.json").exists(), "checkpoint should be sharded"
-    engine = Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
+    engine = Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 300, (40,), generator=gen).tolist()
     ref = hf_logits(path, ids)
@@ -49,11 +49,11 @@ def test_fused_prologue_path_matches_hf(tmp_path, monkeypatch, arch, max_n, fuse
 
         monkeypatch.setattr(reference, name, counted)
     path = write_tiny_checkpoint(tmp_path / arch, arch)
-    engine = Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
+    engine = Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
     ids = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(2)).tolist()
-    engine.runner.policy = OpPolicy(skinny_rows=1)  # the runner turns it off without CUDA kernels
+    engine.executor.policy = OpPolicy(skinny_rows=1)  # the runner turns it off without CUDA kernels
     got = ingot_logits(engine, ids, prefill_len=16)
-    layers = engine.runner.model.config.num_layers
+    layers = engine.executor.model.config.num_layers
     decode_steps = len(ids) - 16
     # per layer: the post-attention norm (if fused), the next layer's input norm (not the first
     # layer's), the MLP

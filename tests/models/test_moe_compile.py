@@ -27,8 +27,8 @@ def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path, skinny):
     path = write_tiny_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
     cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, num_kv_blocks=64,
                        decode_compile=True)
-    engine = Engine.from_config(cfg)
-    model = engine.runner.model
+    engine = Engine(cfg)
+    model = engine.executor.model
     sparse_layers = sum(isinstance(layer.mlp, MoEBlock) for layer in model.layers)
     assert sparse_layers == 2
 
@@ -41,7 +41,7 @@ def test_compiled_moe_decode_step_keeps_fused_moe_opaque(tmp_path, skinny):
         return compile_fx(gm, example_inputs)
 
     batch = 1 if skinny else 4
-    raw = make_decode_forward(model, OpPolicy(skinny_rows=1) if skinny else engine.runner.policy)
+    raw = make_decode_forward(model, OpPolicy(skinny_rows=1) if skinny else engine.executor.policy)
     compiled = decode_compile.build_decode_forward(raw, cfg, torch.device("cpu"), backend=backend, allow_cpu=True)
     assert getattr(compiled, "compiled", False)
     buf = StaticBuffers.allocate(4, 8, torch.device("cpu"))

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cuda
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"])
 def test_logits_on_cuda_match_hf(tmp_path, arch):
     path = write_tiny_checkpoint(tmp_path / arch, arch)
-    engine = Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cuda", eager_mode=True,
+    engine = Engine(EngineConfig(model=str(path), dtype="float32", device="cuda", eager_mode=True,
                                              show_progress=False, gpu_memory_utilization=0.2))
     ids = torch.randint(3, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     with OpNames() as ran:
@@ -40,7 +40,7 @@ def test_generate_with_graphs_matches_hf(tmp_path):
     path = write_tiny_checkpoint(tmp_path / "q3", "qwen3_moe", seed=3)
     llm = LLM(str(path), dtype="float32", device="cuda", show_progress=False, gpu_memory_utilization=0.2,
               cudagraph_capture_sizes=(1, 2, 4))
-    assert llm.engine.runner.graphs is not None
+    assert llm.engine.executor.graphs is not None
     prompts = [[5, 17, 80, 33, 120, 7], [44, 9, 250, 61], [3, 3, 90]]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     reference = hf_model(path)

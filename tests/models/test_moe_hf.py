@@ -13,7 +13,7 @@ from tests.helpers import MOE_ARCHS, hf_logits, hf_model, ingot_logits, write_ti
 
 
 def _engine(path) -> Engine:
-    return Engine.from_config(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
+    return Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False))
 
 
 def _check_logits(path, seed: int = 1) -> None:
@@ -47,7 +47,7 @@ def test_fused_expert_layout_matches_hf(tmp_path, arch):
 def test_layer_kinds_follow_the_config(tmp_path):
     """mlp_only_layers and decoder_sparse_step pick the dense layers as HF does."""
     for arch, sparse in (("qwen3_moe", [True, False, True]), ("qwen2_moe", [False, True, False])):
-        model = _engine(write_tiny_checkpoint(tmp_path / arch, arch)).runner.model
+        model = _engine(write_tiny_checkpoint(tmp_path / arch, arch)).executor.model
         assert [isinstance(layer.mlp, MoEBlock) for layer in model.layers] == sparse, arch
         reference = hf_model(tmp_path / arch)
         hf_sparse = [hasattr(layer.mlp, "experts") for layer in reference.model.layers]
@@ -136,14 +136,14 @@ def test_op_policy_reaches_the_moe_block(tmp_path, monkeypatch, policy):
         monkeypatch.setattr(reference, name, counted)
     path = write_tiny_checkpoint(tmp_path / "q2", "qwen2_moe")
     engine = _engine(path)
-    engine.runner.policy = OpPolicy(skinny_rows=1) if policy == "skinny" else OpPolicy().with_native(["silu_and_mul"])
+    engine.executor.policy = OpPolicy(skinny_rows=1) if policy == "skinny" else OpPolicy().with_native(["silu_and_mul"])
     ids = torch.randint(3, 300, (20,), generator=torch.Generator().manual_seed(5)).tolist()
     with OpNames() as ran:
         got = ingot_logits(engine, ids, prefill_len=16)
     ref = hf_logits(path, ids)
     assert (got - ref).norm() / ref.norm() < 1e-5 and torch.equal(got.argmax(-1), ref.argmax(-1))
     assert "ingot.fused_moe" in ran.names
-    sparse = sum(isinstance(layer.mlp, MoEBlock) for layer in engine.runner.model.layers)
+    sparse = sum(isinstance(layer.mlp, MoEBlock) for layer in engine.executor.model.layers)
     decode_steps = len(ids) - 16
     if policy == "skinny":  # per decode step and sparse layer: the router GEMV, the shared gate_up GEMV + fused down
         assert calls["silu_mul_linear"] >= decode_steps * sparse
@@ -176,12 +176,12 @@ def test_norm_and_router_ride_in_o_proj(tmp_path, monkeypatch, arch):
     monkeypatch.setattr(reference, "fused_moe", moe)
     path = write_tiny_checkpoint(tmp_path / arch, arch)
     engine = _engine(path)
-    engine.runner.policy = OpPolicy(skinny_rows=1)
+    engine.executor.policy = OpPolicy(skinny_rows=1)
     ids = torch.randint(3, 300, (20,), generator=torch.Generator().manual_seed(6)).tolist()
     got = ingot_logits(engine, ids, prefill_len=16)
     ref = hf_logits(path, ids)
     assert (got - ref).norm() / ref.norm() < 1e-5 and torch.equal(got.argmax(-1), ref.argmax(-1))
-    sparse = sum(isinstance(layer.mlp, MoEBlock) for layer in engine.runner.model.layers)
+    sparse = sum(isinstance(layer.mlp, MoEBlock) for layer in engine.executor.model.layers)
     decode_steps = len(ids) - 16
     assert sparse > 0 and calls == {"linear_norm_linear_scaled": decode_steps * sparse,
                                     "fused_moe_scaled": decode_steps * sparse}

@@ -77,8 +77,12 @@ def _fake_compile(monkeypatch, perturb: float, delay: float = 0.0):
 
 
 def _llm(tiny) -> LLM:
-    return LLM(str(tiny), dtype="float32", device="cpu", show_progress=False, max_num_seqs=4,
-               fake_graph_capture=True, decode_compile="auto")
+    return LLM(str(tiny), dtype="float32", device="cpu", show_progress=False, max_num_seqs=4, decode_compile="auto")
+
+
+@pytest.fixture(autouse=True)
+def _cpu_buckets(cpu_buckets):
+    """Every engine here decodes through the padded bucket path."""
 
 
 def test_auto_picks_compiled_where_timings_say_so(tiny, monkeypatch):
@@ -91,7 +95,7 @@ def test_auto_picks_compiled_where_timings_say_so(tiny, monkeypatch):
 
     monkeypatch.setattr(auto_compile, "time_ms", fake_time)
     llm = _llm(tiny)
-    runner = llm.engine.runner.graphs
+    runner = llm.engine.executor.graphs
     assert sorted(runner.decisions) == [1, 2, 4]
     assert all(d.use_compiled for d in runner.decisions.values())
     assert all(e.compiled for e in runner.entries.values())
@@ -102,7 +106,7 @@ def test_auto_picks_compiled_where_timings_say_so(tiny, monkeypatch):
 def test_auto_rejects_a_drifting_compiled_forward(tiny, monkeypatch):
     _fake_compile(monkeypatch, perturb=0.5)
     monkeypatch.setattr(auto_compile, "time_ms", lambda fn, iters, device, warmup=3: [1.0] * iters)
-    runner = _llm(tiny).engine.runner.graphs
+    runner = _llm(tiny).engine.executor.graphs
     assert not any(d.use_compiled for d in runner.decisions.values())
     assert not runner.compiled
     # and the graph runner's padded buffers were reset after the probe
@@ -111,5 +115,5 @@ def test_auto_rejects_a_drifting_compiled_forward(tiny, monkeypatch):
 
 def test_auto_keeps_graph_when_compiled_is_slower_real_timings(tiny, monkeypatch):
     _fake_compile(monkeypatch, perturb=0.0, delay=0.005)
-    runner = _llm(tiny).engine.runner.graphs
+    runner = _llm(tiny).engine.executor.graphs
     assert not any(d.use_compiled for d in runner.decisions.values())

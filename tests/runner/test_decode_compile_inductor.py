@@ -25,8 +25,8 @@ def test_inductor_decode_step_in_place_and_close_to_raw(tmp_path):
     path = write_tiny_checkpoint(tmp_path / "llama", "llama")
     cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False,
                        num_kv_blocks=BLOCKS, decode_compile=True)
-    engine = Engine.from_config(cfg)
-    raw = make_decode_forward(engine.runner.model, engine.runner.policy)
+    engine = Engine(cfg)
+    raw = make_decode_forward(engine.executor.model, engine.executor.policy)
     compiled = decode_compile.build_decode_forward(raw, cfg, torch.device("cpu"), allow_cpu=True)
     assert getattr(compiled, "compiled", False)
     buf = StaticBuffers.allocate(4, 8, torch.device("cpu"))
@@ -43,8 +43,8 @@ def test_inductor_decode_step_in_place_and_close_to_raw(tmp_path):
     assert cache_alloc not in source, "the compiled step allocates a copy of the KV cache"
     assert f"({BLOCKS}, 16, 2, 16)" in source, "the caches are inputs of the compiled graph"
 
-    # the next buckets: one recompile with the batch dim symbolic, then reuse (the default
-    # compile_dynamic_batch); still equal to raw. (Not through run_and_get_code: it resets Dynamo.)
+    # the next buckets: one recompile with the batch dim symbolic, then reuse (Dynamo's
+    # automatic dynamic shapes); still equal to raw. (Not through run_and_get_code: it resets Dynamo.)
     for size, may_compile in ((3, True), (2, False)):
         with torch.inference_mode():
             expected = raw(*buf.view(size)).clone()

@@ -53,7 +53,7 @@ def llm(smollm2_gguf):
 
 def test_graph_replay_bitwise_equals_raw_forward(llm, monkeypatch):
     """Compile off: at every step, replay == the raw forward on the same padded buffers."""
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.graphs
     assert graphs is not None and not graphs.compiled
     mismatches = []
     steps = []
@@ -97,7 +97,7 @@ def test_no_recompile_after_warmup(smollm2_gguf):
 
     llm = LLM(str(smollm2_gguf), dtype="bfloat16", device="cuda", max_num_seqs=4, cudagraph_capture_sizes=(1, 2, 4),
               decode_compile=True, show_progress=False, max_model_len=512, num_kv_blocks=256)
-    assert llm.engine.runner.graphs.compiled
+    assert llm.engine.executor.graphs.compiled
     before = dict(counters["stats"])
     outs = llm.generate(["Hello there", "The sea is", "One, two,"], SamplingParams(temperature=0.0, max_tokens=32))
     assert all(o.outputs[0].token_ids for o in outs)

@@ -33,17 +33,19 @@ def test_default_buckets():
     assert capture_sizes(EngineConfig(max_num_seqs=16, cudagraph_capture_sizes=(32,))) == [16]
 
 
-def test_no_graphs_on_cpu_without_fake(tiny):
+def test_no_graphs_on_cpu_without_fake(tiny, monkeypatch):
     llm = make(tiny)
-    assert llm.engine.runner.graphs is None
-    assert make(tiny, fake_graph_capture=True, eager_mode=True).engine.runner.graphs is None
+    assert llm.engine.executor.graphs is None
+    monkeypatch.setattr(graph_runner, "CPU_BUCKETS", True)
+    assert make(tiny, eager_mode=True).engine.executor.graphs is None
 
 
 def test_fake_capture_padded_path_matches_unpadded(tiny, monkeypatch):
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     eager = [o.outputs[0].token_ids for o in make(tiny, eager_mode=True).generate(PROMPTS, params)]
-    llm = make(tiny, fake_graph_capture=True)
-    runner = llm.engine.runner.graphs
+    monkeypatch.setattr(graph_runner, "CPU_BUCKETS", True)
+    llm = make(tiny)
+    runner = llm.engine.executor.graphs
     assert runner is not None and runner.buckets == [1, 2, 4, 8]
     calls = []
     real_run = runner.run
@@ -53,16 +55,16 @@ def test_fake_capture_padded_path_matches_unpadded(tiny, monkeypatch):
     assert calls and set(calls) == {5}, "decode steps of 5 sequences ran the bucket-8 padded path"
 
 
-def test_padding_rows_only_touch_the_dummy_block(tiny):
-    llm = make(tiny, fake_graph_capture=True, num_kv_blocks=64)
+def test_padding_rows_only_touch_the_dummy_block(tiny, cpu_buckets):
+    llm = make(tiny, num_kv_blocks=64)
     llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    used_blocks = llm.engine.runner.kv.block_usage().nonzero().flatten().tolist()
+    used_blocks = llm.engine.executor.kv.block_usage().nonzero().flatten().tolist()
     # 3 prompts of < 16 tokens + 8 outputs: at most 2 blocks each, handed out from 1 upwards
     assert max(used_blocks) <= 6
     assert 0 in used_blocks, "padded rows wrote their K/V into the dummy block"
 
 
-def test_compiled_forward_built_lazily_once_and_never_for_prefill(tiny, monkeypatch):
+def test_compiled_forward_built_lazily_once_and_never_for_prefill(tiny, monkeypatch, cpu_buckets):
     built = []
     calls = []
 
@@ -77,7 +79,7 @@ def test_compiled_forward_built_lazily_once_and_never_for_prefill(tiny, monkeypa
         return spy
 
     monkeypatch.setattr(graph_runner.decode_compile, "build_decode_forward", fake_build)
-    llm = make(tiny, fake_graph_capture=True, decode_compile=True)
+    llm = make(tiny, decode_compile=True)
     assert built == [True], "built once, at capture"
     assert sorted(calls) == sorted([1, 1, 2, 2, 4, 4, 8, 8]), "two warm-up calls per bucket"
     calls.clear()
@@ -91,8 +93,8 @@ def test_lazy_build_not_called_without_graphs(tiny, monkeypatch):
     make(tiny, decode_compile=True)  # CPU, no fake capture: the raw model only
 
 
-def test_fake_capture_of_every_default_bucket_runs_no_warm_up_forward(tiny, monkeypatch):
-    """INGOT_FAKE_GRAPH_CAPTURE=1 on CPU with the default 35 buckets (up to 256 rows) must not
+def test_fake_capture_of_every_default_bucket_runs_no_warm_up_forward(tiny, monkeypatch, cpu_buckets):
+    """Fake capture on CPU with the default 35 buckets (up to 256 rows) must not
     run each bucket's forward: there is no graph to capture, so start-up stays quick."""
     calls = []
     real = graph_runner.make_decode_forward
@@ -102,8 +104,8 @@ def test_fake_capture_of_every_default_bucket_runs_no_warm_up_forward(tiny, monk
         return lambda *args: calls.append(args[0].shape[0]) or forward(*args)
 
     monkeypatch.setattr(graph_runner, "make_decode_forward", counting)
-    llm = LLM(str(tiny), dtype="float32", device="cpu", show_progress=False, fake_graph_capture=True)
-    assert len(llm.engine.runner.graphs.entries) == len(default_buckets(256)) and calls == []
+    llm = LLM(str(tiny), dtype="float32", device="cpu", show_progress=False)
+    assert len(llm.engine.executor.graphs.entries) == len(default_buckets(256)) and calls == []
     out = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert calls == [4, 4, 4] and all(len(o.outputs[0].token_ids) == 4 for o in out)  # the bucket of 3 rows
     llm.shutdown()
