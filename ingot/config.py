@@ -148,7 +148,7 @@ class EngineConfig:
         return self.replace(max_num_seqs=max_num_seqs_for(device_memory))
 
 
-LARGE_GPU_BYTES = 70 * 2**30  # H100, H200, MI300: a batch of 512 fits their KV cache at common lengths
+LARGE_GPU_BYTES = 70 * 2**30  # 80 GB-class GPUs and up: a batch of 512 fits their KV cache at common lengths
 
 
 def max_num_seqs_for(device_memory: Optional[int]) -> int:

@@ -1,8 +1,8 @@
 """The GPU's clocks, power, temperature and clock limits at a moment, read through NVML.
 
-A latency-bound decode step runs at the SM clock: on a shared H200 the same graph
-replayed ~5% apart between the first candidates of a sweep and the later ones, and a
-timing cannot say why unless it records the state the device ran it in. The benchmarks
+A latency-bound decode step runs at the SM clock: on a shared GPU the same graph can
+replay a few percent apart from one minute to the next, and a timing cannot say why
+unless it records the state the device ran it in. The benchmarks
 sample it right after each timing. NVML comes from ``pynvml`` (the ``nvidia-ml-py``
 package, in the ``cuda`` extra); without it, without a driver or on CPU there is no
 sample (None) and the timings are the same.

@@ -1,10 +1,9 @@
 """The asyncio event loop that serves ``AsyncLLM``: uvloop where it is installed.
 
 uvicorn picks uvloop only when it creates the loop itself (``uvicorn.run``); the
-server and the HTTP bench client run their own coroutines, so they ask here. On
-the H200 host, streaming 1,000 requests through the default asyncio loop capped
-the server near 10,800 output tokens/s, one SSE chunk (one socket write through
-asyncio's pure-Python transport) per token and request.
+server and the HTTP bench client run their own coroutines, so they ask here. The
+default asyncio loop caps a streaming server at about 10,000 output tokens/s: one SSE
+chunk (one socket write through asyncio's pure-Python transport) per token and request.
 """
 
 from __future__ import annotations

@@ -27,10 +27,9 @@ projection before it (o_proj).
 
 The norm is fused only into projections of at most ``NORM_PROLOGUE_MAX_N``
 outputs: every N tile of the GEMV recomputes it over all of K, so a wide
-projection pays it hundreds of times. H200, one row, each replayed alone
-(``benchmarks/kernels.py``, ``kernels-2026-11-30-s5.json``): the qkv
-projections gain (1.5B 5.18 fused vs 5.54 us norm + GEMV; 7B 9.36 vs 9.96),
-the gate/up projections lose (1.5B 17.85 vs 16.38 us; 7B 69.10 vs 63.93).
+projection pays it hundreds of times: at one row the qkv projections of 1.5B and
+7B models gain about 6% (fused against norm + GEMV), their gate/up projections
+lose about 8% (``python -m benchmarks.kernels`` measures both).
 
 Compiled decode keeps these ops as opaque nodes like every other ingot op
 (``runner/inductor_fallbacks.py`` keeps Inductor's lowering of them fast).

@@ -6,11 +6,10 @@ that, and PyTorch up to 2.11 formats the log message eagerly (later versions
 format it lazily). The message prints the op's IR arguments, and each IR node
 prints its own inputs: for an op first met deep in a decode step whose layers
 are chains of our opaque ops (the final norm after 30 layers of skinny GEMVs
-with fused norms, SmolLM2 at batch 1), that string doubles per layer. On the
-H200 (PyTorch 2.11) the lowering of such a step never finished (the
-outermost frames of a stack sampled during the hang were that log call; a
-``LoweringException`` formatter that elides the arguments made the same step
-compile in 6 s).
+with fused norms, SmolLM2 at batch 1), that string doubles per layer, and the
+lowering of such a step never finishes (the outermost frames of a stack sampled
+during the hang are that log call; a formatter that elides the arguments makes
+the same step compile in seconds).
 
 The fallback, once made, is process-wide (Inductor keeps one lowering per op),
 so compiling one small function that calls each op on graph inputs, whose
