@@ -1,9 +1,17 @@
-"""PyTorch reference implementations of every ingot op.
+"""Every ingot op, declared once: its PyTorch reference, schema and fake.
 
-They are the CPU implementation, the CUDA fallback until a kernel exists, the
-form Inductor traces when an op runs "native" under compile, and the ground
-truth in tests. Numerics follow HF transformers: RMSNorm and rotary tables in
-fp32, attention softmax in fp32, results cast back to the input dtype.
+``@op(fake=...)`` on a reference function declares ``torch.ops.ingot.<its name>``
+(library.py creates the ops): the function's annotations are the op's schema, its
+body the default implementation, ``fake`` the shapes of its outputs for tracing
+(the kernels' layouts: mostly ``empty_like`` of an input), ``mutates_args`` what it
+writes in place. The decorator returns the function unchanged, so references that
+call each other stay plain PyTorch (on CUDA the op would run a Triton kernel inside
+the ground truth). CUDA kernels register themselves in ``ingot.ops.triton``.
+
+The references are the CPU implementation, the CUDA fallback until a kernel
+exists, the form Inductor traces when an op runs "native" under compile, and the
+ground truth in tests. Numerics follow HF transformers: RMSNorm and rotary tables
+in fp32, attention softmax in fp32, results cast back to the input dtype.
 
 Shapes: tokens are flattened (T = total tokens of the step). KV caches are
 ``[num_blocks, block_size, num_kv_heads, head_dim]``; slot = block * block_size
@@ -12,11 +20,55 @@ Shapes: tokens are flattened (T = total tokens of the step). KV caches are
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
+F = TypeVar("F", bound=Callable[..., Any])
 
+
+@dataclass(frozen=True)
+class OpDecl:
+    """One op: ``reference`` (name, schema, default implementation), ``fake`` and ``mutates_args``."""
+
+    reference: Callable[..., Any]
+    fake: Callable[..., Any]
+    mutates_args: tuple[str, ...] = ()
+
+
+DECLARED: dict[str, OpDecl] = {}
+
+
+def op(fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Declare the decorated reference as ``torch.ops.ingot.<its name>``; returns it unchanged.
+
+    ``fake`` receives the op's arguments positionally (trailing defaults may be left off),
+    so it names those it needs and takes the rest as ``*_``.
+    """
+
+    def declare(fn: F) -> F:
+        DECLARED[fn.__name__] = OpDecl(fn, fake, tuple(mutates_args))
+        return fn
+
+    return declare
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+def _projected(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The fake of ``x @ weight.T``."""
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _row_scale(x: torch.Tensor) -> torch.Tensor:
+    """The fake of one fp32 rstd per row of ``x``."""
+    return x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@op(fake=lambda x, *_: _like(x))
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     h = x.to(torch.float32)
@@ -24,6 +76,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
+@op(fake=lambda x, *_: (_like(x), _like(x)))
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +90,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+@op(fake=lambda positions, q, k, *_: (_like(q), _like(k)))
 def rotary_embedding(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,12 +108,14 @@ def rotary_embedding(
     return q_out, k_out
 
 
+@op(fake=lambda x: x.new_empty(*x.shape[:-1], x.shape[-1] // 2))
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :I]) * x[..., I:] for the merged gate/up projection."""
     half = x.shape[-1] // 2
     return torch.nn.functional.silu(x[..., :half]) * x[..., half:]
 
 
+@op(fake=lambda *_: None, mutates_args=("k_cache", "v_cache"))
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -95,6 +151,7 @@ def _attend(
     return out.reshape(b, tq, hq, d).to(q.dtype)
 
 
+@op(fake=lambda q, *_: _like(q))
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -114,6 +171,7 @@ def decode_attention(
     return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
 
 
+@op(fake=lambda q, *_: _like(q), mutates_args=("k_cache", "v_cache"))
 def decode_attention_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -144,6 +202,7 @@ def decode_attention_rope(
     return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+@op(fake=lambda q, *_: _like(q))
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -179,11 +238,13 @@ def prefill_attention(
     return out
 
 
+@op(fake=lambda x, weight, *_: _projected(x, weight))
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """y = x @ weight.T (+ bias): the GEMM of a few rows (kernel: ops/triton/skinny_gemm.py)."""
     return torch.nn.functional.linear(x, weight, bias)
 
 
+@op(fake=lambda x, residual, norm_weight, eps, weight, *_: (_projected(x, weight), _like(x)))
 def rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -193,6 +254,7 @@ def rms_norm_linear(
     return skinny_linear(h, weight, bias), new_residual
 
 
+@op(fake=lambda x, residual, norm_weight, eps, weight, *_: (_projected(x, weight), _like(x), _like(x), _row_scale(x)))
 def rms_norm_linear_scaled(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -205,6 +267,8 @@ def rms_norm_linear_scaled(
     return out, new_residual, norm_weight * new_residual, rstd
 
 
+@op(fake=lambda x, weight, bias, residual, norm_weight, eps, router_weight: (
+    _projected(x, router_weight), _like(residual), _like(residual), _row_scale(x)))
 def linear_norm_linear_scaled(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
     norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor,
@@ -215,11 +279,13 @@ def linear_norm_linear_scaled(
     return rms_norm_linear_scaled(skinny_linear(x, weight, bias), residual, norm_weight, eps, router_weight, None)
 
 
+@op(fake=lambda x, weight, *_: _projected(x, weight))
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """silu_and_mul(x) projected by weight: the activation fused in front of the down projection."""
     return skinny_linear(silu_and_mul(x), weight, bias)
 
 
+@op(fake=lambda hidden, *_: _like(hidden))
 def fused_moe(
     hidden: torch.Tensor,
     w_gate_up: torch.Tensor,

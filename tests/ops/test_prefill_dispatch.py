@@ -258,32 +258,6 @@ def test_empty_batch():
     assert out.shape == (0, 4, 64)
 
 
-# ----------------------------------------------------------------------------- fitting the rule
-def test_fit_prefill_rules_from_timings():
-    """The benchmark's fit (benchmarks/kernels.py): per class the path and threshold with the
-    least time relative to the fused kernel; host time counts when it exceeds the kernel's;
-    ties keep the fused kernel and the highest threshold; a class without shapes keeps it."""
-    from benchmarks.kernels import fit_prefill_rules
-
-    def entry(cls, tokens, seqs, times, host=None):
-        return dict(cls=list(cls), tokens=tokens, seqs=seqs, times=times, host_us=host or {p: 10.0 for p in times})
-
-    entries = [
-        entry((True, True), 256, 1, {"triton": 1.0, "cudnn": 1.2, "flash": 1.5}),
-        entry((True, True), 1024, 1, {"triton": 4.0, "cudnn": 3.0, "flash": 4.5}),
-        entry((True, True), 4096, 1, {"triton": 16.0, "cudnn": 12.0, "flash": 17.0}),
-        entry((False, False), 4096, 8, {"triton": 3.0, "flash": 3.3, "gather": 3.1}),
-        entry((False, True), 4096, 8, {"triton": 3.0, "flash": 3.0, "gather": 2.0}, host={"triton": 50, "flash": 60, "gather": 9000}),
-    ]
-    fitted = fit_prefill_rules(entries)
-    assert (fitted[(True, True)]["path"], fitted[(True, True)]["min_tokens_per_seq"]) == ("cudnn", 1024)
-    assert fitted[(True, True)]["cost"] == pytest.approx(1 + 0.75 + 0.75)
-    assert fitted[(False, False)]["path"] == "triton"
-    assert fitted[(False, True)]["path"] == "triton"  # gather's 9 ms launch outweighs its kernel; flash only ties
-    assert fitted[(True, False)] == dict(path="triton", min_tokens_per_seq=0, cost=None, shapes=0)
-    assert set(fitted) == set(pd.PREFILL_RULES)
-
-
 def test_no_context_kernel_when_nothing_can_be_cached(monkeypatch):
     """When the new tokens fill every block-table row (B x capacity == T) no sequence has a
     cached prefix: the flash path returns flash's output without launching the context kernel."""
@@ -308,24 +282,3 @@ def test_mostly_new_batches_take_flash_only_below_the_measured_length(everything
         cap = 16 * -(-tokens // seqs // 16)  # block-table capacity of the longest prompt
         assert pd.prefill_class(tokens, seqs, cap) == (False, True)
         assert pd.choose_prefill_path(tokens, seqs, cap, 28, 4, 128, BF16, CUDA) == want
-
-
-def test_prefill_verdict_counts_a_difference_inside_the_pytorch_rows_spread_as_a_tie(capsys):
-    """The benchmark's verdict (benchmarks/kernels.py): no slower is 'AT OR ABOVE'; slower by
-    less than the PyTorch row's own spread between passes is 'TIE'; more is 'BELOW'."""
-    from benchmarks.kernels import _prefill_verdicts, run_spread
-
-    sdpa = dict(kernel="torch sdpa (context)", ms=0.2312, ms_runs=[0.2342, 0.2312, 0.2309], pct_of_ceiling=75.0)
-    assert run_spread(sdpa) == pytest.approx((0.2342 - 0.2309) / 0.2312)
-    assert run_spread(dict(ms=1.0)) == 0.0
-
-    def group(shape, op_ms):
-        op = dict(ms=op_ms, pct_of_ceiling=70.0)
-        return dict(shape=shape, chosen="cudnn", op=op, paths={"cudnn": op}, compare=sdpa)
-
-    verdicts = _prefill_verdicts([group("faster", 0.2300), group("same kernel", 0.2319), group("slower", 0.2400)])
-    printed = capsys.readouterr().out
-    assert "faster: the op [cudnn] 0.2300 ms (70.0% of matmul) AT OR ABOVE" in printed
-    assert "same kernel: the op [cudnn] 0.2319 ms (70.0% of matmul) TIE" in printed
-    assert "slower: the op [cudnn] 0.2400 ms (70.0% of matmul) BELOW" in printed
-    assert [(v["op_at_or_above"], v["op_within_spread"]) for v in verdicts] == [(True, True), (False, True), (False, False)]

@@ -216,6 +216,7 @@ def test_prologue_linear(K, prologue, m, n, k, bias, splits):
     (1, 64, 96, 8, False, {}), (1, 40, 300, 24, True, {"splits": 3}), (1, 48, 64, 128, False, {"splits": 1}),
     (1, 33, 200, 5, False, {"splits": 2, "block_n": 8}), (3, 40, 64, 6, True, {}), (3, 40, 300, 6, False, {"splits": 3}),
     (1, 88, 96, 6, False, {"block_n": 8, "share_block": 32}),  # 11 tiles' shares in rounds of 4, the last one short
+    (1, 48, 320, 12, False, {"num_warps": 2, "waves": 8}),
 ])
 def test_linear_norm_router(K, m, n, k, experts, bias, fields):
     """A projection joining the residual stream, then a MoE layer's norm and router, in one
@@ -226,43 +227,6 @@ def test_linear_norm_router(K, m, n, k, experts, bias, fields):
     from ingot.ops.triton._common import _counters
 
     assert all(int(c.count_nonzero()) == 0 for c in _counters.values())
-
-
-def test_in_step_sweep_reaches_the_router_epilogue(K, monkeypatch):
-    """The wide-projection launches ``benchmarks/step_launch_sweep.py`` times also drive o_proj with
-    a MoE router in its epilogue (it asks the same ``launch_config``), and so do the launches it
-    times for that op alone (those and more): each computes that op right."""
-    from benchmarks.step_launch_sweep import O_ROUTER_VARIANTS, SKINNY_VARIANTS
-
-    assert SKINNY_VARIANTS.items() <= O_ROUTER_VARIANTS.items()
-    cpu = torch.device("cpu")
-    table = K.skinny_gemm.launch_config
-    n, k = 48, 320  # K tiles of 128 or 256 columns split it; 1 to 6 tiles of rows
-    for name, changes in O_ROUTER_VARIANTS.items():
-        cfg = replace(table(1, n, k, cpu), **changes)
-        monkeypatch.setattr(K.skinny_gemm, "launch_config", lambda *a, cfg=cfg, **kw: cfg)
-        check_linear_norm_router(K.skinny_gemm, 1, n, k, 12, False, torch.Generator().manual_seed(31))
-
-
-def test_in_step_sweep_candidates_compute_the_reference(K):
-    """Every router and decode-attention launch that ``benchmarks/step_launch_sweep.py`` times on
-    the GPU is a correct launch: none can win there by computing something else."""
-    from benchmarks.step_launch_sweep import ATTENTION_VARIANTS, ROUTER_VARIANTS
-
-    cpu = torch.device("cpu")
-    gen = torch.Generator().manual_seed(23)
-    n, k = 24, 600  # a router of 24 experts; several 128- or 256-wide K tiles per split
-    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
-    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
-    for name, changes in ROUTER_VARIANTS.items():
-        cfg = replace(K.skinny_gemm.launch_config(1, n, k, cpu), **changes)
-        out = K.skinny_gemm.skinny_linear(x, w, None, cfg)
-        assert rel_err(out, ref.skinny_linear(x.float(), w.float(), None)) < 1e-2, name
-    args = rope_decode_case([100, 33, 1], 8, 2, 64, 16, torch.bfloat16, gen, qk_norm=True)
-    for name, changes in ATTENTION_VARIANTS.items():
-        cfg = replace(K.decode_attention.launch_config(64, 3 * 2, cpu), **changes)
-        fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        check_rope_decode(lambda *a, cfg=cfg: K.decode_attention.decode_attention_rope(*a, config=cfg), fresh)
 
 
 def test_decode_zero_length_is_finite(K):
@@ -507,23 +471,16 @@ def test_launch_configs_are_the_measured_defaults(K):
     assert pa.context_launch_config(128, cpu) == pa.PrefillConfig(128, 64, 8, 3)
 
 
-def test_kernels_take_their_ops_arguments(K):
-    """Each registered kernel accepts its op's arguments in the op's order (extra ones are optional)."""
+def test_kernels_take_their_ops_arguments(K, MOE):
+    """Each kernel marked ``@cuda_kernel`` implements an op and accepts its arguments in the op's
+    order (extra ones are optional); every op has one."""
     import inspect
 
-    from ingot.ops import library  # noqa: F401  (defines torch.ops.ingot.*)
+    from ingot.ops import library
+    from ingot.ops.triton._common import CUDA_KERNELS
 
-    kernels = {
-        "rms_norm": K.rms_norm.rms_norm, "add_rms_norm": K.rms_norm.add_rms_norm,
-        "rotary_embedding": K.rotary.rotary_embedding, "silu_and_mul": K.activation.silu_and_mul,
-        "store_kv": K.kv_store.store_kv, "decode_attention": K.decode_attention.decode_attention,
-        "decode_attention_rope": K.decode_attention.decode_attention_rope,
-        "prefill_attention": K.prefill_dispatch.prefill_attention, "skinny_linear": K.skinny_gemm.skinny_linear,
-        "rms_norm_linear": K.skinny_gemm.rms_norm_linear,
-        "rms_norm_linear_scaled": K.skinny_gemm.rms_norm_linear_scaled, "silu_mul_linear": K.skinny_gemm.silu_mul_linear,
-        "linear_norm_linear_scaled": K.skinny_gemm.linear_norm_linear_scaled,
-    }
-    for name, fn in kernels.items():
+    assert set(CUDA_KERNELS) == set(library.OPS)
+    for name, fn in CUDA_KERNELS.items():
         op_params = [a.name for a in getattr(torch.ops.ingot, name).default._schema.arguments]
         params = list(inspect.signature(fn).parameters.values())
         assert [p.name for p in params[: len(op_params)]] == op_params, name

@@ -492,18 +492,25 @@ def test_prefill_attention(K, q_lens, ctx_lens, hq, hkv, d):
     assert rel_err(out, expected) < TOL
 
 
-@gpu
-@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (28, 4, 64)])  # the sweep's shapes (its compiled kernels)
-def test_prefill_attention_sweep_configs(K, hq, hkv, d):
-    """Every tile configuration the prefill sweep times (the tables' entries among them) is
-    correct, in the fused kernel and in the context kernel."""
-    from benchmarks.kernels import PREFILL_SWEEP
+# PrefillConfig fields (block_m, block_n, num_warps, num_stages, block_n_ctx, ctx_stages) by head dim:
+# the launch table's entries, and tiles off it (a separate cached-prefix tile and pipeline, smaller tiles)
+PREFILL_TILES = {
+    128: [(128, 128, 8, 3, None, 5), (128, 64, 8, 3, None, None), (128, 64, 8, 3, 128, 5), (64, 64, 4, 3, None, 5)],
+    64: [(128, 64, 4, 3, None, None), (128, 128, 8, 3, None, 5)],
+}
 
+
+@gpu
+@pytest.mark.parametrize("hq,hkv,d", [(28, 4, 128), (28, 4, 64)])
+def test_prefill_attention_tile_configs(K, hq, hkv, d):
+    """The launch table's tile configurations and a few others are correct, in the fused kernel
+    and in the context kernel."""
     gen = torch.Generator().manual_seed(9 + d)
     args = prefill_case([200, 31, 1], [260, 31, 90], hq, hkv, d, 16, gen)
     expected = ref.prefill_attention(*fp32(args), d**-0.5)
-    for tiles in PREFILL_SWEEP[d]:
-        cfg = K.prefill_attention.PrefillConfig(*tiles)
+    configs = [K.prefill_attention.PrefillConfig(*tiles) for tiles in PREFILL_TILES[d]]
+    assert K.prefill_attention.launch_config(d, args[0].device) in configs
+    for cfg in configs:
         out = K.prefill_attention.prefill_attention(*args, d**-0.5, cfg)
         assert rel_err(out, expected) < TOL, cfg
         if K.prefill_dispatch.path_supported("flash", 232, 3, args[7].shape[1] * 16, hq, hkv, d, BF16, args[0].device):

@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any, Callable, TypeVar
 
 import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# op name -> its CUDA kernel, filled as the kernel modules are imported (register_cuda_kernels)
+CUDA_KERNELS: dict[str, Callable[..., Any]] = {}
+
+
+def cuda_kernel(fn: F) -> F:
+    """Mark ``fn`` as the CUDA implementation of ``torch.ops.ingot.<fn's name>``.
+
+    Only recorded here: ``register_cuda_kernels`` registers it after its smoke test, so
+    importing a kernel module (tests, benchmarks) changes no dispatch. ``fn`` takes the
+    op's arguments in the op's order; extra ones (launch configs for tests and sweeps)
+    need defaults, which the dispatcher leaves untouched.
+    """
+    CUDA_KERNELS[fn.__name__] = fn
+    return fn
 
 
 def interpreting() -> bool:

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import next_pow2
+from ingot.ops.triton._common import cuda_kernel, next_pow2
 
 _BLOCK = 1024
 
@@ -32,6 +32,7 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@cuda_kernel
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.silu_and_mul``."""
     width = x.shape[-1]

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
+from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 
@@ -416,6 +416,7 @@ def _launch(
     return out
 
 
+@cuda_kernel
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -431,6 +432,7 @@ def decode_attention(
     return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None, config)
 
 
+@cuda_kernel
 def decode_attention_rope(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import cdiv, interpreting, next_pow2, split_counters
+from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, next_pow2, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rounding import round_to
 
@@ -310,6 +310,7 @@ _SUM_BLOCK = 256
 _ALIGN_CHUNK = 1024
 
 
+@cuda_kernel
 def fused_moe(
     hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     row_scale: Optional[torch.Tensor] = None,

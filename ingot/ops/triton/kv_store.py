@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import last_dim_contiguous, next_pow2
+from ingot.ops.triton._common import cuda_kernel, last_dim_contiguous, next_pow2
 
 
 @triton.jit
@@ -52,6 +52,7 @@ def _store_kv_kernel(
         )
 
 
+@cuda_kernel
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ingot.ops.triton._common import capability
+from ingot.ops.triton._common import capability, cuda_kernel
 
 if TYPE_CHECKING:  # the Triton kernels are imported when a path needs them (CPU installs have no Triton)
     from ingot.ops.triton.prefill_attention import PrefillConfig
@@ -254,6 +254,7 @@ def gather_paged_kv(
 
 
 # ----------------------------------------------------------------------------- the op
+@cuda_kernel
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import next_pow2
+from ingot.ops.triton._common import cuda_kernel, next_pow2
 
 _ELEMS_PER_PROGRAM = 4096
 _WEIGHT_FIRST_MAX_ROWS = 256  # decode batches
@@ -139,6 +139,7 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@cuda_kernel
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, config: Optional[RmsNormConfig] = None) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.rms_norm``."""
     out = _fresh(x)
@@ -146,6 +147,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, config: Optional
     return out
 
 
+@cuda_kernel
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, config: Optional[RmsNormConfig] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import cdiv, last_dim_contiguous, next_pow2
+from ingot.ops.triton._common import cdiv, cuda_kernel, last_dim_contiguous, next_pow2
 from ingot.ops.triton.rounding import round_pair, round_to
 
 
@@ -127,6 +127,7 @@ def _tile(num_tokens: int, num_heads: int, block_half: int, elems: int) -> tuple
     return block_t, block_h, cdiv(num_tokens, block_t) * cdiv(num_heads, block_h)
 
 
+@cuda_kernel
 def rotary_embedding(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
     config: Optional[RotaryConfig] = None,

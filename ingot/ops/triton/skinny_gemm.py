@@ -61,7 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, next_pow2, num_sms, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rounding import round_to
 
@@ -350,6 +350,7 @@ def _launch(
     return y, r_out, xw, rstd
 
 
+@cuda_kernel
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None
 ) -> torch.Tensor:
@@ -357,6 +358,7 @@ def skinny_linear(
     return _launch(x, x.shape[1], weight, bias, NONE, config=config)[0]
 
 
+@cuda_kernel
 def rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None,
@@ -365,6 +367,7 @@ def rms_norm_linear(
     return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config)[:2]
 
 
+@cuda_kernel
 def rms_norm_linear_scaled(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None,
@@ -373,6 +376,7 @@ def rms_norm_linear_scaled(
     return _launch(x, x.shape[1], weight, bias, NORM, residual, norm_weight, eps, config=config, write_scaled=True)
 
 
+@cuda_kernel
 def linear_norm_linear_scaled(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
     norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor, config: Optional[SkinnyConfig] = None,
@@ -388,6 +392,7 @@ def linear_norm_linear_scaled(
     return _launch(x, x.shape[1], weight, bias, NONE, residual, norm_weight, eps, cfg, router_weight=router_weight)
 
 
+@cuda_kernel
 def silu_mul_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None
 ) -> torch.Tensor:
