@@ -343,3 +343,100 @@ def _experts_loop(
         # = index_add_ (each token once per expert), whose CPU kernel stalls for ms on a busy machine
         out.index_put_((token_idx,), y.float(), accumulate=True)
     return out.to(hidden.dtype)
+
+
+# ---------------------------------------------------------------------- quantized linear layers
+# The canonical forms (ingot/loading/quant_scheme.py): int4 / int8 weights packed along K with
+# group scales (optional zero points and mins), and float8 e4m3 weights with block scales.
+FP8_MAX = 448.0  # the largest float8 e4m3fn value
+
+
+def unpack_int(qweight: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 [N, K * bits / 32] -> the unsigned values [N, K] (int32), little-endian along K."""
+    pack = 32 // bits
+    shifts = torch.arange(pack, device=qweight.device, dtype=torch.int32) * bits
+    values = (qweight.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return values.reshape(qweight.shape[0], qweight.shape[1] * pack)
+
+
+def pack_int(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """The inverse of ``unpack_int``: unsigned values [N, K] (K a multiple of 32 / bits) -> int32 words."""
+    pack = 32 // bits
+    n, k = values.shape
+    shifts = torch.arange(pack, device=values.device, dtype=torch.int64) * bits
+    words = (values.to(torch.int64).reshape(n, k // pack, pack) << shifts).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _per_group(t: torch.Tensor, group_size: int, k: int) -> torch.Tensor:
+    """[N, K / group_size] -> [N, K] in fp32, each group's value repeated over its columns."""
+    return t.float().repeat_interleave(group_size, dim=1)[:, :k]
+
+
+def dequantize_int(
+    qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], mins: Optional[torch.Tensor],
+    bits: int, group_size: int, zero_point: int, dtype: torch.dtype,
+) -> torch.Tensor:
+    """The [N, K] weight of the int form: (u - zero) * scale (+ min) in fp32, rounded once to ``dtype``."""
+    u = unpack_int(qweight, bits).float()
+    k = u.shape[1]
+    zero = _per_group(zeros, group_size, k) if zeros is not None else float(zero_point)
+    w = (u - zero) * _per_group(scales, group_size, k)
+    if mins is not None:
+        w = w + _per_group(mins, group_size, k)
+    return w.to(dtype)
+
+
+def _int_linear_fake(x, qweight, *_):
+    return x.new_empty(x.shape[0], qweight.shape[0])
+
+
+@op(fake=_int_linear_fake)
+def int_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+    mins: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int, group_size: int, zero_point: int,
+) -> torch.Tensor:
+    """y = x @ W.T (+ bias) for int4 / int8 weights in the canonical int form (kernel:
+    ops/triton/int_linear.py dequantizes in registers, never a full-precision copy of W)."""
+    w = dequantize_int(qweight, scales, zeros, mins, bits, group_size, zero_point, x.dtype)
+    return torch.nn.functional.linear(x, w, bias)
+
+
+def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor, block_n: int, block_k: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """The [N, K] weight of the fp8 form: each element times its block's scale, in fp32, rounded once."""
+    n, k = weight.shape
+    bn, bk = block_n or n, block_k or k
+    scale = weight_scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    return (weight.float() * scale).to(dtype)
+
+
+def quantize_fp8_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x in float8 e4m3, fp32 scales [T, K / group]): each row (``group`` 0) or each group of
+    ``group`` columns of a row scaled so that its largest magnitude is the fp8 maximum."""
+    t, k = x.shape
+    g = group or k
+    blocks = x.float().reshape(t, -1, g)
+    scale = (blocks.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)
+    q = (blocks / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(t, k), scale
+
+
+@op(fake=_int_linear_fake)
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor],
+    block_n: int, block_k: int, act_group: int,
+) -> torch.Tensor:
+    """y = x @ W.T (+ bias) for float8 e4m3 weights with block scales; with ``act_group`` >= 0
+    the activations are quantized to fp8 first (per token, or per token and ``act_group``
+    columns), as W8A8 checkpoints are run. fp32 accumulation, rounded once to x's dtype."""
+    w = dequantize_fp8(weight, weight_scale, block_n, block_k, torch.float32)
+    if act_group >= 0:
+        q, scale = quantize_fp8_activations(x, act_group)
+        xf = (q.float().reshape(x.shape[0], scale.shape[1], -1) * scale.unsqueeze(-1)).reshape(x.shape)
+    else:
+        xf = x.float()
+    y = xf @ w.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
