@@ -34,7 +34,8 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from types import MappingProxyType
+from typing import Mapping, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -75,14 +76,18 @@ LinearScheme = Union[IntWeights, Fp8Weights]
 class QuantConfig:
     """The quantization of a model's linear layers: one scheme, and the modules left in the
     model dtype (``ignore``: fnmatch patterns or ``re:`` regular expressions over module names
-    such as ``model.layers.0.mlp.gate``; the lm_head, embeddings and MoE routers by default)."""
+    such as ``model.layers.0.mlp.gate``; the lm_head by default). ``per_module`` names the
+    scheme of single modules where a file mixes them (GGUF: a type per tensor; None: dense)."""
 
     method: str  # where it came from: compressed-tensors, awq, gptq, fp8, gguf, online
-    scheme: LinearScheme
+    scheme: Optional[LinearScheme]
     ignore: tuple[str, ...] = field(default=("lm_head",))
+    per_module: Mapping[str, Optional[LinearScheme]] = field(default_factory=lambda: MappingProxyType({}))
 
     def scheme_for(self, module: str) -> Optional[LinearScheme]:
         """The scheme of the linear module ``module`` (HF name), None where it stays unquantized."""
+        if module in self.per_module:
+            return self.per_module[module]
         short = module.removeprefix("model.")
         for pattern in self.ignore:
             if pattern.startswith("re:"):
