@@ -41,7 +41,7 @@ def _sm_count(index: int) -> int:
 
 
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (132 for an H100/H200 off-GPU)."""
+    """Streaming multiprocessors of ``device`` (off-GPU: 132, the SM count the sm_90 launch tables were chosen at)."""
     if device.type != "cuda":
         return 132
     index = device.index if device.index is not None else torch.cuda.current_device()

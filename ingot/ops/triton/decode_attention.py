@@ -13,8 +13,8 @@ With ``S == 1`` a program writes the output directly. Otherwise it writes its
 normalized partial and log-sum-exp (base 2) to fp32 scratch and bumps a
 per-(sequence, KV head) counter; the program that finishes last merges the
 ``S`` partials and resets the counter to 0 for the next call (or graph replay).
-So no second kernel is launched: at batch 1 that launch was a third of the
-attention time. (If the counters cannot be allocated, during a capture that
+So no second kernel is launched: at batch 1 that launch would be about a third of
+the attention time. (If the counters cannot be allocated, during a capture that
 needs more than were allocated before it, the merge runs as its own kernel.)
 
 Fused variant (``decode_attention_rope``): the program also applies the rotary
@@ -295,13 +295,12 @@ def _merge_kernel(
 
 def launch_config(head_dim: int, programs: int, device: torch.device) -> DecodeConfig:
     """Launch parameters for a head dim and a count of (sequence, KV head) programs; fixed,
-    no autotune. From ``benchmarks/kernels.py --sweep decode`` on the H200
-    (``kernels-sweep-2026-11-30.json``): with at least half as many programs as SMs
-    (batch 64: bandwidth-bound) 128-token tiles, 4 warps, 3 stages; below that (batch
-    1: latency-bound, every slice one tile) 64-token tiles, 8 warps, 2 stages (6.5 vs
-    7.2 us at batch 1, context 512). Half the tile at D=256. One wave of programs:
-    fewer, longer slices beat more waves of short ones at batch 64, context 2048.
-    Programmatic dependent launch (``pdl.py``) on the latency-bound branch only."""
+    no autotune; ``python -m benchmarks.kernels --sweep decode`` re-measures them. With at
+    least half as many programs as SMs (batch 64: bandwidth-bound) 128-token tiles, 4 warps,
+    3 stages; below that (batch 1: latency-bound, every slice one tile) 64-token tiles,
+    8 warps, 2 stages (about 10% faster at batch 1, context 512). Half the tile at D=256.
+    One wave of programs: fewer, longer slices beat more waves of short ones at batch 64,
+    context 2048. Programmatic dependent launch (``pdl.py``) on the latency-bound branch only."""
     latency_bound = 2 * programs < num_sms(device)
     if not latency_bound:
         block_n, num_warps, num_stages = 128, 4, 3
@@ -309,8 +308,8 @@ def launch_config(head_dim: int, programs: int, device: torch.device) -> DecodeC
         block_n, num_warps, num_stages = 64, 8, 2
     if next_pow2(head_dim) > 128:
         block_n, num_warps, num_stages = block_n // 2, 8, 2
-    # PDL where its neighbours are the skinny GEMVs (few rows); at batch 64 of Qwen2.5-1.5B, between
-    # cuBLAS GEMMs, it measured 1.006x-1.010x the step (``bench-decode-pdl-on-off-2026-12-02.json``)
+    # PDL only where its neighbours are the skinny GEMVs (few rows); at batch 64 of Qwen2.5-1.5B,
+    # between cuBLAS GEMMs, it would make the step 0.6-1.0% slower
     return DecodeConfig(block_n, num_warps, num_stages, pdl=latency_bound and pdl_supported(device))
 
 

@@ -68,12 +68,13 @@ class MoeLaunch:
 
 
 PER_PAIR = MoeLaunch(False, 1, (16, 256, 4, 4), (16, 256, 4, 4))
-# one token over 128 experts of 768 (Qwen3-30B-A3B): 8-row gate/up tiles, 25.9 against 27.7 us a
-# layer in two sweeps (fused_moe_sweep-2026-12-01.json); more tokens keep PER_PAIR (within 1%)
+# one token over 128 experts of 768 (Qwen3-30B-A3B): 8-row gate/up tiles, a layer about 7% faster than
+# with 16-row ones in two sweeps (``python benchmarks/fused_moe_sweep.py``); more tokens keep PER_PAIR
+# (within 1%)
 PER_PAIR_NARROW = MoeLaunch(False, 1, (8, 256, 4, 4), (16, 256, 4, 4))
 # one token over 8 experts of 14336 (Mixtral-8x7B): the down projection (K = 14336) in 8-row tiles
-# of 512 columns, 7,621 against 7,751-7,887 us a graph step, timed inside the step
-# (decode-fused-moe-in-step-sweep-2026-12-02.json); the other shapes' table launches held there
+# of 512 columns, a 2-3% faster graph step than PER_PAIR's 16 x 256, timed inside the step; timed
+# the same way, no variant beats the other shapes' table launches
 PER_PAIR_LONG_K = MoeLaunch(False, 1, (16, 256, 4, 4), (8, 512, 4, 4))
 
 
@@ -85,7 +86,7 @@ _ANY = 1 << 62
 # device kind -> (experts, expert width) -> ((most tokens, launch), ...): the first row that covers the call.
 # The per-pair path re-reads an expert once per token routed to it, the grouped one pays two extra
 # launches: per pair while its expected extra reads under uniform routing, (k*T - distinct experts
-# hit) * expert bytes, stay under ~16 MB (about two launches of H200 bandwidth).
+# hit) * expert bytes, stay under ~16 MB (about what an sm_90 GPU reads in the time of two launches).
 _TABLE: dict[str, dict[tuple[int, int], tuple[tuple[int, MoeLaunch], ...]]] = {
     "sm90": {
         (128, 768): ((1, PER_PAIR_NARROW), (4, PER_PAIR), (64, _grouped(16)), (256, _grouped(32)), (_ANY, _grouped(64))),  # Qwen3-30B-A3B
@@ -99,7 +100,7 @@ _DEFAULT_ROWS = ((2, PER_PAIR), (64, _grouped(16)), (256, _grouped(32)), (_ANY, 
 
 def _device_kind(device: torch.device) -> str:
     if device.type != "cuda":
-        return "sm90"  # the interpreter (tests) follows the H200's choices
+        return "sm90"  # the interpreter (tests) follows the sm_90 table's choices
     major, _ = torch.cuda.get_device_capability(device)
     return f"sm{major}0"
 

@@ -4,7 +4,7 @@ Inside a captured decode step, each kernel boundary costs more than a launch: th
 next kernel's programs start only once the last program of the previous one has
 finished and its writes are flushed, so the GPU idles through the previous kernel's
 tail (split-K merges, epilogues, the last slices of attention) and the next one's
-ramp. At batch 1 a Qwen3-30B-A3B layer is six kernels of 4-15 us each.
+ramp. At batch 1 a Qwen3-30B-A3B layer is six kernels of a few microseconds each.
 
 With PDL (sm_90+), a kernel launched with ``launch_pdl=True`` may start while its
 predecessor still runs, once every program of the predecessor has called
@@ -17,18 +17,18 @@ own wait, a kernel two launches back has completed when a successor starts: what
 it (or the host) wrote may be read before the wait. Compiled decode launches
 Inductor's kernels with PDL under the same contract (``triton.enable_pdl``).
 
-Where it pays (H200, ``docs/benchmarks.md``, "Programmatic dependent launch"): the
-batch-1 chain of skinny GEMVs, decode attention and per-pair fused MoE, each releasing
-its successor after its main loop, so the successor is resident and waiting while the
-split-K merges, slice merges and token sums run. Graph steps of the Qwen3-30B-A3B shape
-back to back took 0.966x the time without it, compiled 0.986x; Qwen2.5-1.5B 0.94-0.98x. What lost:
-releasing at a kernel's start (the waiting successor's programs take SM slots the
-running kernel still needs: 1.08x the graph step), PDL on kernels whose neighbours run without it
-(the GEMVs alone: 1.015x; attention between cuBLAS GEMMs at batch 64: 1.006-1.010x),
-and prefetching weights into L2 before the wait (1.05-1.09x: the prefetch competes with
-the running kernel's own reads), or loading a first weight or K/V tile into registers there
-(1.00-1.07x). So the attention and MoE kernels take it only on their few-row paths, and only
-decode attention's metadata loads before its wait (0.992x).
+Where it pays: the batch-1 chain of skinny GEMVs, decode attention and per-pair fused
+MoE, each releasing its successor after its main loop, so the successor is resident and
+waiting while the split-K merges, slice merges and token sums run. Graph steps of the
+Qwen3-30B-A3B shape back to back take 0.966x the time without it, compiled 0.986x;
+Qwen2.5-1.5B 0.94-0.98x. Slower, and so not done: releasing at a kernel's start (the
+waiting successor's programs take SM slots the running kernel still needs: 1.08x the graph
+step), PDL on kernels whose neighbours run without it (the GEMVs alone: 1.015x; attention
+between cuBLAS GEMMs at batch 64: 1.006-1.010x), prefetching weights into L2 before the
+wait (1.05-1.09x: the prefetch competes with the running kernel's own reads), and loading
+a first weight or K/V tile into registers there (1.00-1.07x). So the attention and MoE
+kernels take it only on their few-row paths, and only decode attention's metadata loads
+before its wait (0.992x).
 """
 
 from __future__ import annotations

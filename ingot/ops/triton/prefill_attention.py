@@ -315,19 +315,17 @@ def _context_kernel(
 
 
 def launch_config(head_dim: int, device: torch.device) -> PrefillConfig:
-    """Tile shape of the fused kernel by head dim. Head dim 128 on an H100/H200 (sm90):
-    128 x 128 tiles, 8 warps, 3 stages (5 over the cached prefix), what Triton's autotuner chose from five
-    candidates in every recorded H200 run (0.296 ms for a 4096-token causal prefill,
-    28/4 heads, against 0.298 ms with 64-wide key tiles, ``kernels-2026-12-01.json``;
-    re-measure with ``python -m benchmarks.kernels --sweep prefill``). Elsewhere 64-wide
+    """Tile shape of the fused kernel by head dim. Head dim 128 on sm_90 (Hopper): 128 x 128
+    tiles, 8 warps, 3 stages (5 over the cached prefix), Triton's autotuner's pick from five
+    candidates (for a 4096-token causal prefill, 28/4 heads, under 1% ahead of 64-wide key
+    tiles; re-measure with ``python -m benchmarks.kernels --sweep prefill``). Elsewhere 64-wide
     key tiles, and smaller tiles above head dim 128 for shared memory."""
     block_d = next_pow2(head_dim)
     if block_d <= 64:
         return PrefillConfig(128, 64, 4, 3)
     if block_d <= 128:
         if capability(device) == (9, 0):
-            # a 5-stage cached-prefix loop: 8 x (512 new | 2048 cached) 0.295 vs 0.310 ms
-            # (kernels-prefill-2026-12-01.json)
+            # a 5-stage cached-prefix loop: about 5% faster than 3 stages at 8 x (512 new | 2048 cached)
             return PrefillConfig(128, 128, 8, 3, ctx_stages=5)
         return PrefillConfig(128, 64, 8, 3)
     return PrefillConfig(64, 32, 4, 2)

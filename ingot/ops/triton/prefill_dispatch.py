@@ -13,9 +13,9 @@ from the GPU (no host sync: the engine launches steps ahead of the GPU).
   flash returns (sequences without a prefix: nothing to fold, those programs exit).
 - ``"cudnn"``: one dense block of new tokens (``dense_block``): PyTorch's cuDNN attention
   (``aten._scaled_dot_product_cudnn_attention``, dense ``[B, H, L, D]``, what
-  ``scaled_dot_product_attention`` runs on an H100/H200 when it prefers cuDNN) over
+  ``scaled_dot_product_attention`` runs on Hopper GPUs when it prefers cuDNN) over
   the new tokens, then the context kernel. cuDNN builds one execution plan per shape
-  (cached by PyTorch; 45 ms on the H200), so one sequence's tokens are padded at the end
+  (cached by PyTorch; tens of milliseconds each), so one sequence's tokens are padded at the end
   to a multiple of ``CUDNN_LENGTH_MULTIPLE``: a causal query never sees a later key, so
   the real rows are exact, and a server pays for at most ``max_model_len / 256`` plans
   instead of one per prompt length. Several sequences take this path only when they are
@@ -64,16 +64,17 @@ class PathRule:
 # The launch rule, by (one dense block?, mostly new tokens?), where "one dense block" means one
 # sequence, or prompts of one length that is a multiple of 256 (``dense_block``), and "mostly
 # new" that the new tokens fill at least half of the batch's block-table capacity (2 T >= B x
-# capacity: no or a short cached prefix). From `python -m benchmarks.kernels --sweep prefill` on the H200
-# (2026-12-01, torch 2.11, kernels-prefill-2026-12-01.json), 34 shapes, 28/4 and 12/2 heads:
+# capacity: no or a short cached prefix). Re-measured by `python -m benchmarks.kernels --sweep prefill`
+# (34 shapes, 28/4 and 12/2 heads):
 # - several mostly-new prompts averaging under 256 tokens: PyTorch's varlen flash (32 x 128
-#   tokens 0.050 vs 0.082 ms, 128 x 30 tokens 0.097 vs 0.256 ms); from 500 tokens on the
-#   fused kernel wins (8 x 500: 0.100 vs 0.112 ms; 4 x 1000: 0.129 vs 0.168 ms);
-# - one prompt of 256 tokens or more: cuDNN (256 tokens 0.011 vs 0.016 ms, 1000 tokens 0.033
-#   vs 0.038 ms, 4096 tokens 0.229 vs 0.304 ms); its first call at a new length took 45 ms,
-#   so lengths are padded to a multiple of 256 (``cudnn_dense``): one plan per 256 tokens;
-# - 8 prompts of 512 tokens: cuDNN's dense batch 0.049 ms against the fused kernel's 0.100-0.106
-#   (kernels-prefill-*-2026-12-01.json), hence the dense blocks of equal prompts;
+#   tokens 0.61x the fused kernel's time, 128 x 30 tokens 0.38x); from 500 tokens on the
+#   fused kernel wins (8 x 500: 0.89x flash's time; 4 x 1000: 0.77x);
+# - one prompt of 256 tokens or more: cuDNN (0.69x the fused kernel's time at 256 tokens, 0.87x
+#   at 1000, 0.75x at 4096); its first call at a new length costs far more than the attention
+#   (it builds a plan), so lengths are padded to a multiple of 256 (``cudnn_dense``): one plan
+#   per 256 tokens;
+# - 8 prompts of 512 tokens: cuDNN's dense batch in under half the fused kernel's time, hence
+#   the dense blocks of equal prompts;
 # - cached context: the fused kernel, everywhere.
 PREFILL_RULES: dict[tuple[bool, bool], PathRule] = {
     (True, True): PathRule("cudnn", min_tokens_per_seq=256),

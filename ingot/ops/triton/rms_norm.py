@@ -94,12 +94,11 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 def launch_config(num_rows: int, n: int) -> RmsNormConfig:
     """About 4096 elements per program in whole rows (short rows: several per
-    program), warps by program size. The H200 sweep at 4096 x 3584
-    (``benchmarks/kernels.py --sweep elementwise``, ``kernels-2026-11-30-s5.json``:
-    1-4 rows per program x 4-16 warps) found nothing better than this; streaming
-    cache hints did not help either. The weight is loaded first for decode
-    batches: that cut a 1-row norm in a decode step from 1.86 to 1.63 us, but read
-    63% of copy bandwidth at 4096 rows against 70-71% loading it last."""
+    program), warps by program size. At 4096 x 3584 nothing among 1-4 rows per program
+    x 4-16 warps beats it (``python -m benchmarks.kernels --sweep elementwise``), nor do
+    streaming cache hints. The weight is loaded first for decode batches: a 1-row norm
+    in a decode step takes about 12% less time, but at 4096 rows reaches 63% of copy
+    bandwidth against 70-71% loading it last."""
     block_n = next_pow2(n)
     block_r = max(1, min(_ELEMS_PER_PROGRAM // block_n, next_pow2(num_rows)))
     elems = block_r * block_n

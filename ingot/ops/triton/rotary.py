@@ -12,10 +12,10 @@ read once per tile and broadcast over its heads. q and k may be strided views
 (slices of a fused qkv projection); only the last dim must be contiguous.
 
 The kernel moves 4 bytes per pair each way and rounds 6 times per pair; with
-integer rounding (``rounding.rne_bf16``) it was compute-bound (58% of copy
-bandwidth on the H200 at T=4096, 28/4 heads), so on a GPU bf16 rounds through
-``cvt`` in ``rounding.round_pair`` (81% in ``kernels-2026-12-01.json``). x and the
-outputs are touched once, so they are loaded and stored with streaming cache
+integer rounding (``rounding.rne_bf16``) it would be compute-bound (58% of copy
+bandwidth at T=4096, 28/4 heads), so on a GPU bf16 rounds through ``cvt`` in
+``rounding.round_pair`` (81%; ``python -m benchmarks.kernels`` re-measures it). x and
+the outputs are touched once, so they are loaded and stored with streaming cache
 hints. ``rope_pair`` is the rotation itself, shared with the fused decode
 attention kernel.
 """
@@ -43,8 +43,8 @@ class RotaryConfig:
 
 def launch_config() -> RotaryConfig:
     """2048 pairs (8 KiB of x) and 4 warps per program for every shape: the best of
-    1024-8192 pairs x 2-8 warps on the H200 at 4096 tokens, 28/4 heads (the others
-    3-10% slower, or within noise: ``kernels-2026-11-30-s5.json``)."""
+    1024-8192 pairs x 2-8 warps at 4096 tokens, 28/4 heads (the others 3-10% slower, or
+    within noise; ``python -m benchmarks.kernels --sweep elementwise`` re-measures them)."""
     return RotaryConfig()
 
 

@@ -2,16 +2,16 @@
 that dtype yields. The kernels that must match the reference ops bit for bit
 (rotary, the prologues of the skinny GEMM) round every intermediate this way.
 
-Not ``x.to(bf16).to(fp32)``: on the H200 that round trip did not round rotary's
-products the way eager does (1-ulp differences in 19% of elements; products of
-bf16 values are exact in fp32, so only a skipped rounding explains them), and
-the interpreter's cast truncates. Two forms no compiler pass can fold away:
+Not ``x.to(bf16).to(fp32)``: compiled for the GPU, that round trip does not round
+rotary's products the way eager does (1-ulp differences in 19% of elements; products
+of bf16 values are exact in fp32, so only a skipped rounding explains them), and the
+interpreter's cast truncates. Two forms no compiler pass can fold away:
 
 * ``rne_bf16``: integer ops (about five per value); what the interpreter runs.
 * ``round_pair``: ``cvt.rn.bf16x2.f32`` in inline asm (sm_80+), two values per
-  instruction plus two bit ops; GPU only. Rotary runs it (it was compute-bound
-  on the integer form); the skinny GEMM's prologues keep ``round_to``, where
-  ``cvt`` measured slower.
+  instruction plus two bit ops; GPU only. Rotary runs it (on the integer form
+  it would be compute-bound); the skinny GEMM's prologues keep ``round_to``, where
+  ``cvt`` is slower.
 """
 
 from __future__ import annotations

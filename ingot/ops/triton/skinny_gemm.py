@@ -1,15 +1,15 @@
 """y = x @ W.T (+ b) for few rows (a decode batch): weight streaming with split-K, one launch.
 
 At batch 1-16 a decode step's GEMMs are matrix-vector products: the time is
-reading W once. On the H200 cuBLAS read the Qwen2.5-1.5B weights (3.09 GB) in
-1.245 ms per step, 2.5 TB/s against a 4.2 TB/s copy: the small projections
-(qkv 6 MB, o 5 MB) cannot fill 132 SMs with whole-K tiles, and the split-K
-ones add a reduce kernel. Here each program streams a ``BLOCK_N x K/S`` slab
-of W, ``S`` is picked so the grid covers a few waves of SMs, and the last of a
-tile's ``S`` programs sums the fp32 partials, adds the bias and writes the
-output (the counter pattern of decode attention), so there is no second
-launch. One row uses a multiply-reduce (a tensor-core tile would be 15/16
-padding); more rows use ``tl.dot`` with the rows padded to 16.
+reading W once. cuBLAS reads the Qwen2.5-1.5B weights (3.09 GB) at about 60% of
+copy bandwidth per step: the small projections (qkv 6 MB, o 5 MB) cannot fill
+a hundred-odd SMs with whole-K tiles, and the split-K ones add a reduce kernel.
+Here each program streams a ``BLOCK_N x K/S`` slab of W, ``S`` is picked so the
+grid covers a few waves of SMs, and the last of a tile's ``S`` programs sums the
+fp32 partials, adds the bias and writes the output (the counter pattern of
+decode attention), so there is no second launch. One row uses a multiply-reduce
+(a tensor-core tile would be 15/16 padding); more rows use ``tl.dot`` with the
+rows padded to 16.
 
 Prologues fold the elementwise op in front of a projection into its load of
 ``x``, which removes that op's launch (the point at batch 1, where each launch
@@ -20,8 +20,8 @@ costs more than its bytes):
   so it is applied after the sum, ``y = rstd * sum(W * (norm_w * s))``: each
   program sums squares over its own K range while it streams, and the tile's
   merging program (or a whole-K program) adds them up. A first pass over the
-  row in every program instead cost 2.4 us per GEMV on the H200, more than
-  the launch it saves.
+  row in every program instead would cost more per GEMV than the launch it
+  saves.
 * ``rms_norm_linear_scaled``: the same, and the GEMV's own input for a second consumer
   (a MoE layer's experts, after its router): ``norm_w * s``, which the first tile's
   programs write as they stream it, and each row's ``rstd``, which its merging program
@@ -48,8 +48,8 @@ unfused path's input bit for bit. The norm rounds ``x + residual`` and
 ``norm_w * s`` to the model dtype but scales by ``rstd`` in fp32 after the
 sum, where the reference rounds ``s * rstd`` first: a difference at the
 level of bf16 rounding, within the GEMM's own tolerance. Roundings to bf16
-use ``rounding.round_to`` (integer ops; the inline-asm ``cvt`` form measured
-1-2% slower per step here, ``benchmarks/results/batch1-knobs-2026-11-30.json``).
+use ``rounding.round_to`` (integer ops; the inline-asm ``cvt`` form makes the
+batch-1 step 1-2% slower here).
 """
 
 from __future__ import annotations
@@ -251,21 +251,18 @@ def _skinny_gemm_kernel(
 def launch_config(m: int, n: int, k: int, device: torch.device, prologue: int = NONE, router: bool = False) -> SkinnyConfig:
     """Launch parameters for ``m`` rows of ``x`` and an [n, k] weight.
 
-    From the H200 sweep (``benchmarks/kernels.py --sweep skinny``, 1.5B
-    projections, ``kernels-skinny-sweep-2026-11-30.json``): one row 16/256/4
-    warps/4 waves multiply-reduce, more rows 64/64/4 warps/2 waves ``tl.dot``.
-    One row with a prologue: 32-wide tiles, so half as many programs recompute it
-    (whole 1.5B / 7B steps 1.494 / 4.095 ms against 1.552 / 4.282 ms 16-wide,
-    ``batch1-knobs-2026-11-30.json``; 64 and 128 wide were slower at both shapes,
-    ``batch1-prologue-width-2026-11-30.json``).
+    From the sweep over the 1.5B projections (``python -m benchmarks.kernels --sweep skinny``):
+    one row 16/256/4 warps/4 waves multiply-reduce, more rows 64/64/4 warps/2 waves ``tl.dot``.
+    One row with a prologue: 32-wide tiles, so half as many programs recompute it (whole
+    1.5B / 7B batch-1 steps 4% / 5% faster than 16-wide; 64 and 128 wide are slower at both
+    shapes).
     ``router``: a projection with the router epilogue (``linear_norm_linear_scaled``): 32-row
     tiles, half as many shares for the last tile to add, which it loads in 8,192-float rounds.
-    Qwen3-30B-A3B batch 1, H200, compiled, that kernel a layer: 13.3 us at 16 rows and 4,096,
-    12.0 at 16 rows and 8,192 (``bench-decode-qwen3-30b-a3b-router-share-rounds-2026-12-02.json``),
-    10.0 at 32 rows (the step 2.867 -> 2.79 ms back to back; in another call 32 / 64 rows gave
-    2.825 / 2.847; Mixtral-8x7B's graph step 0.996x at 32 rows,
-    ``bench-decode-qwen3-30b-a3b-o-router-tiles-2026-12-02.json``); 16,384-float rounds were no
-    faster inside the step.
+    Qwen3-30B-A3B batch 1, compiled, that kernel a layer: 8,192-float rounds take 0.90x the
+    time of 4,096 at 16 rows, 32 rows 0.83x that again (0.97x the step back to back; 64 rows
+    0.8% slower than 32; Mixtral-8x7B's graph step 0.996x at 32 rows); 16,384-float rounds
+    are no faster inside the step. ``ingot bench decode --shape qwen3-30b-a3b --batch-sizes 1
+    --decode-compile on --profile 5`` lists the kernel's time per layer.
     """
     pdl = pdl_supported(device)
     if m > 1:
