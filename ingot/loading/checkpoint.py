@@ -6,6 +6,15 @@ The iterator takes an optional ``WeightSelector``: the part of each tensor to
 read (a tensor-parallel rank's shard), which safetensors reads alone and GGUF
 cuts out after dequantizing. With ``load_format="dummy"`` (``dummy.py``) a
 checkpoint has no weight iterator: the model is filled with seeded random weights.
+
+A quantized checkpoint (``quantization_config`` in config.json, or GGUF Q8_0 / Q4_0 /
+Q4_1 projections) has ``quant`` set, and its iterator yields each quantized linear
+module's canonical tensors (``quant_scheme``: ``M.qweight``, ``M.scales``... or
+``M.weight`` fp8 and ``M.weight_scale``), cut by the selector under those names after
+conversion; ``quantization="fp8" | "int8" | "int4"`` quantizes a dense checkpoint's
+projections while loading (``quant_online``). ``dequantize_on_load`` (for now the
+default, until the models build quantized layers from ``quant``) yields dense weights in
+the model dtype instead, ``quant`` then None.
 """
 
 from __future__ import annotations
@@ -22,6 +31,15 @@ from ingot.config import LOAD_FORMATS
 from ingot.loading import hf
 from ingot.loading.dummy import SHAPE_CONTEXT, SHAPES, id_tokenizer, model_tokenizer, shape_config
 from ingot.loading.errors import CheckpointError
+from ingot.loading.hf_quant import QuantizedSafetensors, looks_quantized
+from ingot.loading.quant_online import (
+    ONLINE_SCHEMES,
+    is_online_linear,
+    online_tensor_count,
+    online_weights,
+    quantize_online,
+)
+from ingot.loading.quant_scheme import QuantConfig
 from ingot.loading.tokenizer import Tokenizer
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.weights import WeightSelector
@@ -37,11 +55,11 @@ class Checkpoint:
     source: str
     config: ModelConfig
     tokenizer: Tokenizer
-    # (dtype, selector or None) -> (HF name, tensor) one at a time
     # (dtype, selector or None) -> (HF name, tensor) one at a time; None: random weights (load_format="dummy")
     weights: Optional[Callable[[torch.dtype, Optional[WeightSelector]], Iterator[tuple[str, torch.Tensor]]]]
     num_tensors: Optional[int] = None  # for the loading progress bar
     max_model_len: Optional[int] = None  # the context served when none is asked for (None: the model's)
+    quant: Optional[QuantConfig] = None  # how the linear modules' weights come (None: dense, in the model dtype)
 
 
 def default_model_path() -> Path:
@@ -71,24 +89,35 @@ def resolve(model: Optional[str], weights: bool = True) -> Path:
     raise CheckpointError(f"model path {model!r} does not exist (expected an HF directory, a .gguf file or a hub id org/name)")
 
 
-def open_checkpoint(model: Optional[str], tokenizer: Optional[str] = None, load_format: str = "auto") -> Checkpoint:
+def open_checkpoint(
+    model: Optional[str], tokenizer: Optional[str] = None, load_format: str = "auto",
+    quantization: Optional[str] = None, dequantize_on_load: bool = True,
+) -> Checkpoint:
     """The checkpoint of ``model`` (None: the default model), with ``tokenizer``'s tokenizer
     when given (a model path, hub id or ``default``). ``load_format="dummy"``: the model's
-    configuration alone (``model`` may name a built-in shape), its weights random."""
+    configuration alone (``model`` may name a built-in shape), its weights random.
+    ``quantization``: fp8, int8 or int4 quantize a dense checkpoint at load; a quantized
+    checkpoint accepts only its own method (compressed-tensors, awq, gptq, fp8, gguf).
+    ``dequantize_on_load`` (the default until the models build quantized layers): every
+    weight dense in the model dtype, ``quant`` None; False: the canonical tensors."""
     if load_format not in LOAD_FORMATS:
         raise CheckpointError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     dummy = load_format == "dummy"
+    if dummy and quantization is not None:
+        raise CheckpointError("quantization with load_format='dummy' is not supported (random weights are dense)")
     if dummy and model in SHAPES:
         return _open_shape(model, tokenizer)
     path = resolve(model, weights=not dummy)
     if path.is_file():
         if path.suffix != ".gguf":
             raise CheckpointError(f"{path} is a file but not .gguf; pass the model directory instead")
-        ckpt = _open_gguf(path)
+        ckpt, shapes, method = _open_gguf(path, dequantize_on_load)
     else:
-        ckpt = _open_hf_dir(path, weights=not dummy)
+        ckpt, shapes, method = _open_hf_dir(path, weights=not dummy, dequantize_on_load=dequantize_on_load)
     if dummy:
-        ckpt.weights, ckpt.num_tensors = None, None
+        ckpt.weights, ckpt.num_tensors, ckpt.quant = None, None, None
+    elif quantization is not None:
+        _quantize(ckpt, quantization, shapes, method, dequantize_on_load)
     if tokenizer is not None:
         ckpt.tokenizer = open_tokenizer(tokenizer, ckpt.tokenizer.eos_token_ids)
     return ckpt
@@ -99,7 +128,7 @@ def open_tokenizer(model: str, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
     model's), with ``eos_token_ids`` added to its own."""
     path = resolve(model, weights=False)
     if path.is_file():
-        tok = _open_gguf(path).tokenizer
+        tok = _open_gguf(path)[0].tokenizer
         tok.eos_token_ids = tuple(dict.fromkeys([*tok.eos_token_ids, *eos_token_ids]))
         return tok
     return Tokenizer.from_hf_dir(path, eos_token_ids)
@@ -112,20 +141,74 @@ def _open_shape(name: str, tokenizer: Optional[str]) -> Checkpoint:
     return Checkpoint(f"shape {name}", config, tok or id_tokenizer(config.vocab_size), None, max_model_len=SHAPE_CONTEXT)
 
 
-def _open_hf_dir(path: Path, weights: bool = True) -> Checkpoint:
+# quantization_config kept beside config.json by older AutoGPTQ / AutoAWQ checkpoints
+_QUANT_FILES = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
+_Shapes = dict[str, tuple[int, ...]]  # checkpoint tensor name -> shape, for online quantization
+# (checkpoint, its tensors' shapes, the quantization method of the file or None)
+_Opened = tuple[Checkpoint, _Shapes, Optional[str]]
+
+
+def _quantization_config(path: Path, raw: dict) -> tuple[Optional[dict], str]:
+    if raw.get("quantization_config") is not None:
+        return raw["quantization_config"], "config.json"
+    for name, method in _QUANT_FILES.items():
+        if (path / name).exists():
+            qc = hf.read_json(path / name)
+            return {"quant_method": method, **qc}, name
+    return None, ""
+
+
+def _open_hf_dir(path: Path, weights: bool = True, dequantize_on_load: bool = True) -> _Opened:
     raw = hf.read_json(path / "config.json")
     config = ModelConfig.from_hf(raw)
     eos = hf.generation_eos_ids(path) or config.eos_token_ids
     config.eos_token_ids = list(eos)
     if not weights:
-        return Checkpoint(str(path), config, model_tokenizer(path, config.vocab_size, eos), None)
+        return Checkpoint(str(path), config, model_tokenizer(path, config.vocab_size, eos), None), {}, None
     files = hf.safetensors_files(path)
     tok = Tokenizer.from_hf_dir(path, eos)
+    qc, qsource = _quantization_config(path, raw)
+    if qc is not None:
+        q = QuantizedSafetensors(files, qc, qsource)
+        shapes = {name: shape for name, (_, shape, _) in q.table.items()}
+        if dequantize_on_load or q.quant is None:
+            return Checkpoint(str(path), config, tok, lambda dtype, select=None: q.weights(dtype, select, True),
+                              q.num_tensors(True)), shapes, q.spec.method
+        return Checkpoint(str(path), config, tok, lambda dtype, select=None: q.weights(dtype, select),
+                          q.num_tensors(), quant=q.quant), shapes, q.spec.method
+    count = hf.count_tensors(files)
+    shapes = {name: shape for name, (_, shape, _) in hf.tensor_table(files).items()}
+    marker = looks_quantized(shapes)
+    if marker is not None:
+        raise CheckpointError(f"{path}: tensor {marker!r} is quantized, but config.json has no quantization_config "
+                              "(and there is no quantize_config.json); cannot tell how to read it")
     return Checkpoint(str(path), config, tok, lambda dtype, select=None: hf.iter_safetensors(files, dtype, select),
-                      hf.count_tensors(files))
+                      count), shapes, None
 
 
-def _open_gguf(path: Path) -> Checkpoint:
+def _quantize(ckpt: Checkpoint, quantization: str, shapes: _Shapes, method: Optional[str],
+              dequantize_on_load: bool) -> None:
+    """Apply ``quantization`` (the ``open_checkpoint`` argument) to a checkpoint whose file is
+    quantized with ``method`` (None: dense)."""
+    if method is not None or quantization not in ONLINE_SCHEMES:
+        if quantization == method:
+            return
+        if method is not None:
+            raise CheckpointError(f"{ckpt.source} is quantized with {method}; quantization={quantization!r} cannot "
+                                  f"be applied to it (pass quantization={method!r} or none)")
+        raise CheckpointError(f"quantization={quantization!r}: {ckpt.source} is not quantized; online quantization "
+                              f"is one of {', '.join(ONLINE_SCHEMES)}")
+    if ckpt.weights is None:
+        return
+    linear = {name[: -len(".weight")]: shape for name, shape in shapes.items() if is_online_linear(name, shape)}
+    quant = quantize_online(quantization, linear)
+    ckpt.weights = online_weights(ckpt.weights, quant, dequantize_on_load)
+    if ckpt.num_tensors is not None:
+        ckpt.num_tensors = ckpt.num_tensors if dequantize_on_load else online_tensor_count(ckpt.num_tensors, quant)
+    ckpt.quant = None if dequantize_on_load else quant
+
+
+def _open_gguf(path: Path, dequantize_on_load: bool = True) -> _Opened:
     from ingot.loading.gguf import load_gguf
 
     g = load_gguf(path)
@@ -138,4 +221,9 @@ def _open_gguf(path: Path) -> Checkpoint:
         eos_token_ids=config.eos_token_ids,
         prepend_bos=g.add_bos_token,
     )
-    return Checkpoint(str(path), config, tok, g.weights, g.num_tensors)
+    shapes, quant = g.tensor_shapes, g.quant
+    method = quant.method if quant is not None else None
+    if dequantize_on_load or quant is None:  # every tensor dense, as it always was
+        return Checkpoint(str(path), config, tok, g.weights, g.tensor_count(True)), shapes, method
+    return Checkpoint(str(path), config, tok, lambda dtype, select=None: g.weights(dtype, select, False),
+                      g.tensor_count(False), quant=quant), shapes, method

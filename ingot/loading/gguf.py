@@ -2,8 +2,12 @@
 
 A GGUF holds the config, the tokenizer and the (often quantized) weights in one
 file, all named the llama.cpp way. ``load_gguf`` maps them to an HF-style
-config dict, a ``tokenizers.Tokenizer`` and a lazy iterator of HF-named tensors
-dequantized with ``gguf.quants``, so the model code never sees the format.
+config dict, a ``tokenizers.Tokenizer`` and a lazy iterator of HF-named tensors,
+so the model code never sees the format. Tensors are dequantized with
+``gguf.quants``, except with ``weights(..., dequantize=False)``, where the
+projections stored as Q8_0, Q4_0 or Q4_1 come out in the canonical int form
+(``gguf_quant``, described by ``quant``; experts stacked in one tensor split into
+per-expert modules).
 
 This module owns the llama.cpp -> HF mapping (architectures, metadata keys,
 tensor names, q/k row order); the container is read by ``gguf_file`` and the
@@ -33,9 +37,13 @@ from ingot.loading.gguf_file import (
     check_supported,
     map_file,
     read_header,
+    read_raw_blocks,
     read_tensor,
 )
+from ingot.loading.gguf_quant import blocks_to_canonical, native_scheme
 from ingot.loading.gguf_tokenizer import build_tokenizer, default_add_bos
+from ingot.loading.quant_pack import canonical_names
+from ingot.loading.quant_scheme import IntWeights, LinearScheme, QuantConfig
 from ingot.loading.weights import WeightSelector, select as select_part
 
 log = logging.getLogger(__name__)
@@ -82,6 +90,8 @@ _PER_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight
 # config["rope_scaling"]; attn_rot_embd is an old precomputed rotary table.
 _SKIPPED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# the projections (last part of the HF module name) whose Q8_0 / Q4_0 / Q4_1 blocks stay quantized
+_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 
 
 @dataclass
@@ -99,19 +109,63 @@ class GGUFCheckpoint:
     _tensors: list[tuple[str, TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
 
     @property
+    def quant(self) -> Optional[QuantConfig]:
+        """The projections served in the canonical int form (per module), None when none is."""
+        per_module: dict[str, Optional[LinearScheme]] = {}
+        for hf_name, info, _ in self._tensors:
+            if _is_projection(hf_name):
+                scheme = _native(hf_name, info)
+                for module in _modules(hf_name, info):
+                    per_module[module] = scheme
+        if not any(s is not None for s in per_module.values()):
+            return None
+        return QuantConfig("gguf", None, ("lm_head",), per_module)
+
+    @property
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF tensor name -> shape, without reading any weight."""
+        return {hf_name: info.shape for hf_name, info, _ in self._tensors}
+
+    @property
     def num_tensors(self) -> int:
         return len(self._tensors)
 
-    def weights(self, dtype: torch.dtype, select: Optional[WeightSelector] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor in ``dtype``) one at a time, so peak memory stays at one tensor;
-        with ``select``, each tensor is dequantized whole, then cut to the part it names."""
+    def tensor_count(self, dequantize: bool = True) -> int:
+        """The tensors ``weights`` yields (``dequantize``: one per file tensor)."""
+        total = 0
+        for hf_name, info, _ in self._tensors:
+            scheme = None if dequantize else _native(hf_name, info)
+            total += 1 if scheme is None else len(canonical_names(scheme)) * len(_modules(hf_name, info))
+        return total
+
+    def weights(self, dtype: torch.dtype, select: Optional[WeightSelector] = None,
+                dequantize: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) one at a time, so peak memory stays at one tensor; with ``select``,
+        each tensor is read whole, then cut to the part it names. Every tensor comes in
+        ``dtype``, except, without ``dequantize``, the projections stored as Q8_0 / Q4_0 /
+        Q4_1: their canonical int tensors (``quant``)."""
         for hf_name, info, heads in self._tensors:
+            scheme = None if dequantize else _native(hf_name, info)
+            if scheme is not None:
+                yield from self._canonical(hf_name, info, heads, select)
+                continue
             tensor = read_tensor(self._buf, info)
             if heads:
                 tensor = _unpermute_rows(tensor, heads)
             if hf_name.endswith("shared_expert_gate.weight") and tensor.dim() == 1:
                 tensor = tensor[None]  # llama.cpp may store the [1, H] gate as [H]
             yield hf_name, select_part(tensor, hf_name, select).to(dtype)
+
+    def _canonical(self, hf_name: str, info: TensorInfo, heads: int,
+                   select: Optional[WeightSelector]) -> Iterator[tuple[str, torch.Tensor]]:
+        raw = read_raw_blocks(self._buf, info)
+        experts = raw if raw.dim() == 3 else raw[None]
+        for module, blocks in zip(_modules(hf_name, info), experts):
+            for part, tensor in blocks_to_canonical(blocks, info.qtype).items():
+                if heads:
+                    tensor = _unpermute_rows(tensor, heads)
+                name = f"{module}.{part}"
+                yield name, select_part(tensor, name, select)
 
 
 def load_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
@@ -193,6 +247,25 @@ def _unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """
     rest = w.shape[1:]
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+def _is_projection(hf_name: str) -> bool:
+    module, _, kind = hf_name.rpartition(".")
+    return kind == "weight" and module.rpartition(".")[2] in _PROJECTIONS
+
+
+def _native(hf_name: str, info: TensorInfo) -> Optional[IntWeights]:
+    """The canonical scheme a projection's tensor is served in (None: dequantized)."""
+    return native_scheme(info.qtype) if _is_projection(hf_name) and len(info.shape) in (2, 3) else None
+
+
+def _modules(hf_name: str, info: TensorInfo) -> list[str]:
+    """The HF modules of a projection tensor: itself, or one per expert of a stacked [E, N, K] tensor."""
+    module = hf_name.rpartition(".")[0]
+    if len(info.shape) != 3:
+        return [module]
+    head, _, proj = module.rpartition(".")
+    return [f"{head}.{e}.{proj}" for e in range(info.shape[0])]
 
 
 def _hf_name(name: str) -> Optional[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -50,6 +51,31 @@ def count_tensors(files: list[Path]) -> int:
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise CheckpointError(f"corrupt or truncated safetensors file {file}: {exc}") from None
     return total
+
+
+# safetensors dtype names -> torch dtypes
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+}
+
+
+def tensor_table(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], Optional[torch.dtype]]]:
+    """Every tensor's file, shape and dtype (None: a dtype torch lacks), from the files' headers alone."""
+    table: dict[str, tuple[Path, tuple[int, ...], Optional[torch.dtype]]] = {}
+    for file in files:
+        try:
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+        except (OSError, struct.error, ValueError) as exc:
+            raise CheckpointError(f"corrupt or truncated safetensors file {file}: {exc}") from None
+        for name, info in header.items():
+            if name != "__metadata__":
+                table[name] = (file, tuple(info["shape"]), SAFETENSORS_DTYPES.get(info["dtype"]))
+    return table
 
 
 def iter_safetensors(
