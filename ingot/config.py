@@ -21,6 +21,8 @@ ENV_PREFIX = "INGOT_"
 FUSIBLE_OPS = ("rms_norm", "rotary", "silu_and_mul")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
+# online quantization of a dense model, then the methods of quantized checkpoints (which must match the file)
+QUANTIZATIONS = ("fp8", "int8", "int4", "awq", "gptq", "compressed-tensors", "gguf")
 
 
 class ConfigError(ValueError):
@@ -40,6 +42,10 @@ class EngineConfig:
     # "auto": the checkpoint's weights; "dummy": its configuration with seeded random weights
     # (vLLM's name), for measuring a model's speed without its weights (loading/dummy.py)
     load_format: str = "auto"
+    # fp8 / int8 / int4: a dense checkpoint's linear layers quantized at load (W8A8 fp8 with a scale
+    # per tensor, int8 per channel, int4 in groups of 128; docs/quantization.md); a quantized
+    # checkpoint is served in its own format (its quant_method may be named here: it must match)
+    quantization: Optional[str] = None
     dtype: str = "auto"  # auto = bf16 on CUDA (fp16 if unsupported), fp32 on CPU
     device: str = "auto"  # auto = cuda if available, else cpu
     seed: int = 0
@@ -107,6 +113,9 @@ class EngineConfig:
     def validate(self) -> None:
         if self.load_format not in LOAD_FORMATS:
             raise ConfigError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}", "load_format")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {QUANTIZATIONS} (or None), got {self.quantization!r}",
+                              "quantization")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -41,7 +41,6 @@ _UNSUPPORTED = {
     "max_lora_rank": "LoRA adapters are not supported",
     "speculative_config": "speculative decoding is not supported",
     "pipeline_parallel_size": "pipeline parallelism is not supported",
-    "quantization": "runtime quantization is not supported (GGUF files load their quantized weights dequantized)",
 }
 # how long an interrupted call waits for the engine to confirm its aborts
 _ABORT_WAIT_S = 30.0

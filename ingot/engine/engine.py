@@ -26,9 +26,9 @@ from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestE
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence
 from ingot.engine.stats import EngineInfo, EngineStats
-from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
+from ingot.models.loader import open_model
 from ingot.outputs import RequestOutput
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.executor import Executor, create_executor
@@ -49,7 +49,7 @@ class Engine:
     captures the decode graphs."""
 
     def __init__(self, config: EngineConfig) -> None:
-        ckpt = open_checkpoint(config.model, config.tokenizer, config.load_format)
+        ckpt = open_model(config)
         mcfg = ckpt.config
         max_model_len = config.max_model_len or ckpt.max_model_len or mcfg.max_position_embeddings
         if mcfg.sliding_window is not None and mcfg.sliding_window < max_model_len:

@@ -37,6 +37,7 @@ Compiled decode keeps these ops as opaque nodes like every other ingot op
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal, Optional, Sequence, Union
 
 import torch
@@ -44,9 +45,11 @@ from torch import nn
 
 from ingot.distributed.collectives import all_reduce
 from ingot.distributed.parallel import SINGLE, TensorParallel, shard_range
+from ingot.layers import quant_linear
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
+from ingot.loading.quant_scheme import Fp8Weights, IntWeights, LinearScheme
 
 # widest projection (output features) that takes the norm in its GEMV: qkv yes, gate/up no
 NORM_PROLOGUE_MAX_N = 8192
@@ -98,7 +101,7 @@ def linear_norm_linear_scaled(
     op: for one row one launch, the router's GEMV riding in the projection's (each tile adds
     its share of the router's sums; the last tile adds them up). Not under tensor parallelism,
     where the projection's output is summed over ranks first."""
-    if _fuses_norm(x, router, policy) and not proj.all_reduce and router.bias is None:
+    if _fuses_norm(x, router, policy) and proj.scheme is None and not proj.all_reduce and router.bias is None:
         return torch.ops.ingot.linear_norm_linear_scaled(
             x, proj.weight, proj.bias, residual, norm.weight, norm.eps, router.weight)
     return norm_linear_scaled(proj(x, policy), residual, norm, router, policy)
@@ -107,12 +110,13 @@ def linear_norm_linear_scaled(
 def _fuses_norm(x: torch.Tensor, proj: "MergedLinear", policy: OpPolicy) -> bool:
     """Whether the norm in front of ``proj`` folds into its GEMV (skinny rows, the norm not
     kept native, at most ``NORM_PROLOGUE_MAX_N`` outputs)."""
-    return policy.skinny(x) and not policy.is_native("rms_norm") and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N
+    return (policy.skinny(x) and proj.scheme is None and not policy.is_native("rms_norm")
+            and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N)
 
 
 def silu_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
     """proj(silu_and_mul(x)), the activation fused into the GEMV on the skinny path."""
-    if policy.skinny(x) and not policy.is_native("silu_and_mul"):
+    if policy.skinny(x) and proj.scheme is None and not policy.is_native("silu_and_mul"):
         return proj.reduce(torch.ops.ingot.silu_mul_linear(x, proj.weight, proj.bias))
     return proj(act(x, policy), policy)
 
@@ -125,6 +129,7 @@ class MergedLinear(nn.Module):
 
     ``shard_sizes`` are the checkpoint's (whole-model) sizes; under tensor
     parallelism the layer holds this rank's part (``local_sizes``, ``in_features``).
+    With a ``scheme`` the weight is held quantized (``quant_linear.py``).
     """
 
     def __init__(
@@ -137,6 +142,7 @@ class MergedLinear(nn.Module):
         split: Split = "none",
         units: Union[int, Sequence[int]] = 1,
         reduce: bool = True,
+        scheme: Optional[LinearScheme] = None,
     ) -> None:
         super().__init__()
         self.tp = tp if split != "none" else SINGLE
@@ -160,22 +166,39 @@ class MergedLinear(nn.Module):
         self.local_sizes = tuple(rows for _, rows in self.row_ranges)
         self.in_features = self.col_range[1]
         out = sum(self.local_sizes)
-        self.weight = nn.Parameter(torch.empty(out, self.in_features))
+        if isinstance(scheme, Fp8Weights) and scheme.block_n == 0:
+            # one scale per tensor cannot stack the shards of a merged projection: one per row instead
+            scheme = Fp8Weights(1, scheme.block_k, scheme.act_group)
+        if isinstance(scheme, IntWeights) and scheme.group_size == 0:  # one group per row, whatever its width
+            scheme = dataclasses.replace(scheme, group_size=in_features)
+        self.scheme = scheme
+        if scheme is None:
+            self.weight = nn.Parameter(torch.empty(out, self.in_features))
+        else:
+            quant_linear.make_params(self, scheme, out, self.in_features)
         self.bias = nn.Parameter(torch.zeros(out)) if bias else None
 
     def checkpoint_slice(self, param: str, index: int) -> Optional[tuple[slice, ...]]:
         """The part of checkpoint tensor ``param`` of shard ``index`` this rank reads (None: all of it)."""
         if self.split == "column":
             first, rows = self.row_ranges[index]
+            if self.scheme is not None and param != "bias":
+                rows_slice = quant_linear.output_rows(self.scheme, param, first, rows, self.shard_sizes[index])
+                return None if rows_slice is None else (rows_slice,)
             return (slice(first, first + rows),)
-        if self.split == "row" and param == "weight":
+        if self.split == "row" and param != "bias":
             first, cols = self.col_range
+            if self.scheme is not None:
+                whole = self.col_range[1] * self.tp.size  # the checkpoint's input features (equal split)
+                return (slice(None), quant_linear.input_columns(self.scheme, param, first, cols, whole))
             return (slice(None), slice(first, first + cols))
         return None
 
     def load_shard(self, param: str, index: int, tensor: torch.Tensor) -> None:
         """Copy a checkpoint tensor (weight or bias of shard ``index``, already cut to
-        ``checkpoint_slice``) into place."""
+        ``checkpoint_slice``; or a quantized layer's parameter) into place."""
+        if self.scheme is not None and param != "bias":
+            return self._load_quantized(param, index, tensor)
         start = sum(self.local_sizes[:index])
         size = self.local_sizes[index]
         target = getattr(self, param)
@@ -186,15 +209,40 @@ class MergedLinear(nn.Module):
             tensor = torch.zeros_like(tensor)  # the all-reduce adds rank 0's bias once
         target.data[start : start + size].copy_(tensor)
 
+    def _load_quantized(self, param: str, index: int, tensor: torch.Tensor) -> None:
+        """A quantized parameter of shard ``index``: its rows into place (``perm``, the input
+        columns' order, is one for every shard: they share their input)."""
+        target = getattr(self, param, None)
+        if target is None:
+            raise ValueError(f"{param}: not a parameter of this layer's {type(self.scheme).__name__} scheme")
+        if param == "perm":
+            if index and not torch.equal(target.data, tensor.to(target.device)):
+                raise ValueError("the shards of a merged projection have different act-order permutations")
+            target.data.copy_(tensor)
+            return
+        if index == 0:
+            quant_linear.adopt_dtype(self, param, tensor.dtype)
+            target = getattr(self, param)
+        rows = quant_linear.output_rows(self.scheme, param, sum(self.local_sizes[:index]), self.local_sizes[index],
+                                        sum(self.local_sizes))
+        if param == "weight_scale" and self.scheme.block_n == 1 and tensor.shape[0] == 1:
+            tensor = tensor.expand(rows.stop - rows.start, tensor.shape[1])  # a per-tensor scale, per row
+        if tensor.shape[0] != rows.stop - rows.start or tensor.shape[1:] != target.shape[1:]:
+            raise ValueError(f"{param} shard {index}: expected {(rows.stop - rows.start, *target.shape[1:])}, "
+                             f"got {tuple(tensor.shape)}")
+        target.data[rows].copy_(tensor)
+
     def reduce(self, y: torch.Tensor) -> torch.Tensor:
         """The layer's output from this rank's GEMM: the sum over ranks for a row-parallel layer."""
         return all_reduce(y, self.tp) if self.all_reduce else y
 
     def forward(self, x: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
+        if self.scheme is not None:
+            return self.reduce(quant_linear.quant_linear(self, self.scheme, x, self.bias))
         return self.reduce(linear(x, self.weight, self.bias, policy))
 
 
 def Linear(in_features: int, out_features: int, bias: bool = False, *, tp: TensorParallel = SINGLE,
-           split: Split = "none", units: int = 1, reduce: bool = True) -> MergedLinear:
+           split: Split = "none", units: int = 1, reduce: bool = True, scheme: Optional[LinearScheme] = None) -> MergedLinear:
     """A plain projection: a merged linear with a single shard."""
-    return MergedLinear(in_features, (out_features,), bias, tp=tp, split=split, units=units, reduce=reduce)
+    return MergedLinear(in_features, (out_features,), bias, tp=tp, split=split, units=units, reduce=reduce, scheme=scheme)

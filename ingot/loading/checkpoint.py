@@ -34,6 +34,7 @@ from ingot.loading.errors import CheckpointError
 from ingot.loading.hf_quant import QuantizedSafetensors, looks_quantized
 from ingot.loading.quant_online import (
     ONLINE_SCHEMES,
+    random_weights_config,
     is_online_linear,
     online_tensor_count,
     online_weights,
@@ -103,10 +104,13 @@ def open_checkpoint(
     if load_format not in LOAD_FORMATS:
         raise CheckpointError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     dummy = load_format == "dummy"
-    if dummy and quantization is not None:
-        raise CheckpointError("quantization with load_format='dummy' is not supported (random weights are dense)")
+    if dummy and quantization is not None and quantization not in ONLINE_SCHEMES:
+        raise CheckpointError(f"quantization={quantization!r} with load_format='dummy': random weights are quantized "
+                              f"with one of {', '.join(ONLINE_SCHEMES)}")
     if dummy and model in SHAPES:
-        return _open_shape(model, tokenizer)
+        ckpt = _open_shape(model, tokenizer)
+        ckpt.quant = random_weights_config(quantization) if quantization is not None else None
+        return ckpt
     path = resolve(model, weights=not dummy)
     if path.is_file():
         if path.suffix != ".gguf":
@@ -115,7 +119,8 @@ def open_checkpoint(
     else:
         ckpt, shapes, method = _open_hf_dir(path, weights=not dummy, dequantize_on_load=dequantize_on_load)
     if dummy:
-        ckpt.weights, ckpt.num_tensors, ckpt.quant = None, None, None
+        ckpt.weights, ckpt.num_tensors = None, None
+        ckpt.quant = random_weights_config(quantization) if quantization is not None else None
     elif quantization is not None:
         _quantize(ckpt, quantization, shapes, method, dequantize_on_load)
     if tokenizer is not None:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ingot.loading.errors import CheckpointError
+from ingot.loading.quant_scheme import LinearScheme, QuantConfig
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -50,6 +51,18 @@ class ModelConfig:
     torch_dtype: Optional[torch.dtype] = None
     bos_token_id: Optional[int] = None
     eos_token_ids: list[int] = field(default_factory=list)
+    quant: Optional[QuantConfig] = None  # how the linear layers are held (None: in the model dtype)
+
+    def linear_scheme(self, prefix: str, shards: tuple[str, ...]) -> Optional[LinearScheme]:
+        """The quantization of the (merged) linear module whose checkpoint modules are
+        ``model.{prefix}.{shard}``: they must agree, since they are held as one."""
+        if self.quant is None:
+            return None
+        schemes = {self.quant.scheme_for(f"model.{prefix}.{shard}") for shard in shards}
+        if len(schemes) > 1:
+            raise CheckpointError(f"{prefix}: {', '.join(shards)} are quantized differently ({schemes}); ingot holds "
+                                  "them as one projection")
+        return schemes.pop()
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` has routed experts (HF's rule for the Qwen MoE families)."""

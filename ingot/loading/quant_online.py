@@ -68,6 +68,18 @@ def quantize_online(scheme: str, linear_shapes: Mapping[str, tuple[int, int]]) -
     return QuantConfig("online", None, ("lm_head",), per_module)
 
 
+def random_weights_config(scheme: str) -> QuantConfig:
+    """The QuantConfig of a model with random weights (``load_format="dummy"``) served quantized:
+    the same schemes as ``quantize_online`` for every linear module (int8's per-row group as
+    ``group_size`` 0: the layer's own K), the modules it keeps dense dense, routed experts too."""
+    if scheme not in ONLINE_SCHEMES:
+        raise CheckpointError(f"unknown online quantization {scheme!r} (supported: {', '.join(ONLINE_SCHEMES)})")
+    linear = {"fp8": Fp8Weights(0, 0, act_group=0), "int8": IntWeights(bits=8, group_size=0),
+              "int4": IntWeights(bits=4, group_size=INT4_GROUP)}[scheme]
+    dense = tuple(f"re:(.*\\.)?{name}$" for name in _KEEP_DENSE) + (r"re:.*\.experts\.",)
+    return QuantConfig("online", linear, dense)
+
+
 def quantize_weight(weight: torch.Tensor, scheme: LinearScheme) -> dict[str, torch.Tensor]:
     """A dense [N, K] weight -> the canonical tensors of ``scheme`` (weight-only symmetric int, or fp8)."""
     w = weight.float()

@@ -41,7 +41,7 @@ from typing import Mapping, Optional, Union
 @dataclass(frozen=True)
 class IntWeights:
     bits: int  # 4 or 8
-    group_size: int  # input features per scale; K (the whole row) for per-channel scales
+    group_size: int  # input features per scale; K (the whole row) for per-channel scales (0: each layer's K)
     zero_point: int = -1  # the zero point of every group without ``zeros``; -1: 2 ** (bits - 1)
     has_zeros: bool = False
     has_mins: bool = False

@@ -55,14 +55,17 @@ def local_heads(cfg: ModelConfig, tp: TensorParallel) -> tuple[int, int]:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE, prefix: str = "") -> None:
+        """``prefix``: the module's checkpoint name (``layers.N.self_attn``), which names the
+        quantization of its projections."""
         super().__init__()
         self.head_dim = cfg.head_dim
         self.num_heads, self.num_kv_heads = local_heads(cfg, tp)
         q_size, kv_size = cfg.num_heads * self.head_dim, cfg.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(cfg.hidden_size, (q_size, kv_size, kv_size), bias=cfg.qkv_bias, tp=tp, split="column",
-                                     units=self.head_dim)
-        self.o_proj = Linear(q_size, cfg.hidden_size, tp=tp, split="row", units=self.head_dim)
+                                     units=self.head_dim, scheme=cfg.linear_scheme(prefix, ("q_proj", "k_proj", "v_proj")))
+        self.o_proj = Linear(q_size, cfg.hidden_size, tp=tp, split="row", units=self.head_dim,
+                             scheme=cfg.linear_scheme(prefix, ("o_proj",)))
         # q/k norm per head (Qwen3) or over the whole projection (OLMoE; never split over ranks)
         self.qk_norm_full_width = cfg.qk_norm_full_width
         q_width, k_width = (q_size, kv_size) if cfg.qk_norm_full_width else (self.head_dim, self.head_dim)
@@ -101,12 +104,16 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, tp: TensorParallel = SINGLE, reduce: bool = True) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, tp: TensorParallel = SINGLE, reduce: bool = True,
+                 cfg: Optional[ModelConfig] = None, prefix: str = "") -> None:
         """``reduce=False``: the down projection's partial sums stay unreduced (a caller that
-        adds this MLP to other row-parallel outputs all-reduces the sum once)."""
+        adds this MLP to other row-parallel outputs all-reduces the sum once). ``cfg`` and
+        ``prefix`` (``layers.N.mlp``) name the quantization of its projections."""
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, (intermediate_size,) * 2, tp=tp, split="column")
-        self.down_proj = Linear(intermediate_size, hidden_size, tp=tp, split="row", reduce=reduce)
+        gate_up = cfg.linear_scheme(prefix, ("gate_proj", "up_proj")) if cfg is not None else None
+        down = cfg.linear_scheme(prefix, ("down_proj",)) if cfg is not None else None
+        self.gate_up_proj = MergedLinear(hidden_size, (intermediate_size,) * 2, tp=tp, split="column", scheme=gate_up)
+        self.down_proj = Linear(intermediate_size, hidden_size, tp=tp, split="row", reduce=reduce, scheme=down)
         self.act = SiluAndMul()
 
     def forward(self, gate_up: torch.Tensor, policy: OpPolicy) -> torch.Tensor:
@@ -123,10 +130,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, mlp: nn.Module, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, mlp: nn.Module, tp: TensorParallel = SINGLE,
+                 index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary, tp)
+        self.self_attn = LlamaAttention(cfg, rotary, tp, f"layers.{index}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # anything with norm_forward(x, proj, residual, norm, policy): LlamaMLP, moe.MoEBlock
 
@@ -166,14 +174,14 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, tp)
         rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, self.make_mlp(cfg, i), tp) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, self.make_mlp(cfg, i), tp, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied, tp)
 
     def make_mlp(self, cfg: ModelConfig, index: int) -> nn.Module:
         """The MLP of decoder layer ``index`` (the MoE models override it)."""
-        return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp)
+        return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp, cfg=cfg, prefix=f"layers.{index}.mlp")
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy = DEFAULT_POLICY

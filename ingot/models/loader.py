@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Iterator, Optional
 
 import torch
@@ -10,8 +11,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ingot.distributed.parallel import SINGLE, TensorParallel
-from ingot.loading.checkpoint import Checkpoint
-from ingot.config import ConfigError
+from ingot.loading.checkpoint import Checkpoint, open_checkpoint
+from ingot.config import ConfigError, EngineConfig
 from ingot.loading.errors import CheckpointError
 from ingot.loading.model_config import ModelConfig
 from ingot.models.registry import model_class
@@ -37,13 +38,26 @@ def build_model(
     return model.eval().requires_grad_(False)
 
 
+def open_model(config: EngineConfig) -> Checkpoint:
+    """The checkpoint ``config`` names, opened for where it runs: a quantized checkpoint's (or an
+    online-quantized model's) linear layers stay quantized on CUDA, where ingot's kernels
+    multiply them, and are dequantized at load elsewhere (the references would dequantize
+    them at every step)."""
+    on_cuda = resolve_device(config.device).type == "cuda"
+    return open_checkpoint(config.model, config.tokenizer, config.load_format, config.quantization,
+                           dequantize_on_load=not on_cuda)
+
+
 def load_checkpoint(
     ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, max_position: int, progress: bool = True,
     tp: TensorParallel = SINGLE,
 ) -> nn.Module:
     """The model filled from ``ckpt`` (seeded random weights when it has none); under tensor
-    parallelism only this rank's part of each tensor is read (``model.checkpoint_slice``)."""
-    model = build_model(ckpt.config, dtype, device, max_position, tp)
+    parallelism only this rank's part of each tensor is read (``model.checkpoint_slice``).
+    A quantized checkpoint's linear layers hold its quantized weights (``ckpt.quant``), unless
+    its iterator dequantizes them (``ckpt.quant`` is then None)."""
+    cfg = ckpt.config if ckpt.quant is None else dataclasses.replace(ckpt.config, quant=ckpt.quant)
+    model = build_model(cfg, dtype, device, max_position, tp)
     if ckpt.weights is None:
         return init_random(model)
     select = model.checkpoint_slice if tp.enabled else None
@@ -57,14 +71,29 @@ def load_checkpoint(
 
 
 def init_random(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module:
-    """Random weights (norms at 1) for shape-only benchmarks; deterministic per seed."""
+    """Random weights (norms at 1) for shape-only benchmarks; deterministic per seed. Quantized
+    layers get random codes, scales that give the same spread, zero points at mid-range and
+    the identity act-order permutation."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
+        leaf = name.rpartition(".")[2]
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
-        elif name.endswith("bias"):
+        elif leaf in ("bias", "mins"):
             param.data.zero_()
+        elif leaf == "perm":
+            param.data.copy_(torch.arange(param.numel(), device=device))
+        elif leaf == "zeros":
+            param.data.fill_(8)
+        elif leaf == "qweight":
+            param.data.copy_(torch.randint(-2**31, 2**31, param.shape, generator=gen, device=device, dtype=torch.int64))
+        elif leaf == "scales":
+            param.data.fill_(std / 2.5)  # uniform int4 codes around their midpoint: about std
+        elif leaf == "weight_scale":
+            param.data.fill_(std)
+        elif param.dtype == torch.float8_e4m3fn:
+            param.data.copy_(torch.randn(param.shape, generator=gen, device=device).to(param.dtype))
         else:
             param.data.normal_(0.0, std, generator=gen)
     return model

@@ -83,8 +83,13 @@ def select_topk(
 class MoEBlock(nn.Module):
     """Router, routed experts and (Qwen2-MoE) the gated shared expert of one layer."""
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE, prefix: str = "") -> None:
+        """``prefix``: the block's checkpoint name (``layers.N.mlp``), which names the quantization
+        of its shared expert; its routed experts are held in the model dtype."""
         super().__init__()
+        if cfg.linear_scheme(f"{prefix}.experts.0", ("gate_proj", "up_proj", "down_proj")) is not None:
+            raise CheckpointError(f"{prefix}: quantized routed experts are not supported yet; a checkpoint "
+                                  "whose experts are quantized cannot be served")
         self.tp = tp
         self.num_experts = cfg.num_experts
         self.top_k = cfg.num_experts_per_tok
@@ -94,7 +99,8 @@ class MoEBlock(nn.Module):
         # router rows, then the shared expert's gate row: one GEMM for both
         self.gate = MergedLinear(cfg.hidden_size, (cfg.num_experts, 1) if shared else (cfg.num_experts,))
         self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp)
-        self.shared_expert = LlamaMLP(cfg.hidden_size, shared, tp, reduce=False) if shared else None
+        self.shared_expert = (LlamaMLP(cfg.hidden_size, shared, tp, reduce=False, cfg=cfg, prefix=f"{prefix}.shared_expert")
+                              if shared else None)
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(top-k weights [T, k], expert ids [T, k]) from router logits [T, E], as HF computes them."""
@@ -156,8 +162,8 @@ class MoEForCausalLM(LlamaForCausalLM):
 
     def make_mlp(self, cfg: ModelConfig, index: int) -> nn.Module:
         if cfg.is_moe_layer(index):
-            return MoEBlock(cfg, self.tp)
-        return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp)
+            return MoEBlock(cfg, self.tp, f"layers.{index}.mlp")
+        return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp, cfg=cfg, prefix=f"layers.{index}.mlp")
 
     def _expert(self, name: str) -> Optional[tuple[int, MoEBlock, Optional[int], str]]:
         """(layer, its MoE block, expert index or None when stacked, projection) of an expert

@@ -55,6 +55,9 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
     out.append(ops.silu_mul_linear(x2, weight, None))
     out.append(ops.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids))
     out.append(ops.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, topk_weights[:, 0].float()))
+    qweight = torch.zeros(weight.shape[0], weight.shape[1] // 8, dtype=torch.int32)  # int4, one group per row
+    out.append(ops.int_linear(x, qweight, weight[:, :1], None, None, None, 4, weight.shape[1], 8))
+    out.append(ops.fp8_linear(x, weight.to(torch.float8_e4m3fn), w[:1, None].float(), None, 0, 0, -1))
     return out
 
 

@@ -27,9 +27,8 @@ from tqdm.auto import tqdm
 
 from ingot.config import EngineConfig
 from ingot.distributed import process_group
-from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.model_config import ModelConfig
-from ingot.models.loader import load_checkpoint
+from ingot.models.loader import load_checkpoint, open_model
 from ingot.runner.kv_pool import blocks_for
 from ingot.runner.model_runner import ModelRunner
 from ingot.runner.step_channel import StepChannel, capacity_for
@@ -87,9 +86,7 @@ def worker_main(rank: int, spec: WorkerSpec, status: Any, lifeline: Any) -> None
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
         status.send(("hello", rank))
         tp = process_group.join(rank, spec.size, device, port=spec.port)
-        config = spec.config
-        ckpt = open_checkpoint(config.model, config.tokenizer, config.load_format)
-        model = load_checkpoint(ckpt, spec.dtype, device, spec.max_model_len, progress=False, tp=tp)
+        model = load_checkpoint(open_model(spec.config), spec.dtype, device, spec.max_model_len, progress=False, tp=tp)
         state = build_rank(model, spec, device)
         status.send(("ready", rank))
         state.serve()

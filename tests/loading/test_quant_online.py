@@ -128,10 +128,25 @@ def test_online_errors(tmp_path):
         open_checkpoint(str(path), quantization="awq")
     with pytest.raises(CheckpointError, match="not quantized; online quantization is one of fp8, int8, int4"):
         open_checkpoint(str(path), quantization="nf4")
-    with pytest.raises(CheckpointError, match="dummy"):
-        open_checkpoint(str(path), load_format="dummy", quantization="fp8")
+    with pytest.raises(CheckpointError, match="random weights are quantized with one of fp8, int8, int4"):
+        open_checkpoint(str(path), load_format="dummy", quantization="awq")
     with pytest.raises(CheckpointError, match="unknown online quantization"):
         quantize_online("int3", {})
+
+
+def test_random_weights_quantized_online():
+    """load_format="dummy" with an online quantization: every linear module quantized, the
+    modules online quantization keeps dense (lm_head, embeddings, routers) and routed experts dense."""
+    from ingot.loading.quant_scheme import Fp8Weights, IntWeights
+
+    for scheme, kind in (("int4", IntWeights), ("int8", IntWeights), ("fp8", Fp8Weights)):
+        q = open_checkpoint("qwen3-30b-a3b", load_format="dummy", quantization=scheme).quant
+        assert isinstance(q.scheme_for("model.layers.3.self_attn.q_proj"), kind)
+        assert isinstance(q.scheme_for("model.layers.3.mlp.shared_expert.down_proj"), kind)
+        for dense in ("lm_head", "model.embed_tokens", "model.layers.3.mlp.gate", "model.layers.3.mlp.shared_expert_gate",
+                      "model.layers.3.mlp.experts.7.up_proj"):
+            assert q.scheme_for(dense) is None, dense
+    assert open_checkpoint("qwen2.5-7b", load_format="dummy", quantization="int8").quant.scheme.group_size == 0
 
 
 def test_quantized_checkpoint_refuses_another_quantization(smollm2_gguf):
