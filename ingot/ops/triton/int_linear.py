@@ -1,0 +1,69 @@
+"""int_linear on CUDA: int4 / int8 weights (the canonical int form) served at their own byte
+count, unpacked and dequantized tile by tile in registers (kernels: quant_gemm.py).
+
+At batch 1 a projection's time is reading its weight: int4 reads a quarter of bf16's bytes
+(plus 2-3 bytes of scale and zero per group), so the GEMV's target is that byte count at
+copy bandwidth. More rows go to the tiled GEMM, whose dequantization cost per weight is
+spread over the tile's rows.
+
+Numerics: weights are ``(u - zero) * scale (+ min)`` in fp32, as the reference computes
+them. The one-row GEMV multiplies fp32 weights by fp32 activations (the reference rounds
+the weights to the model dtype first: the kernel is the closer of the two to exact
+arithmetic); the ``tl.dot`` paths round each weight to x's dtype as the reference does.
+Sums in fp32, rounded once.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ingot.ops import reference as ref
+from ingot.ops.triton._common import cuda_kernel, last_dim_contiguous
+from ingot.ops.triton.pdl import pdl_supported
+from ingot.ops.triton.quant_gemm import MAX_GEMV_ROWS, QuantLaunch, QuantWeight, fits_tiles, run
+
+
+def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> QuantLaunch:
+    """Launch parameters for ``m`` rows and an [n, k] int weight with groups of ``group_size``.
+
+    A first table, to be swept on the GPU: one row streams 32 x 256 tiles (4 KB of int4 per
+    iteration, as skinny_gemm's 16 x 256 bf16 tiles read 8 KB) split over 4 waves; up to 16
+    rows, 64 x 128 ``tl.dot`` tiles over 2 waves; more rows a tiled GEMM whose K tile is 64
+    (two int4 words of a 128-group per row and tile) and whose row tile grows with M.
+    """
+    pdl = pdl_supported(device)
+    if m == 1:
+        return QuantLaunch(True, False, 1, 32, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
+    if m <= MAX_GEMV_ROWS:
+        return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl)
+    if m <= 32:
+        return QuantLaunch(False, True, 32, 64, 64, num_warps=4, num_stages=4)
+    if m <= 64:
+        return QuantLaunch(False, True, 64, 128, 64, num_warps=4, num_stages=4)
+    return QuantLaunch(False, True, 128, 128, 64, num_warps=8, num_stages=3)
+
+
+@cuda_kernel
+def int_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+    mins: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int, group_size: int, zero_point: int,
+    config: Optional[QuantLaunch] = None,
+) -> torch.Tensor:
+    """Triton implementation of ``torch.ops.ingot.int_linear`` (x [M, K], qweight int32 [N, K * bits / 32])."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    assert bits in (4, 8) and qweight.shape[1] * (32 // bits) == k, f"qweight {tuple(qweight.shape)} does not hold {k} {bits}-bit columns"
+    if not fits_tiles(group_size, k):  # groups no power-of-two tile aligns with: no checkpoint format has them
+        return ref.int_linear(x, qweight, scales, zeros, mins, bias, bits, group_size, zero_point)
+    w = QuantWeight(
+        qweight.contiguous(), scales.contiguous(), None if zeros is None else zeros.contiguous(),
+        None if mins is None else mins.contiguous(), n, k, fp8=False, bits=bits, group_k=group_size,
+        zero_point=zero_point,
+    )
+    cfg = config or launch_config(m, n, k, group_size, x.device)
+    return run(last_dim_contiguous(x), w, bias, cfg)
+
+
+__all__ = ["int_linear", "launch_config"]

@@ -1,0 +1,483 @@
+"""The kernels behind int_linear.py and fp8_linear.py: y = x @ W.T (+ b) with W quantized,
+dequantized tile by tile in registers (never a full-precision copy of W).
+
+One weight-tile loader serves both forms (``loading/quant_scheme.py``): int4 / int8 words
+unpacked and taken as ``u - zero``, or float8 e4m3 bytes as their value, each run of
+``GS_TILE`` columns of a row sharing one scale (and one min): the tile is held as
+``[BLOCK_N, BLOCK_K / GS_TILE, GS_TILE]``, so groups smaller than the K tile (GGUF's 32)
+and groups spanning several tiles (128, a whole row) are one code path; a tile never
+straddles a group.
+
+* ``_gemv_kernel`` (few rows, a decode batch): skinny_gemm's split-K GEMV. Each program
+  streams a ``BLOCK_N x K/S`` slab of W, the last of a tile's S programs sums the fp32
+  partials (split counters of ``_common``), adds the bias and writes. One row: a
+  multiply-reduce with the scale applied per group to the partial sums
+  (``sum((u - z) * x) * s + min * sum(x)``: one multiply-add per weight); more rows:
+  ``tl.dot`` on rows padded to 16 with the tile dequantized to x's dtype.
+* ``_gemm_kernel`` (more rows): a tiled ``tl.dot`` GEMM (grouped tile order for L2 reuse)
+  whose B tiles are dequantized in registers; or, for fp8 W8A8 on fp8 tensor cores
+  (``FP8_DOT``), fp8 x fp8 dots whose fp32 results are scaled per K tile by the
+  activation and weight block scales (K tiles divide both groups).
+
+Integer values become floats by the exponent trick (``u | 0x4B000000`` is ``2**23 + u``,
+minus ``2**23 + zero``: exact, no int-to-float conversion). fp8 bytes convert in hardware
+on sm_89+ (``fp8_native``), else by moving their bits under fp32's and scaling by 2**120.
+
+W8A8 activations: the reference quantizes each row (or each ``act_group`` columns of it)
+to fp8 with a dynamic scale; unrounded activations would differ by about 2-3% (e4m3 keeps
+3 mantissa bits), beyond bf16 tolerance, so every path computes with the fp8 values.
+``_act_quant_kernel`` writes them and their scales (rounding and division as the
+reference, bit for bit); the kernels read fp8 activations, exact in bf16, and apply the
+activation scales to the sums: per K tile for groups (a tile lies in one group), once
+at the end per token. Groups below K are powers of two (else the ops run the reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
+
+MAX_GEMV_ROWS = 16  # the M side of tl.dot
+
+
+@dataclass(frozen=True)
+class QuantLaunch:
+    """Launch parameters of the quantized GEMV / GEMM (each op's ``launch_config`` picks them)."""
+
+    gemv: bool  # split-K GEMV (at most 16 rows), else the tiled GEMM
+    use_dot: bool  # GEMV: tl.dot on rows padded to 16, else a one-row multiply-reduce
+    block_m: int  # GEMM rows per tile (the GEMV pads rows to 16 or takes one)
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    waves: int = 4  # GEMV: programs aimed at per SM when choosing the split count
+    splits: Optional[int] = None  # GEMV K splits; None: from ``waves``
+    group_m: int = 8  # GEMM: row tiles per band of the tile order
+    pdl: bool = False  # GEMV: programmatic dependent launch (pdl.py)
+    fp8_native: bool = False  # fp8: hardware conversions (sm_89+), else bit decoding
+    fp8_dot: bool = False  # fp8 W8A8 GEMM on fp8 tensor cores (needs fp8_native)
+    scaled_mm: bool = False  # fp8 W8A8 GEMM by torch._scaled_mm where its scale layouts fit
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """A quantized [n, k] weight as the kernels read it. ``data``: int32 words [n, k * bits / 32]
+    or fp8 [n, k]; ``scales`` (and ``zeros`` / ``mins``) [cdiv(n, scale_bn), cdiv(k, group_k)]."""
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    zeros: Optional[torch.Tensor]
+    mins: Optional[torch.Tensor]
+    n: int
+    k: int
+    fp8: bool
+    bits: int  # 4 or 8 (fp8: 8)
+    group_k: int  # columns per scale
+    scale_bn: int = 1  # rows per scale
+    zero_point: int = 0
+
+
+def fits_tiles(group: int, k: int) -> bool:
+    """Whether K tiles can align with groups of ``group`` columns: one group spans the row, or a power of two."""
+    return group >= k or (group > 0 and group & (group - 1) == 0)
+
+
+def group_tile(block_k: int, group_k: int, k: int) -> int:
+    """Columns of a K tile that share one scale: the whole tile where one group spans K."""
+    return block_k if group_k >= k else min(block_k, group_k)
+
+
+# ----------------------------------------------------------------------------- device helpers
+@triton.jit
+def _unpack(words, BITS: tl.constexpr):
+    """int32 words [..., W] -> [..., W, 2, 2(, 2)]: their unsigned values in little-endian order
+    once the trailing dims are merged (element 4p + 2q + c of a word at [p, q, c])."""
+    if BITS == 4:
+        v0 = tl.join(tl.join(words & 0xF, (words >> 16) & 0xF), tl.join((words >> 8) & 0xF, (words >> 24) & 0xF))
+        v1 = tl.join(tl.join((words >> 4) & 0xF, (words >> 20) & 0xF), tl.join((words >> 12) & 0xF, (words >> 28) & 0xF))
+        return tl.join(v0, v1)
+    else:
+        return tl.join(tl.join(words & 0xFF, (words >> 16) & 0xFF), tl.join((words >> 8) & 0xFF, (words >> 24) & 0xFF))
+
+
+@triton.jit
+def _e4m3_to_f32(raw, NATIVE: tl.constexpr):
+    """float8 e4m3fn (fp8 values, or their bytes without ``NATIVE``) -> fp32. By bits: sign,
+    exponent and mantissa moved under fp32's, then scaled by 2**120 (the exponent biases'
+    difference); e4m3 subnormals land on fp32 subnormals, which that product scales exactly."""
+    if NATIVE:
+        return raw.to(tl.float32)
+    else:
+        b = raw.to(tl.uint32)
+        bits = ((b & 0x80) << 24) | ((b & 0x7F) << 20)
+        return bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
+
+
+@triton.jit
+def _round_e4m3(v):
+    """fp32 ``v`` (|v| <= 448) -> the nearest float8 e4m3fn value (ties to even), kept in fp32:
+    3 mantissa bits by integer ops; below 2**-6 the subnormal step 2**-9 by adding 2**14 to |v|
+    (the sign put back: negatives rounding to zero are -0, as torch's conversion gives)."""
+    bits = v.to(tl.uint32, bitcast=True)
+    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    sub = ((tl.abs(v) + 16384.0) - 16384.0).to(tl.uint32, bitcast=True) | (bits & 0x80000000)
+    return tl.where(tl.abs(v) < 0.015625, sub, normal).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_bits(r):
+    """An e4m3fn value ``r`` (fp32, from ``_round_e4m3``) -> its byte."""
+    bits = r.to(tl.uint32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    normal = (((mag >> 23) - 120) << 3) | ((mag >> 20) & 7)
+    sub = (tl.abs(r) * 512.0).to(tl.uint32)
+    return (((bits >> 24) & 0x80) | tl.where(mag < 0x3C800000, sub, normal)).to(tl.uint8)
+
+
+@triton.jit
+def _act_in(x, dtype: tl.constexpr, ACT_Q: tl.constexpr, NATIVE: tl.constexpr):
+    """An activation tile in ``dtype``: fp8 activations (``ACT_Q``) exactly, by value."""
+    if ACT_Q:
+        return _e4m3_to_f32(x, NATIVE).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _weight_tile(
+    w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
+    FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
+    FP8_NATIVE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr,
+):
+    """W's tile at rows ``offs_n``, columns ``k0 + [0, BLOCK_K)``: (values [BLOCK_N, NG, GS_TILE]
+    in fp32, ``u - zero`` or the fp8 value; scales and mins [BLOCK_N, NG]), NG = BLOCK_K / GS_TILE.
+    Columns past K read as zero weights with zero scales."""
+    NG: tl.constexpr = BLOCK_K // GS_TILE
+    offs_g = tl.arange(0, NG)
+    gidx = (k0 + offs_g * GS_TILE) // group_k
+    g_mask = n_mask[:, None] & (gidx < G)[None, :]
+    s_off = (offs_n // scale_bn)[:, None] * stride_sn + gidx[None, :]
+    scale = tl.load(s_ptr + s_off, mask=g_mask, other=0.0).to(tl.float32)
+    mins = tl.zeros([BLOCK_N, NG], dtype=tl.float32)
+    if HAS_MINS:
+        mins = tl.load(mn_ptr + s_off, mask=g_mask, other=0.0).to(tl.float32)
+    rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn
+    if FP8:
+        cols = k0 + offs_g[:, None] * GS_TILE + tl.arange(0, GS_TILE)[None, :]
+        raw = tl.load(rows + cols[None, :, :], mask=n_mask[:, None, None] & (cols < K)[None, :, :], other=0.0)
+        values = _e4m3_to_f32(raw, FP8_NATIVE)
+    else:
+        PACK: tl.constexpr = 32 // BITS
+        GW: tl.constexpr = GS_TILE // PACK
+        kw = k0 // PACK + offs_g[:, None] * GW + tl.arange(0, GW)[None, :]
+        words = tl.load(rows + kw[None, :, :], mask=n_mask[:, None, None] & (kw < K // PACK)[None, :, :], other=0)
+        u = tl.reshape(_unpack(words, BITS), (BLOCK_N, NG, GS_TILE))
+        if HAS_ZEROS:
+            zero = tl.load(z_ptr + s_off, mask=g_mask, other=0).to(tl.float32)
+        else:
+            zero = tl.zeros([BLOCK_N, NG], dtype=tl.float32) + zero_point
+        values = (u | 0x4B000000).to(tl.float32, bitcast=True) - (zero + 8388608.0)[:, :, None]
+    return values, scale, mins
+
+
+@triton.jit
+def _dequantize(values, scale, mins, HAS_MINS: tl.constexpr):
+    """The weights of a tile from ``_weight_tile``: values * scale (+ min), fp32."""
+    if HAS_MINS:
+        return values * scale[:, :, None] + mins[:, :, None]
+    else:
+        return values * scale[:, :, None]
+
+
+@triton.jit
+def _dot(acc, a, b, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ b.T; fp32 operands in IEEE precision (``IEEE``), the interpreter's in fp32."""
+    if DOT_F32:  # the interpreter's dot mishandles bf16 operands
+        return acc + tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
+    elif IEEE:
+        return tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, tl.trans(b), acc)
+
+
+# ----------------------------------------------------------------------------- kernels
+@triton.jit
+def _gemv_kernel(
+    x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
+    M, N, K, G, k_per_split, zero_point, scale_bn, group_k, act_group, n_act,
+    stride_xm, stride_wn, stride_sn, stride_ym,
+    FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
+    FP8_NATIVE: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DIRECT: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, PDL: tl.constexpr,
+):
+    """``ACT_Q``: x holds fp8 activations and ``xs`` their scales [M, n_act], one per
+    ``act_group`` columns (``PER_TOKEN``: one per row, applied to the sums)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    NG: tl.constexpr = BLOCK_K // GS_TILE
+    GROUPED_ACT: tl.constexpr = ACT_Q and not PER_TOKEN
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    wait_for_producer(PDL)  # from here on, what the previous kernels wrote
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        values, scale, mins = _weight_tile(
+            w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
+            FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, BLOCK_N, BLOCK_K, GS_TILE)
+        if USE_DOT:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+            x = _act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
+            w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
+            if GROUPED_ACT:  # the K tile lies in one activation group
+                s_x = tl.load(xs_ptr + offs_m * n_act + k0 // act_group, mask=m_mask, other=0.0)
+                acc += _dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, IEEE) * s_x[:, None]
+            else:
+                acc = _dot(acc, x, w, DOT_F32, IEEE)
+        else:  # one row: W streamed through a multiply-reduce, scales applied per group of the sums
+            cols = k0 + tl.arange(0, NG)[:, None] * GS_TILE + tl.arange(0, GS_TILE)[None, :]
+            x = _act_in(tl.load(x_ptr + cols, mask=cols < K, other=0.0), tl.float32, ACT_Q, FP8_NATIVE)
+            if GROUPED_ACT:
+                x *= tl.load(xs_ptr + cols // act_group, mask=cols < K, other=0.0)
+            sums = tl.sum(values * x[None, :, :], axis=2)
+            if HAS_MINS:
+                sums = sums * scale + mins * tl.sum(x, axis=1)[None, :]
+            else:
+                sums = sums * scale
+            acc += tl.sum(sums, axis=1)[None, :]
+    release_dependents(PDL)  # the next kernel may launch while the merges run
+    if ACT_Q and PER_TOKEN:
+        acc *= tl.load(xs_ptr + offs_m * n_act, mask=m_mask, other=0.0)[:, None]
+    mn_mask = m_mask[:, None] & n_mask[None, :]
+    y_tile = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    if DIRECT:
+        tl.store(y_tile, (acc + bias[None, :]).to(y_ptr.dtype.element_ty), mask=mn_mask)
+    else:  # partials [S, BLOCK_M, N] fp32; the tile's last program sums them in split order
+        part_tile = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(part_tile + pid_k * BLOCK_M * N, acc, mask=mn_mask)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        done = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if done == num_splits - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, num_splits):
+                total += tl.load(part_tile + s * BLOCK_M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_tile, (total + bias[None, :]).to(y_ptr.dtype.element_ty), mask=mn_mask)
+            tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, b_ptr, y_ptr,
+    M, N, K, G, zero_point, scale_bn, group_k, act_group, n_act,
+    stride_xm, stride_wn, stride_sn, stride_ym,
+    FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
+    FP8_NATIVE: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """x and ``xs`` as in the GEMV. ``FP8_DOT``: fp8 activations times raw fp8 weight tiles,
+    each K tile's product scaled by its weight block's scale (the tile lies in one block)."""
+    pid = tl.program_id(0)
+    GROUPED_ACT: tl.constexpr = ACT_Q and not PER_TOKEN
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    band = GROUP_M * tiles_n  # bands of GROUP_M row tiles, walked column by column: B tiles reused from L2
+    first_m = (pid // band) * GROUP_M
+    rows_in_band = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % band) % rows_in_band
+    pid_n = (pid % band) // rows_in_band
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        if FP8_DOT:
+            w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                        mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+            s_w = tl.load(s_ptr + (offs_n // scale_bn) * stride_sn + k0 // group_k, mask=n_mask, other=0.0)
+            part = _dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, False) * s_w[None, :]
+        else:
+            x = _act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
+            values, scale, mins = _weight_tile(
+                w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, G, stride_wn, stride_sn, zero_point, scale_bn,
+                group_k, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, BLOCK_N, BLOCK_K, GS_TILE)
+            w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
+            if GROUPED_ACT:
+                part = _dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, IEEE)
+            else:
+                acc = _dot(acc, x, w, DOT_F32, IEEE)
+        if GROUPED_ACT:  # the K tile lies in one activation group
+            acc += part * tl.load(xs_ptr + offs_m * n_act + k0 // act_group, mask=m_mask, other=0.0)[:, None]
+        elif FP8_DOT:
+            acc += part
+    if ACT_Q and PER_TOKEN:
+        acc *= tl.load(xs_ptr + offs_m * n_act, mask=m_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _quantize_store(x, s, q_ptr, mask):
+    """fp32 activations ``x`` divided by their scale ``s``, saturated and rounded to e4m3, stored as bytes."""
+    tl.store(q_ptr, _e4m3_bits(_round_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, s), -448.0), 448.0))), mask=mask)
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, n_groups, group, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    """``reference.quantize_fp8_activations``: one program per row and group of ``group``
+    columns; the scale is ``amax / 448`` (at least 1e-12). ``ONE_PASS``: the group fits one
+    tile, kept in registers; else two passes over it (its amax, then the values)."""
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    lo = g * group
+    hi = tl.minimum(lo + group, K)
+    x_row = x_ptr + row.to(tl.int64) * stride_xm
+    q_row = q_ptr + row.to(tl.int64) * K
+    if ONE_PASS:
+        cols = lo + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)
+        s = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
+        _quantize_store(x, s, q_row + cols, cols < hi)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(lo, hi, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)))
+        s = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
+        for c0 in range(lo, hi, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            _quantize_store(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32), s, q_row + cols, cols < hi)
+    tl.store(s_ptr + row * n_groups + g, s)
+
+
+# ----------------------------------------------------------------------------- host
+ONE_PASS_MAX = 32768  # activation columns a quantizing program keeps in registers (16 warps: 64 a thread)
+
+
+def act_quant(x: torch.Tensor, act_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.quantize_fp8_activations``: (float8 activations [M, K], fp32 scales [M, K / group])."""
+    m, k = x.shape
+    group = act_group or k
+    assert k % group == 0, f"{k} columns do not split into groups of {group}"
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
+    if m and k:
+        block = min(next_pow2(group), ONE_PASS_MAX)
+        _act_quant_kernel[(m, k // group)](x, q.view(torch.uint8), scales, k, x.stride(0), k // group, group, BLOCK=block,
+                                           ONE_PASS=group <= block, num_warps=max(1, min(16, block // 512)))
+    return q, scales
+
+
+def aligned_block_k(block_k: int, k: int, *groups: int) -> int:
+    """A K tile within one group of each of ``groups`` (powers of two; 0 or >= k: no constraint)."""
+    for group in groups:
+        if 0 < group < k:
+            block_k = min(block_k, group)
+    return block_k
+
+
+def _weight_args(w: QuantWeight, y: torch.Tensor) -> tuple:
+    """The weight's tensors in the kernels' order (absent ones replaced by ``y``)."""
+    return (w.data, w.scales, w.zeros if w.zeros is not None else y, w.mins if w.mins is not None else y)
+
+
+def _flags(w: QuantWeight, cfg: QuantLaunch, act_group: int, y: torch.Tensor) -> dict:
+    """The constexprs the two kernels share."""
+    return dict(FP8=w.fp8, BITS=w.bits, HAS_ZEROS=w.zeros is not None, HAS_MINS=w.mins is not None,
+                FP8_NATIVE=w.fp8 and cfg.fp8_native, ACT_Q=act_group >= 0, PER_TOKEN=act_group == 0,
+                DOT_F32=interpreting(), IEEE=y.dtype == torch.float32 and not interpreting())
+
+
+def _activations(x: torch.Tensor, act_group: int, cfg: QuantLaunch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(what the kernels read as x, its scales, columns per scale): fp8 activations for W8A8."""
+    if act_group < 0:
+        return x, y, 1
+    q, scales = act_quant(x, act_group)
+    return (q if cfg.fp8_native else q.view(torch.uint8)), scales, act_group or x.shape[1]
+
+
+def run(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, act_group: int = -1) -> torch.Tensor:
+    """y = x @ W.T (+ bias) in x's dtype; ``act_group`` >= 0: fp8 activations (W8A8, fp8 W only)."""
+    m, k = x.shape
+    assert k == w.k, f"x has {k} columns, the weight {w.k}"
+    y = torch.empty(m, w.n, dtype=x.dtype, device=x.device)
+    if m == 0 or w.n == 0:
+        return y
+    if cfg.gemv:
+        return _gemv(x, w, bias, cfg, act_group, y)
+    return _gemm(x, w, bias, cfg, act_group, y)
+
+
+def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, act_group: int,
+          y: torch.Tensor) -> torch.Tensor:
+    m, k = x.shape
+    n = w.n
+    assert m <= MAX_GEMV_ROWS and (cfg.use_dot or m == 1), f"the GEMV takes one row, or up to {MAX_GEMV_ROWS} with tl.dot"
+    xq, xs, act_cols = _activations(x, act_group, cfg, y)
+    block_k = aligned_block_k(cfg.block_k, k, act_group) if cfg.use_dot else cfg.block_k
+    tiles = cdiv(n, cfg.block_n)
+    splits = cfg.splits or max(1, min(cdiv(cfg.waves * num_sms(x.device), tiles), cdiv(k, 2 * block_k)))
+    k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
+    splits = cdiv(k, k_per_split)
+    counters = split_counters(x.device, tiles) if splits > 1 else None
+    if splits > 1 and counters is None:  # capture with too few counters: whole-K programs
+        splits, k_per_split = 1, cdiv(k, block_k) * block_k
+    block_m = max(16, next_pow2(m)) if cfg.use_dot else 1
+    part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
+    pdl = cfg.pdl and pdl_supported(x.device)
+    _gemv_kernel[(tiles, splits)](
+        xq, xs, *_weight_args(w, y), bias if bias is not None else y, y, part, counters if counters is not None else y,
+        m, n, k, w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
+        xq.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
+        **_flags(w, cfg, act_group, y), HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k), PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+    )
+    return y
+
+
+def _gemm(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, act_group: int,
+          y: torch.Tensor) -> torch.Tensor:
+    m, k = x.shape
+    n = w.n
+    fp8_dot = w.fp8 and act_group >= 0 and cfg.fp8_dot
+    assert cfg.fp8_native or not fp8_dot, "fp8 tensor-core GEMMs need hardware fp8 (fp8_native)"
+    xq, xs, act_cols = _activations(x, act_group, cfg, y)
+    block_k = aligned_block_k(cfg.block_k, k, act_group, w.group_k if fp8_dot else 0)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
+    _gemm_kernel[grid](
+        xq, xs, *_weight_args(w, y), bias if bias is not None else y, y,
+        m, n, k, w.scales.shape[1], w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
+        xq.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
+        **_flags(w, cfg, act_group, y), FP8_DOT=fp8_dot, HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k),
+        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y
+
+
+__all__ = ["QuantLaunch", "QuantWeight", "MAX_GEMV_ROWS", "run", "act_quant", "fits_tiles", "group_tile", "aligned_block_k"]
