@@ -172,6 +172,7 @@ class MergedLinear(nn.Module):
         if isinstance(scheme, IntWeights) and scheme.group_size == 0:  # one group per row, whatever its width
             scheme = dataclasses.replace(scheme, group_size=in_features)
         self.scheme = scheme
+        self._adopted: set[str] = set()
         if scheme is None:
             self.weight = nn.Parameter(torch.empty(out, self.in_features))
         else:
@@ -220,7 +221,8 @@ class MergedLinear(nn.Module):
                 raise ValueError("the shards of a merged projection have different act-order permutations")
             target.data.copy_(tensor)
             return
-        if index == 0:
+        if param not in self._adopted:  # the first shard to arrive (any index) sets a float param's dtype
+            self._adopted.add(param)
             quant_linear.adopt_dtype(self, param, tensor.dtype)
             target = getattr(self, param)
         rows = quant_linear.output_rows(self.scheme, param, sum(self.local_sizes[:index]), self.local_sizes[index],

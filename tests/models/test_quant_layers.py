@@ -64,3 +64,35 @@ def test_quantized_parameters_cost_their_bytes(tmp_path):
     proj = q.layers[0].mlp.down_proj
     assert proj.qweight.dtype == torch.int32 and proj.qweight.numel() * 4 == proj.in_features * sum(proj.local_sizes) // 2
     assert not hasattr(proj, "weight")
+
+
+@pytest.mark.parametrize("weights, fmt", [
+    (dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=32), "pack-quantized"),
+    (dict(num_bits=8, type="int", symmetric=True, strategy="channel"), "pack-quantized"),
+    (dict(num_bits=8, type="float", strategy="channel"), "float-quantized"),
+])
+def test_compressed_tensors_checkpoint_through_quantized_layers_matches_transformers(tmp_path, weights, fmt):
+    """A checkpoint written by compressed-tensors, held quantized by ingot's layers (the reference
+    ops on CPU, fp32 activations): exactly the logits of its weights dequantized at load, and
+    transformers' own load of it (dequantized, fp32) up to its rounding of each weight to the
+    checkpoint's bf16 scale dtype (ingot rounds once, to the model dtype)."""
+    pytest.importorskip("compressed_tensors")
+    import transformers
+
+    from tests.loading.quant_fixtures import _dequantize_config, ct_checkpoint
+
+    path = ct_checkpoint(tmp_path, weights, fmt)
+    ckpt = open_checkpoint(str(path), dequantize_on_load=False)
+    assert ckpt.quant is not None and ckpt.quant.method == "compressed-tensors"
+    model = load_checkpoint(ckpt, torch.float32, torch.device("cpu"), 64, progress=False)
+    assert all(m.scheme is not None for m in model.modules() if isinstance(m, MergedLinear) and m is not model.lm_head)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                           quantization_config=_dequantize_config(path)).eval()
+    dense = load_checkpoint(open_checkpoint(str(path)), torch.float32, torch.device("cpu"), 64, progress=False)
+    ids = [1, 5, 9, 33, 7, 12, 100, 2]
+    with torch.inference_mode():
+        want = hf(torch.tensor([ids])).logits[0].float()
+    got = _logits(model, ids)
+    torch.testing.assert_close(got, _logits(dense, ids), rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=5e-3)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
