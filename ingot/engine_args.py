@@ -14,7 +14,7 @@ from ingot.config import DTYPES, LOAD_FORMATS, QUANTIZATIONS, ConfigError
 from ingot.loading.dummy import SHAPES
 
 
-def add_model_args(g: argparse._ActionsContainer) -> None:
+def add_model_args(g: argparse._ActionsContainer, quantization: bool = True) -> None:
     """--model / --shape, --load-format, --tokenizer: what every command that takes a model takes."""
     src = g.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="HF model directory, .gguf file or hub id (org/name); default: "
@@ -23,9 +23,10 @@ def add_model_args(g: argparse._ActionsContainer) -> None:
                      help="a built-in model shape with random weights (the same as --model NAME --load-format dummy)")
     g.add_argument("--load-format", default=None, choices=LOAD_FORMATS,
                    help="auto: the checkpoint's weights; dummy: its configuration with seeded random weights")
-    g.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
-                   help="fp8, int8 or int4: quantize a dense model's linear layers at load; a quantized checkpoint "
-                        "(AWQ, GPTQ, compressed-tensors, FP8, GGUF) is served in its own format (naming it is optional)")
+    if quantization:  # (``ingot bench decode`` takes a list of them instead)
+        g.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
+                       help="fp8, int8 or int4: quantize a dense model's linear layers at load; a quantized checkpoint "
+                            "(AWQ, GPTQ, compressed-tensors, FP8, GGUF) is served in its own format (naming it is optional)")
     g.add_argument("--tokenizer", default=None,
                    help="another model's tokenizer ('default': the default model's); a --shape then takes its vocabulary")
 
@@ -43,7 +44,7 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
         extra["load_format"] = args.load_format
     if args.tokenizer is not None:
         extra["tokenizer"] = args.tokenizer
-    if getattr(args, "quantization", None) is not None:
+    if isinstance(getattr(args, "quantization", None), str):
         extra["quantization"] = args.quantization
     return extra
 

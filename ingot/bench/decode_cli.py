@@ -63,6 +63,7 @@ class DecodeBench:
     rows: list[BucketTiming]
     env: dict[str, Any] = field(default_factory=dict)
     tensor_parallel_size: int = 1  # the floor (model_bytes) is then one rank's
+    quantization: str = "none"  # the model's (EngineConfig.quantization; none: the checkpoint's own)
 
 
 def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
@@ -113,6 +114,7 @@ def to_json(bench: DecodeBench) -> dict[str, Any]:
         "command": "ingot bench decode",
         "env": bench.env,
         "source": bench.source,
+        "quantization": bench.quantization,
         "dtype": bench.dtype,
         "context_len": bench.context_len,
         "iters": bench.iters,
@@ -150,7 +152,8 @@ def make_table(bench: DecodeBench):
             ] + ([report.fmt(m["sm_clock_mhz"], ".0f")] if clocks else []))
         ends.append(len(rows) - 1)
     bw = bench.bandwidth / 1e9
-    title = f"decode step, {bench.source}, {bench.dtype}, context {bench.context_len} (median of {bench.iters})"
+    quant = "" if bench.quantization == "none" else f", {bench.quantization}"
+    title = f"decode step, {bench.source}{quant}, {bench.dtype}, context {bench.context_len} (median of {bench.iters})"
     mb = bench.model_bytes
     weights = f"{mb.weight_bytes / 1e9:.2f} GB weights"
     if mb.moe_layers:
@@ -163,6 +166,31 @@ def make_table(bench: DecodeBench):
                f"steps queued while the one before runs, as overlap scheduling does; floor = ({weights} + KV of "
                f"the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile"
                + ("; SM MHz: the SM clock right after the back-to-back steps (NVML)" if clocks else ""))
+    return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
+
+
+def quant_table(benches: list[DecodeBench]):
+    """The quantizations side by side: per batch, each one's graph step (alone and back to back),
+    its floor from the bytes it reads, and its speed-up over the first."""
+    columns = ["batch", "quantization", "weights GB", "graph ms", "back-to-back", "floor ms", "% of floor", "vs first"]
+    rows: list[list[str]] = []
+    ends: list[int] = []
+    summaries = [summarize(b) for b in benches]
+    for i, batch_rows in enumerate(zip(*summaries)):
+        first = batch_rows[0]["modes"].get("graph", {}).get("back_to_back_ms")
+        for j, (bench, s) in enumerate(zip(benches, batch_rows)):
+            graph = s["modes"].get("graph", {})
+            queued = graph.get("back_to_back_ms")
+            rows.append([
+                str(s["batch"]) if j == 0 else "", bench.quantization, f"{s['weight_bytes_read'] / 1e9:.2f}",
+                report.fmt(graph.get("ms"), ".3f"), report.fmt(queued, ".3f"), report.fmt(s["floor_ms"], ".3f"),
+                report.fmt(100 * graph["back_to_back_floor_fraction"], ".1f") if queued else "-",
+                report.fmt(first / queued, ".2f") + "x" if first and queued else "-",
+            ])
+        ends.append(len(rows) - 1)
+    title = f"decode step by quantization, {benches[0].source}, context {benches[0].context_len}"
+    caption = ("floor: the bytes each quantization's step reads (its weights as stored, scales included, and the "
+               "KV of the batch) at the copy bandwidth measured in this run; vs first: back-to-back speed-up")
     return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
 
 
@@ -245,10 +273,9 @@ def source_label(config: Any, tp: int) -> str:
     return label if tp == 1 else f"{label}, tensor parallel over {tp}"
 
 
-def run(args: argparse.Namespace, device: Any) -> DecodeBench:
+def run(args: argparse.Namespace, device: Any) -> list[DecodeBench]:
+    """One bench per ``--quantization`` (in the order given), timed in one process."""
     import torch
-
-    from ingot.bench.decode import bench_decode, decode_engine, dtype_of
 
     modes = modes_for(args.decode_compile) + (["gemm_only"] if args.gemm_floor else [])
     if args.tp > 1 and (args.gemm_floor or args.profile or getattr(args, "compare_hf", False)):
@@ -257,6 +284,15 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
         torch.cuda.set_device(device)  # CUDA events and copies run on the current device
     bandwidth = measure_copy_bandwidth(device)
     config = engine_config(args)
+    return [run_one(args, device, config.replace(quantization=None if q == "none" else q), modes, bandwidth)
+            for q in args.quantization]
+
+
+def run_one(args: argparse.Namespace, device: Any, config: Any, modes: list[str], bandwidth: float) -> DecodeBench:
+    import torch
+
+    from ingot.bench.decode import bench_decode, decode_engine, dtype_of
+
     engine = decode_engine(config, args.batch_sizes, args.context_len)
     try:
         rows, model_bytes = engine.executor.run_on_ranks(bench_decode, args.batch_sizes, args.context_len, modes,
@@ -276,6 +312,7 @@ def run(args: argparse.Namespace, device: Any) -> DecodeBench:
         rows=rows,
         env=report.env_info(),
         tensor_parallel_size=args.tp,
+        quantization=config.quantization or "none",
     )
     del engine
     if device.type == "cuda":
@@ -310,25 +347,41 @@ def cmd_decode(args: argparse.Namespace) -> int:
         device = _cuda_device(args.device)
         if device is None:
             return 2
-        bench = run(args, device)
-        report.console(width=160).print(make_table(bench))
-        for row in bench.rows:
-            if row.auto_choice:
-                print(f"auto, batch {row.batch}: {row.auto_choice}")
-        for s in summarize(bench):
-            if s["graph_minus_gemm_ms"] is not None:
-                print(f"batch {s['batch']}: graph - GEMMs {s['graph_minus_gemm_ms']:.3f} ms")
-        for line in profile_lines(bench):
-            print(line)
+        benches = run(args, device)
+        console = report.console(width=160)
+        for bench in benches:
+            console.print(make_table(bench))
+            for row in bench.rows:
+                if row.auto_choice:
+                    print(f"auto, batch {row.batch}: {row.auto_choice}")
+            for s in summarize(bench):
+                if s["graph_minus_gemm_ms"] is not None:
+                    print(f"batch {s['batch']}: graph - GEMMs {s['graph_minus_gemm_ms']:.3f} ms")
+            for line in profile_lines(bench):
+                print(line)
+        if len(benches) > 1:
+            console.print(quant_table(benches))
         if args.json:
-            print(f"wrote {report.write_json(args.json, to_json(bench))}")
+            doc = to_json(benches[0]) if len(benches) == 1 else {"command": "ingot bench decode",
+                                                                  "runs": [to_json(b) for b in benches]}
+            print(f"wrote {report.write_json(args.json, doc)}")
         if args.plot:
-            plot(bench, args.plot)
+            plot(benches[0], args.plot)
             print(f"wrote {args.plot}")
     except report.ReportError as exc:
         print(f"ingot bench decode: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _quantizations(text: str) -> list[str]:
+    from ingot.config import QUANTIZATIONS
+
+    names = ["none" if q.strip() in ("bf16", "none", "") else q.strip() for q in text.split(",")]
+    bad = [q for q in names if q != "none" and q not in QUANTIZATIONS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown quantization {bad[0]!r}; choose from none, {', '.join(QUANTIZATIONS)}")
+    return list(dict.fromkeys(names))
 
 
 def add_parser(subparsers) -> None:
@@ -342,7 +395,10 @@ def add_parser(subparsers) -> None:
     )
     from ingot.engine_args import add_model_args
 
-    add_model_args(p.add_argument_group(f"model (default: --shape {DEFAULT_SHAPE})"))
+    add_model_args(p.add_argument_group(f"model (default: --shape {DEFAULT_SHAPE})"), quantization=False)
+    p.add_argument("--quantization", "-q", type=_quantizations, default=["none"], metavar="Q,Q,...",
+                   help="quantizations to time side by side, each its own engine: none (the checkpoint as it is; "
+                        "bf16 is an alias), fp8, int8, int4 (online), or a checkpoint's own method (default none)")
     p.add_argument("--batch-sizes", type=report.positive_int_list, default=[1, 8, 32, 64, 256], metavar="N,N,...",
                    help="batch sizes to time (default 1,8,32,64,256)")
     p.add_argument("--context-len", type=report.positive_int, default=512, help="cached tokens per sequence (default 512)")

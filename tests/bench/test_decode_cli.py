@@ -392,3 +392,26 @@ def test_command_pipeline_tensor_parallel_with_cpu_timer(tmp_path, monkeypatch, 
     assert data["model_bytes"]["num_kv_heads"] == 1
     assert main(argv + ["--gemm-floor"]) == 2
     assert "without --tp" in capsys.readouterr().err
+
+
+def test_quantizations_side_by_side(tmp_path, monkeypatch, capsys):
+    """``--quantization none,int8,int4``: one engine each, in order, and a table of them side by side;
+    the JSON holds every run. (On CPU the quantized weights are dequantized at load, so the
+    rows time the same dense model: the plumbing, not the speed.)"""
+    from ingot.cli import build_parser
+    from tests.helpers import write_tiny_checkpoint
+
+    tiny = write_tiny_checkpoint(tmp_path / "llama", "llama", overrides=dict(hidden_size=128, intermediate_size=256))
+    monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
+    out = tmp_path / "decode.json"
+    argv = ["bench", "decode", "--model", str(tiny), "--batch-sizes", "1,2", "--context-len", "8", "--iters", "1",
+            "--decode-compile", "off", "--dtype", "float32", "--json", str(out), "--quiet", "-q", "bf16,int8,int4"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "decode step by quantization" in printed and "int4" in printed
+    doc = json.loads(out.read_text())
+    assert [run["quantization"] for run in doc["runs"]] == ["none", "int8", "int4"]
+    assert all([t["batch"] for t in run["timings"]] == [1, 2] for run in doc["runs"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "decode", "-q", "int3"])
