@@ -7,10 +7,11 @@ exit code); this file only lists them.
 
 from __future__ import annotations
 
-from ingot.bench import decode_cli, drift_cli, serve_cli
+from ingot.bench import decode_cli, drift_cli, quant_check, serve_cli
 
 
 def add_parsers(bench_sub, check_sub) -> None:
     decode_cli.add_parser(bench_sub)  # ingot bench decode
     serve_cli.add_parser(bench_sub)  # ingot bench serve
     drift_cli.add_parser(check_sub)  # ingot check drift
+    quant_check.add_parser(check_sub)  # ingot check quant
