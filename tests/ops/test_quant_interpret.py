@@ -156,6 +156,7 @@ def test_launch_tables(K):
     assert il.launch_config(1, 4608, 3584, 128, CPU).gemv and not il.launch_config(1, 4608, 3584, 128, CPU).use_dot
     assert il.launch_config(16, 4608, 3584, 128, CPU).use_dot
     assert not il.launch_config(17, 4608, 3584, 128, CPU).gemv
+    assert il.launch_config(8, 4608, 3584, 128, CPU, torch.float32).block_k == 32  # FMA dots: small tiles
     big = fl.launch_config(256, 4608, 3584, 128, 128, 128, CPU)
     assert not big.gemv and not big.fp8_dot and not big.fp8_native  # the interpreter: bit decoding, bf16 math
     assert fl.scaled_mm_fits(4608, 3584, 1, 0, 0, BF16) and not fl.scaled_mm_fits(4608, 3584, 128, 128, 0, BF16)

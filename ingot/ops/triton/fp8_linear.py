@@ -44,26 +44,34 @@ def scaled_mm_fits(n: int, k: int, block_n: int, block_k: int, act_group: int, d
     return act_group == 0 and (per_tensor or per_channel) and dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
 
 
-def launch_config(m: int, n: int, k: int, block_n: int, block_k: int, act_group: int, device: torch.device) -> QuantLaunch:
-    """Launch parameters for ``m`` rows and an [n, k] fp8 weight with ``block_n x block_k`` scale blocks.
+def launch_config(m: int, n: int, k: int, block_n: int, block_k: int, act_group: int, device: torch.device,
+                  dtype: torch.dtype = torch.bfloat16) -> QuantLaunch:
+    """Launch parameters for ``m`` rows (of ``dtype``) and an [n, k] fp8 weight with
+    ``block_n x block_k`` scale blocks and activations per ``act_group``.
 
-    A first table, to be swept on the GPU: the GEMV tiles of int_linear (one row: 32 x 256 fp8,
-    8 KB per iteration like skinny_gemm's bf16 tiles); W8A8 GEMMs on fp8 tensor cores with
-    128-wide K tiles (one 128-block per tile), W8A16 GEMMs with 64-wide K tiles.
+    A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``): the GEMV
+    tiles of int_linear (one row: 32 x 256 fp8, 8 KB per iteration like skinny_gemm's bf16
+    tiles); W8A8 GEMMs on fp8 tensor cores with 128-wide K tiles (one 128-block per tile),
+    rowwise layouts on sm_90+ by ``torch._scaled_mm``; W8A16 GEMMs with 64-wide K tiles. All
+    compile for sm_90 without spills (ptxas -v). fp32 rows: small tiles (see int_linear).
     """
     native = capability(device) >= (8, 9)
     pdl = pdl_supported(device)
     if m == 1:
         return QuantLaunch(True, False, 1, 32, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl, fp8_native=native)
+    if dtype == torch.float32:
+        if m <= MAX_GEMV_ROWS:
+            return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
+        return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3, fp8_native=native)
     if m <= MAX_GEMV_ROWS:
         return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
-    block_m, block_n_tile = (64, 128) if m <= 64 else (128, 128)
+    block_m = 64 if m <= 64 else 128
     warps = 4 if block_m == 64 else 8
     if act_group >= 0 and native:
-        scaled = capability(device) >= (9, 0) and scaled_mm_fits(n, k, block_n, block_k, act_group, torch.bfloat16)
-        return QuantLaunch(False, True, block_m, block_n_tile, 128, num_warps=warps, num_stages=3, fp8_native=True,
+        scaled = capability(device) >= (9, 0) and scaled_mm_fits(n, k, block_n, block_k, act_group, dtype)
+        return QuantLaunch(False, True, block_m, 128, 128, num_warps=warps, num_stages=3, fp8_native=True,
                            fp8_dot=True, scaled_mm=scaled)
-    return QuantLaunch(False, True, block_m, block_n_tile, 64, num_warps=warps, num_stages=3, fp8_native=native)
+    return QuantLaunch(False, True, block_m, 128, 64, num_warps=warps, num_stages=3, fp8_native=native)
 
 
 def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -88,7 +96,7 @@ def fp8_linear(
     if not fits_tiles(group_k, k) or (act_group > 0 and (k % act_group or not fits_tiles(act_group, k))):
         # groups no power-of-two tile aligns with: no checkpoint format has them
         return ref.fp8_linear(x, weight, weight_scale, bias, block_n, block_k, act_group)
-    cfg = config or launch_config(m, n, k, block_n, block_k, act_group, x.device)
+    cfg = config or launch_config(m, n, k, block_n, block_k, act_group, x.device, x.dtype)
     if not cfg.gemv and act_group >= 0 and cfg.scaled_mm and m and scaled_mm_fits(n, k, block_n, block_k, act_group, x.dtype):
         return _scaled_mm(x, weight, weight_scale, bias)
     if cfg.fp8_dot and aligned_block_k(cfg.block_k, k, group_k, act_group) < 32:

@@ -25,17 +25,24 @@ from ingot.ops.triton.pdl import pdl_supported
 from ingot.ops.triton.quant_gemm import MAX_GEMV_ROWS, QuantLaunch, QuantWeight, fits_tiles, run
 
 
-def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> QuantLaunch:
-    """Launch parameters for ``m`` rows and an [n, k] int weight with groups of ``group_size``.
+def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
+                  dtype: torch.dtype = torch.bfloat16) -> QuantLaunch:
+    """Launch parameters for ``m`` rows (of ``dtype``) and an [n, k] int weight with groups of ``group_size``.
 
-    A first table, to be swept on the GPU: one row streams 32 x 256 tiles (4 KB of int4 per
-    iteration, as skinny_gemm's 16 x 256 bf16 tiles read 8 KB) split over 4 waves; up to 16
-    rows, 64 x 128 ``tl.dot`` tiles over 2 waves; more rows a tiled GEMM whose K tile is 64
-    (two int4 words of a 128-group per row and tile) and whose row tile grows with M.
+    A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``): one row
+    streams 32 x 256 tiles (4 KB of int4 per iteration, as skinny_gemm's 16 x 256 bf16 tiles
+    read 8 KB) split over 4 waves; up to 16 rows, 64 x 128 ``tl.dot`` tiles over 2 waves;
+    more rows a tiled GEMM with 64-wide K tiles (two int4 words of a 128-group per row and
+    tile), its row tile growing with M. All compile for sm_90 without spills (ptxas -v).
+    fp32 rows: dots in IEEE fp32 run on FMA units, whose operands sit in registers: small tiles.
     """
     pdl = pdl_supported(device)
     if m == 1:
         return QuantLaunch(True, False, 1, 32, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
+    if dtype == torch.float32:
+        if m <= MAX_GEMV_ROWS:
+            return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl)
+        return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3)
     if m <= MAX_GEMV_ROWS:
         return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl)
     if m <= 32:
@@ -62,7 +69,7 @@ def int_linear(
         None if mins is None else mins.contiguous(), n, k, fp8=False, bits=bits, group_k=group_size,
         zero_point=zero_point,
     )
-    cfg = config or launch_config(m, n, k, group_size, x.device)
+    cfg = config or launch_config(m, n, k, group_size, x.device, x.dtype)
     return run(last_dim_contiguous(x), w, bias, cfg)
 
 

@@ -153,13 +153,14 @@ def _act_in(x, dtype: tl.constexpr, ACT_Q: tl.constexpr, NATIVE: tl.constexpr):
 
 @triton.jit
 def _weight_tile(
-    w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
+    w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
     FP8_NATIVE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr,
 ):
     """W's tile at rows ``offs_n``, columns ``k0 + [0, BLOCK_K)``: (values [BLOCK_N, NG, GS_TILE]
     in fp32, ``u - zero`` or the fp8 value; scales and mins [BLOCK_N, NG]), NG = BLOCK_K / GS_TILE.
-    Columns past K read as zero weights with zero scales."""
+    Columns past K read as zero weights with zero scales. ``KW``: int32 words per row (an argument
+    of its own, so that its divisibility lets the word loads vectorize)."""
     NG: tl.constexpr = BLOCK_K // GS_TILE
     offs_g = tl.arange(0, NG)
     gidx = (k0 + offs_g * GS_TILE) // group_k
@@ -177,8 +178,9 @@ def _weight_tile(
     else:
         PACK: tl.constexpr = 32 // BITS
         GW: tl.constexpr = GS_TILE // PACK
-        kw = k0 // PACK + offs_g[:, None] * GW + tl.arange(0, GW)[None, :]
-        words = tl.load(rows + kw[None, :, :], mask=n_mask[:, None, None] & (kw < K // PACK)[None, :, :], other=0)
+        # (k0 // BLOCK_K) * words per tile, not k0 // PACK: its divisibility lets the loads vectorize
+        kw = (k0 // BLOCK_K) * (BLOCK_K // PACK) + offs_g[:, None] * GW + tl.arange(0, GW)[None, :]
+        words = tl.load(rows + kw[None, :, :], mask=n_mask[:, None, None] & (kw < KW)[None, :, :], other=0)
         u = tl.reshape(_unpack(words, BITS), (BLOCK_N, NG, GS_TILE))
         if HAS_ZEROS:
             zero = tl.load(z_ptr + s_off, mask=g_mask, other=0).to(tl.float32)
@@ -212,7 +214,7 @@ def _dot(acc, a, b, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _gemv_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
-    M, N, K, G, k_per_split, zero_point, scale_bn, group_k, act_group, n_act,
+    M, N, K, KW, G, k_per_split, zero_point, scale_bn, group_k, act_group, n_act,
     stride_xm, stride_wn, stride_sn, stride_ym,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
     FP8_NATIVE: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -239,7 +241,7 @@ def _gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         values, scale, mins = _weight_tile(
-            w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
+            w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
             FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, BLOCK_N, BLOCK_K, GS_TILE)
         if USE_DOT:
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -286,7 +288,7 @@ def _gemv_kernel(
 @triton.jit
 def _gemm_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, b_ptr, y_ptr,
-    M, N, K, G, zero_point, scale_bn, group_k, act_group, n_act,
+    M, N, K, KW, G, zero_point, scale_bn, group_k, act_group, n_act,
     stride_xm, stride_wn, stride_sn, stride_ym,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
     FP8_NATIVE: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr,
@@ -321,7 +323,7 @@ def _gemm_kernel(
         else:
             x = _act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
             values, scale, mins = _weight_tile(
-                w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, G, stride_wn, stride_sn, zero_point, scale_bn,
+                w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn,
                 group_k, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, BLOCK_N, BLOCK_K, GS_TILE)
             w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
             if GROUPED_ACT:
@@ -451,7 +453,7 @@ def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
     pdl = cfg.pdl and pdl_supported(x.device)
     _gemv_kernel[(tiles, splits)](
         xq, xs, *_weight_args(w, y), bias if bias is not None else y, y, part, counters if counters is not None else y,
-        m, n, k, w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
+        m, n, k, w.data.shape[1], w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
         xq.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
         **_flags(w, cfg, act_group, y), HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k), PDL=pdl,
@@ -471,7 +473,7 @@ def _gemm(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
     _gemm_kernel[grid](
         xq, xs, *_weight_args(w, y), bias if bias is not None else y, y,
-        m, n, k, w.scales.shape[1], w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
+        m, n, k, w.data.shape[1], w.scales.shape[1], w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
         xq.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
         **_flags(w, cfg, act_group, y), FP8_DOT=fp8_dot, HAS_BIAS=bias is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k),
