@@ -46,6 +46,7 @@ INT_CASES = [
     (1, 16, 256, 8, 128, False, False, False, {"block_k": 256}),  # tile spanning two groups
     (3, 40, 256, 4, 128, True, False, True, {}),
     (5, 30, 96, 8, 32, False, True, False, {"splits": 1}),
+    (4, 24, 192, 4, 64, False, True, True, {}),  # one group per K tile with mins: the dot's sums scaled
     (16, 24, 264, 4, 264, False, False, False, {}),  # channel, rows = 16
     (20, 40, 256, 4, 128, False, False, True, {}),  # GEMM
     (37, 33, 200, 4, 32, True, True, False, {"block_k": 64}),  # GEMM, two groups per K tile, tails
@@ -126,7 +127,7 @@ def test_act_quant_matches_reference(K, monkeypatch, one_pass_max):
     included), each group in registers at once and (a smaller limit) in two passes."""
     from ingot.ops import reference as ref
 
-    monkeypatch.setattr(K.quant_gemm, "ONE_PASS_MAX", one_pass_max)
+    monkeypatch.setattr(K.fp8_linear, "ONE_PASS_MAX", one_pass_max)
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(3, 256, generator=gen) * torch.logspace(-4, 2, 256)
     x[0, :4] = torch.tensor([448.0, -3.0e-4, 0.0, 1.5e-3])
@@ -135,7 +136,7 @@ def test_act_quant_matches_reference(K, monkeypatch, one_pass_max):
     x[2, : len(ties)] = torch.tensor(ties)
     x[2, len(ties):] = x[2, len(ties):].clamp(-400, 400)
     for group in (0, 128):
-        q, s = K.quant_gemm.act_quant(x, group)
+        q, s = K.fp8_linear.act_quant(x, group)
         q_ref, s_ref = ref.quantize_fp8_activations(x, group)
         assert torch.equal(s, s_ref)
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))

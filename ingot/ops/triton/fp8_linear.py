@@ -1,24 +1,29 @@
 """fp8_linear on CUDA: float8 e4m3 weights with block scales, read as fp8 and converted in
-registers (kernels: quant_gemm.py); W8A16 and W8A8 with dynamic activation scales.
+registers (kernels: quant_gemm.py); W8A16, and W8A8 with dynamic activation scales.
+
+W8A8 quantizes the activations first (``act_quant``: one small kernel, byte for byte the
+reference's ``quantize_fp8_activations``): every path then reads fp8 activations, exact in
+bf16, and applies their scales to the sums. At few rows fp8 tensor cores save nothing, but
+unrounded activations would differ from the reference by 2-3% (e4m3 keeps 3 mantissa
+bits), beyond bf16 tolerance, so the GEMV computes with the fp8 values too.
 
 Paths, chosen by ``launch_config`` from shapes and device:
 
 * few rows (a decode batch): the split-K GEMV; weights become fp32 in registers, times
-  their block's scale. W8A8 rounds the activations through fp8 in registers first (the
-  amaxes come from one small kernel): at few rows fp8 tensor cores save nothing, but
-  unrounded activations would differ from the reference by 2-3%.
+  their block's scale (the tl.dot form of 2-16 rows dots the exact fp8 values and scales
+  the sums, where a K tile lies in one block).
 * more rows, W8A8 on sm_90+, per-token activations and per-tensor or per-channel weights
-  (the layouts of ``torch._scaled_mm``'s rowwise scaling): activations quantized by a
-  Triton kernel, then ``torch._scaled_mm``; the bias added after it.
+  (the layouts of ``torch._scaled_mm``'s rowwise scaling): ``torch._scaled_mm``, the bias
+  added after it.
 * more rows, W8A8 on sm_89+ otherwise (128 x 128 weight blocks, activations per token or
   per 128 columns: DeepSeek / Qwen3 FP8): the Triton GEMM on fp8 tensor cores, each K tile's
   fp32 product scaled by its activation and weight scales.
-* more rows, W8A16 (or W8A8 where GPUs lack fp8 tensor cores: activations rounded through
-  fp8 in registers, then bf16 math): the Triton GEMM with B tiles dequantized to x's dtype.
+* more rows, W8A16 (or W8A8 where GPUs lack fp8 tensor cores: the fp8 activations in bf16
+  math): the Triton GEMM with B tiles dequantized to x's dtype.
 
-Numerics: products and sums in fp32 as the reference; the ``tl.dot`` paths of W8A16 round
-each dequantized weight (and W8A8 activation) to x's dtype, the fp8 paths are exact
-products. Sums in fp32, rounded once (``_scaled_mm`` rounds before the bias is added).
+Numerics: products and sums in fp32 as the reference, except that the dequantizing GEMM
+rounds each weight (times its scale) to x's dtype; sums rounded once (``_scaled_mm``
+rounds before the bias is added).
 """
 
 from __future__ import annotations
@@ -27,15 +32,89 @@ from dataclasses import replace
 from typing import Optional
 
 import torch
+import triton
+import triton.language as tl
 
 from ingot.ops import reference as ref
-from ingot.ops.triton._common import capability, cuda_kernel, last_dim_contiguous
+from ingot.ops.triton._common import capability, cuda_kernel, last_dim_contiguous, next_pow2
 from ingot.ops.triton.pdl import pdl_supported
-from ingot.ops.triton.quant_gemm import (
-    MAX_GEMV_ROWS, QuantLaunch, QuantWeight, act_quant, aligned_block_k, fits_tiles, run,
-)
+from ingot.ops.triton.quant_gemm import MAX_GEMV_ROWS, QuantLaunch, QuantWeight, aligned_block_k, fits_tiles, run
 
 
+# ----------------------------------------------------------------------------- W8A8 activations
+@triton.jit
+def _round_e4m3(v):
+    """fp32 ``v`` (|v| <= 448) -> the nearest float8 e4m3fn value (ties to even), kept in fp32:
+    3 mantissa bits by integer ops; below 2**-6 the subnormal step 2**-9 by adding 2**14 to |v|
+    (the sign put back: negatives rounding to zero are -0, as torch's conversion gives)."""
+    bits = v.to(tl.uint32, bitcast=True)
+    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    sub = ((tl.abs(v) + 16384.0) - 16384.0).to(tl.uint32, bitcast=True) | (bits & 0x80000000)
+    return tl.where(tl.abs(v) < 0.015625, sub, normal).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_bits(r):
+    """An e4m3fn value ``r`` (fp32, from ``_round_e4m3``) -> its byte."""
+    bits = r.to(tl.uint32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    normal = (((mag >> 23) - 120) << 3) | ((mag >> 20) & 7)
+    sub = (tl.abs(r) * 512.0).to(tl.uint32)
+    return (((bits >> 24) & 0x80) | tl.where(mag < 0x3C800000, sub, normal)).to(tl.uint8)
+
+
+@triton.jit
+def _quantize_store(x, s, q_ptr, mask):
+    """fp32 activations ``x`` divided by their scale ``s``, saturated and rounded to e4m3, stored as bytes."""
+    tl.store(q_ptr, _e4m3_bits(_round_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, s), -448.0), 448.0))), mask=mask)
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, n_groups, group, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    """``reference.quantize_fp8_activations``: one program per row and group of ``group``
+    columns; the scale is ``amax / 448`` (at least 1e-12). ``ONE_PASS``: the group fits one
+    tile, kept in registers; else two passes over it (its amax, then the values)."""
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    lo = g * group
+    hi = tl.minimum(lo + group, K)
+    x_row = x_ptr + row.to(tl.int64) * stride_xm
+    q_row = q_ptr + row.to(tl.int64) * K
+    if ONE_PASS:
+        cols = lo + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)
+        s = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
+        _quantize_store(x, s, q_row + cols, cols < hi)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(lo, hi, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)))
+        s = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
+        for c0 in range(lo, hi, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            _quantize_store(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32), s, q_row + cols, cols < hi)
+    tl.store(s_ptr + row * n_groups + g, s)
+
+
+ONE_PASS_MAX = 32768  # activation columns a quantizing program keeps in registers (16 warps: 64 a thread)
+
+
+def act_quant(x: torch.Tensor, act_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.quantize_fp8_activations``: (float8 activations [M, K], fp32 scales [M, K / group])."""
+    m, k = x.shape
+    group = act_group or k
+    assert k % group == 0, f"{k} columns do not split into groups of {group}"
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
+    if m and k:
+        block = min(next_pow2(group), ONE_PASS_MAX)
+        _act_quant_kernel[(m, k // group)](x, q.view(torch.uint8), scales, k, x.stride(0), k // group, group, BLOCK=block,
+                                           ONE_PASS=group <= block, num_warps=max(1, min(16, block // 512)))
+    return q, scales
+
+
+# ----------------------------------------------------------------------------- the op
 def scaled_mm_fits(n: int, k: int, block_n: int, block_k: int, act_group: int, dtype: torch.dtype) -> bool:
     """Whether ``torch._scaled_mm``'s rowwise scaling computes this layer: per-token activations,
     per-tensor or per-channel weights, bf16 out, dimensions multiples of 16."""
@@ -50,15 +129,15 @@ def launch_config(m: int, n: int, k: int, block_n: int, block_k: int, act_group:
     ``block_n x block_k`` scale blocks and activations per ``act_group``.
 
     A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``): the GEMV
-    tiles of int_linear (one row: 32 x 256 fp8, 8 KB per iteration like skinny_gemm's bf16
-    tiles); W8A8 GEMMs on fp8 tensor cores with 128-wide K tiles (one 128-block per tile),
-    rowwise layouts on sm_90+ by ``torch._scaled_mm``; W8A16 GEMMs with 64-wide K tiles. All
-    compile for sm_90 without spills (ptxas -v). fp32 rows: small tiles (see int_linear).
+    tiles of int_linear (one row: 64 x 256, 16 KB of fp8 per iteration, 4.2 sm_90 instructions
+    a weight where 7 are spent at HBM bandwidth); W8A8 GEMMs on fp8 tensor cores with 128-wide
+    K tiles (one 128-block per tile), rowwise layouts on sm_90+ by ``torch._scaled_mm``; W8A16
+    GEMMs with 64-wide K tiles. None spills on sm_90. fp32 rows: small tiles (see int_linear).
     """
     native = capability(device) >= (8, 9)
     pdl = pdl_supported(device)
     if m == 1:
-        return QuantLaunch(True, False, 1, 32, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl, fp8_native=native)
+        return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl, fp8_native=native)
     if dtype == torch.float32:
         if m <= MAX_GEMV_ROWS:
             return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
@@ -105,7 +184,10 @@ def fp8_linear(
         weight.contiguous() if cfg.fp8_native else weight.contiguous().view(torch.uint8), weight_scale.contiguous(),
         None, None, n, k, fp8=True, bits=8, group_k=group_k, scale_bn=block_n or n,
     )
-    return run(x, w, bias, cfg, act_group)
+    if act_group < 0:
+        return run(x, w, bias, cfg, x.dtype)
+    q, scales = act_quant(x, act_group)  # the kernels read fp8 activations and apply their scales to the sums
+    return run(q if cfg.fp8_native else q.view(torch.uint8), w, bias, cfg, x.dtype, scales, act_group or k)
 
 
-__all__ = ["fp8_linear", "launch_config", "scaled_mm_fits"]
+__all__ = ["fp8_linear", "launch_config", "scaled_mm_fits", "act_quant"]

@@ -29,16 +29,17 @@ def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
                   dtype: torch.dtype = torch.bfloat16) -> QuantLaunch:
     """Launch parameters for ``m`` rows (of ``dtype``) and an [n, k] int weight with groups of ``group_size``.
 
-    A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``): one row
-    streams 32 x 256 tiles (4 KB of int4 per iteration, as skinny_gemm's 16 x 256 bf16 tiles
-    read 8 KB) split over 4 waves; up to 16 rows, 64 x 128 ``tl.dot`` tiles over 2 waves;
-    more rows a tiled GEMM with 64-wide K tiles (two int4 words of a 128-group per row and
-    tile), its row tile growing with M. All compile for sm_90 without spills (ptxas -v).
+    A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``), chosen by
+    counting the sm_90 instructions of the K loop per weight (the one-row int4 GEMV has
+    about 3.5 to spend at HBM bandwidth): one row streams 64 x 256 tiles (8 KB of int4 per
+    iteration, as skinny_gemm's bf16 tiles; 5.1 instructions a weight, 32 x 256 costs 6.8)
+    over 4 waves; up to 16 rows, 64 x 128 ``tl.dot`` tiles (6.2) over 2 waves; more rows a
+    tiled GEMM with 64-wide K tiles, its row tile growing with M. None spills on sm_90.
     fp32 rows: dots in IEEE fp32 run on FMA units, whose operands sit in registers: small tiles.
     """
     pdl = pdl_supported(device)
     if m == 1:
-        return QuantLaunch(True, False, 1, 32, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
+        return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
     if dtype == torch.float32:
         if m <= MAX_GEMV_ROWS:
             return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl)
@@ -70,7 +71,7 @@ def int_linear(
         zero_point=zero_point,
     )
     cfg = config or launch_config(m, n, k, group_size, x.device, x.dtype)
-    return run(last_dim_contiguous(x), w, bias, cfg)
+    return run(last_dim_contiguous(x), w, bias, cfg, x.dtype)
 
 
 __all__ = ["int_linear", "launch_config"]

@@ -13,22 +13,24 @@ straddles a group.
   partials (split counters of ``_common``), adds the bias and writes. One row: a
   multiply-reduce with the scale applied per group to the partial sums
   (``sum((u - z) * x) * s + min * sum(x)``: one multiply-add per weight); more rows:
-  ``tl.dot`` on rows padded to 16 with the tile dequantized to x's dtype.
+  ``tl.dot`` on rows padded to 16, on the exact values (u - z, fp8 values: exact in
+  bf16) scaled after the dot where the K tile lies in one group, else on the tile
+  dequantized to x's dtype.
 * ``_gemm_kernel`` (more rows): a tiled ``tl.dot`` GEMM (grouped tile order for L2 reuse)
   whose B tiles are dequantized in registers; or, for fp8 W8A8 on fp8 tensor cores
   (``FP8_DOT``), fp8 x fp8 dots whose fp32 results are scaled per K tile by the
   activation and weight block scales (K tiles divide both groups).
 
-Integer values become floats by the exponent trick (``u | 0x4B000000`` is ``2**23 + u``,
-minus ``2**23 + zero``: exact, no int-to-float conversion). fp8 bytes convert in hardware
-on sm_89+ (``fp8_native``), else by moving their bits under fp32's and scaling by 2**120.
+Integer values become floats by the exponent trick (the value's bits under 0x4B000000 make
+``2**23 + u``, minus ``2**23 + zero``: exact, no int-to-float conversion); on a GPU one
+``prmt`` a value (``_unpack``). fp8 bytes convert in hardware on sm_89+ (``fp8_native``),
+else by moving their bits under fp32's and scaling by 2**120. ALU cost matters: at batch 1
+an int4 weight must cost about 3.5 sm_90 instructions to keep up with HBM, and the
+launch tables were chosen by counting the K loop's instructions per weight (ptxas -v
+and cuobjdump work without a GPU).
 
-W8A8 activations: the reference quantizes each row (or each ``act_group`` columns of it)
-to fp8 with a dynamic scale; unrounded activations would differ by about 2-3% (e4m3 keeps
-3 mantissa bits), beyond bf16 tolerance, so every path computes with the fp8 values.
-``_act_quant_kernel`` writes them and their scales (rounding and division as the
-reference, bit for bit); the kernels read fp8 activations, exact in bf16, and apply the
-activation scales to the sums: per K tile for groups (a tile lies in one group), once
+W8A8 (fp8 weights only): x holds fp8 activations (``fp8_linear.act_quant``), exact in bf16,
+and their scales apply to the sums: per K tile for groups (a tile lies in one group), once
 at the end per token. Groups below K are powers of two (else the ops run the reference).
 """
 
@@ -96,16 +98,48 @@ def group_tile(block_k: int, group_k: int, k: int) -> int:
 
 
 # ----------------------------------------------------------------------------- device helpers
+# the interpreter runs no inline asm
+INTERPRET = tl.constexpr(interpreting())
+_PRMT4 = tl.constexpr("{ .reg .b32 lo, hi; and.b32 lo, $8, 0x0F0F0F0F; shr.u32 hi, $8, 4; and.b32 hi, hi, 0x0F0F0F0F; "
+          + " ".join(f"prmt.b32 ${2 * i}, lo, 0x4B000000, {0x7650 + i}; prmt.b32 ${2 * i + 1}, hi, 0x4B000000, {0x7650 + i};"
+                     for i in range(4)) + " }")
+_PRMT8 = tl.constexpr("{ " + " ".join(f"prmt.b32 ${i}, $4, 0x4B000000, {0x7650 + i};" for i in range(4)) + " }")
+
+
+@triton.jit
+def _interleave(e0, e1, e2, e3, e4, e5, e6, e7, BITS: tl.constexpr):
+    """The values of a word's elements (``e_j``: element j of each word, [..., W]) -> [..., W, 2, 2(, 2)],
+    in little-endian order once the trailing dims are merged (element 4p + 2q + c at [p, q, c])."""
+    if BITS == 4:
+        return tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    else:
+        return tl.join(tl.join(e0, e2), tl.join(e1, e3))
+
+
 @triton.jit
 def _unpack(words, BITS: tl.constexpr):
-    """int32 words [..., W] -> [..., W, 2, 2(, 2)]: their unsigned values in little-endian order
-    once the trailing dims are merged (element 4p + 2q + c of a word at [p, q, c])."""
-    if BITS == 4:
-        v0 = tl.join(tl.join(words & 0xF, (words >> 16) & 0xF), tl.join((words >> 8) & 0xF, (words >> 24) & 0xF))
-        v1 = tl.join(tl.join((words >> 4) & 0xF, (words >> 20) & 0xF), tl.join((words >> 12) & 0xF, (words >> 28) & 0xF))
-        return tl.join(v0, v1)
+    """int32 words [..., W] -> ``2**23 + u`` in fp32 for each value u, [..., W, 2, 2(, 2)] (``_interleave``).
+    On a GPU each value is one ``prmt`` (its byte under the exponent bits 0x4B), after three
+    ops per int4 word that put the even and odd nibbles in bytes; shifting and masking every
+    value costs about three integer ops, which made the one-row int4 GEMV ALU-bound."""
+    if INTERPRET:
+        if BITS == 4:
+            t = _interleave(words & 0xF, (words >> 4) & 0xF, (words >> 8) & 0xF, (words >> 12) & 0xF,
+                            (words >> 16) & 0xF, (words >> 20) & 0xF, (words >> 24) & 0xF, (words >> 28) & 0xF, BITS)
+        else:
+            t = _interleave(words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF,
+                            words, words, words, words, BITS)
+        return (t | 0x4B000000).to(tl.float32, bitcast=True)
     else:
-        return tl.join(tl.join(words & 0xFF, (words >> 16) & 0xFF), tl.join((words >> 8) & 0xFF, (words >> 24) & 0xFF))
+        if BITS == 4:
+            e = tl.inline_asm_elementwise(_PRMT4, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
+                                          dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+                                                 tl.float32, tl.float32), is_pure=True, pack=1)
+            return _interleave(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], BITS)
+        else:
+            e = tl.inline_asm_elementwise(_PRMT8, "=r,=r,=r,=r,r", [words],
+                                          dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+            return _interleave(e[0], e[1], e[2], e[3], e[0], e[0], e[0], e[0], BITS)
 
 
 @triton.jit
@@ -119,27 +153,6 @@ def _e4m3_to_f32(raw, NATIVE: tl.constexpr):
         b = raw.to(tl.uint32)
         bits = ((b & 0x80) << 24) | ((b & 0x7F) << 20)
         return bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
-
-
-@triton.jit
-def _round_e4m3(v):
-    """fp32 ``v`` (|v| <= 448) -> the nearest float8 e4m3fn value (ties to even), kept in fp32:
-    3 mantissa bits by integer ops; below 2**-6 the subnormal step 2**-9 by adding 2**14 to |v|
-    (the sign put back: negatives rounding to zero are -0, as torch's conversion gives)."""
-    bits = v.to(tl.uint32, bitcast=True)
-    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
-    sub = ((tl.abs(v) + 16384.0) - 16384.0).to(tl.uint32, bitcast=True) | (bits & 0x80000000)
-    return tl.where(tl.abs(v) < 0.015625, sub, normal).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3_bits(r):
-    """An e4m3fn value ``r`` (fp32, from ``_round_e4m3``) -> its byte."""
-    bits = r.to(tl.uint32, bitcast=True)
-    mag = bits & 0x7FFFFFFF
-    normal = (((mag >> 23) - 120) << 3) | ((mag >> 20) & 7)
-    sub = (tl.abs(r) * 512.0).to(tl.uint32)
-    return (((bits >> 24) & 0x80) | tl.where(mag < 0x3C800000, sub, normal)).to(tl.uint8)
 
 
 @triton.jit
@@ -181,12 +194,12 @@ def _weight_tile(
         # (k0 // BLOCK_K) * words per tile, not k0 // PACK: its divisibility lets the loads vectorize
         kw = (k0 // BLOCK_K) * (BLOCK_K // PACK) + offs_g[:, None] * GW + tl.arange(0, GW)[None, :]
         words = tl.load(rows + kw[None, :, :], mask=n_mask[:, None, None] & (kw < KW)[None, :, :], other=0)
-        u = tl.reshape(_unpack(words, BITS), (BLOCK_N, NG, GS_TILE))
+        u = tl.reshape(_unpack(words, BITS), (BLOCK_N, NG, GS_TILE))  # 2**23 + u
         if HAS_ZEROS:
             zero = tl.load(z_ptr + s_off, mask=g_mask, other=0).to(tl.float32)
         else:
             zero = tl.zeros([BLOCK_N, NG], dtype=tl.float32) + zero_point
-        values = (u | 0x4B000000).to(tl.float32, bitcast=True) - (zero + 8388608.0)[:, :, None]
+        values = u - (zero + 8388608.0)[:, :, None]
     return values, scale, mins
 
 
@@ -248,12 +261,18 @@ def _gemv_kernel(
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                         mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
             x = _act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
-            w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
-            if GROUPED_ACT:  # the K tile lies in one activation group
-                s_x = tl.load(xs_ptr + offs_m * n_act + k0 // act_group, mask=m_mask, other=0.0)
-                acc += _dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, IEEE) * s_x[:, None]
+            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            if NG == 1:  # one group: the dot on the exact values (u - z, fp8 values), its sums scaled
+                part = _dot(part, x, tl.reshape(values, (BLOCK_N, BLOCK_K)).to(x.dtype), DOT_F32, IEEE)
+                part *= tl.reshape(scale, (BLOCK_N,))[None, :]
+                if HAS_MINS:
+                    part += tl.sum(x.to(tl.float32), axis=1)[:, None] * tl.reshape(mins, (BLOCK_N,))[None, :]
             else:
-                acc = _dot(acc, x, w, DOT_F32, IEEE)
+                w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
+                part = _dot(part, x, w, DOT_F32, IEEE)
+            if GROUPED_ACT:  # the K tile lies in one activation group
+                part *= tl.load(xs_ptr + offs_m * n_act + k0 // act_group, mask=m_mask, other=0.0)[:, None]
+            acc += part
         else:  # one row: W streamed through a multiply-reduce, scales applied per group of the sums
             cols = k0 + tl.arange(0, NG)[:, None] * GS_TILE + tl.arange(0, GS_TILE)[None, :]
             x = _act_in(tl.load(x_ptr + cols, mask=cols < K, other=0.0), tl.float32, ACT_Q, FP8_NATIVE)
@@ -342,58 +361,7 @@ def _gemm_kernel(
              mask=m_mask[:, None] & n_mask[None, :])
 
 
-@triton.jit
-def _quantize_store(x, s, q_ptr, mask):
-    """fp32 activations ``x`` divided by their scale ``s``, saturated and rounded to e4m3, stored as bytes."""
-    tl.store(q_ptr, _e4m3_bits(_round_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, s), -448.0), 448.0))), mask=mask)
-
-
-@triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, n_groups, group, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
-    """``reference.quantize_fp8_activations``: one program per row and group of ``group``
-    columns; the scale is ``amax / 448`` (at least 1e-12). ``ONE_PASS``: the group fits one
-    tile, kept in registers; else two passes over it (its amax, then the values)."""
-    row = tl.program_id(0)
-    g = tl.program_id(1)
-    lo = g * group
-    hi = tl.minimum(lo + group, K)
-    x_row = x_ptr + row.to(tl.int64) * stride_xm
-    q_row = q_ptr + row.to(tl.int64) * K
-    if ONE_PASS:
-        cols = lo + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)
-        s = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
-        _quantize_store(x, s, q_row + cols, cols < hi)
-    else:
-        amax = tl.zeros([BLOCK], dtype=tl.float32)
-        for c0 in range(lo, hi, BLOCK):
-            cols = c0 + tl.arange(0, BLOCK)
-            amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)))
-        s = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
-        for c0 in range(lo, hi, BLOCK):
-            cols = c0 + tl.arange(0, BLOCK)
-            _quantize_store(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32), s, q_row + cols, cols < hi)
-    tl.store(s_ptr + row * n_groups + g, s)
-
-
 # ----------------------------------------------------------------------------- host
-ONE_PASS_MAX = 32768  # activation columns a quantizing program keeps in registers (16 warps: 64 a thread)
-
-
-def act_quant(x: torch.Tensor, act_group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reference.quantize_fp8_activations``: (float8 activations [M, K], fp32 scales [M, K / group])."""
-    m, k = x.shape
-    group = act_group or k
-    assert k % group == 0, f"{k} columns do not split into groups of {group}"
-    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
-    if m and k:
-        block = min(next_pow2(group), ONE_PASS_MAX)
-        _act_quant_kernel[(m, k // group)](x, q.view(torch.uint8), scales, k, x.stride(0), k // group, group, BLOCK=block,
-                                           ONE_PASS=group <= block, num_warps=max(1, min(16, block // 512)))
-    return q, scales
-
-
 def aligned_block_k(block_k: int, k: int, *groups: int) -> int:
     """A K tile within one group of each of ``groups`` (powers of two; 0 or >= k: no constraint)."""
     for group in groups:
@@ -407,39 +375,36 @@ def _weight_args(w: QuantWeight, y: torch.Tensor) -> tuple:
     return (w.data, w.scales, w.zeros if w.zeros is not None else y, w.mins if w.mins is not None else y)
 
 
-def _flags(w: QuantWeight, cfg: QuantLaunch, act_group: int, y: torch.Tensor) -> dict:
+def _flags(w: QuantWeight, cfg: QuantLaunch, act_scales: Optional[torch.Tensor], act_group: int, y: torch.Tensor) -> dict:
     """The constexprs the two kernels share."""
     return dict(FP8=w.fp8, BITS=w.bits, HAS_ZEROS=w.zeros is not None, HAS_MINS=w.mins is not None,
-                FP8_NATIVE=w.fp8 and cfg.fp8_native, ACT_Q=act_group >= 0, PER_TOKEN=act_group == 0,
+                FP8_NATIVE=w.fp8 and cfg.fp8_native, ACT_Q=act_scales is not None, PER_TOKEN=act_group >= w.k,
                 DOT_F32=interpreting(), IEEE=y.dtype == torch.float32 and not interpreting())
 
 
-def _activations(x: torch.Tensor, act_group: int, cfg: QuantLaunch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(what the kernels read as x, its scales, columns per scale): fp8 activations for W8A8."""
-    if act_group < 0:
-        return x, y, 1
-    q, scales = act_quant(x, act_group)
-    return (q if cfg.fp8_native else q.view(torch.uint8)), scales, act_group or x.shape[1]
-
-
-def run(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, act_group: int = -1) -> torch.Tensor:
-    """y = x @ W.T (+ bias) in x's dtype; ``act_group`` >= 0: fp8 activations (W8A8, fp8 W only)."""
+def run(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, out_dtype: torch.dtype,
+        act_scales: Optional[torch.Tensor] = None, act_group: int = 0) -> torch.Tensor:
+    """y = x @ W.T (+ bias) in ``out_dtype``. With ``act_scales`` [M, K / act_group] (fp8 W only:
+    W8A8), x holds fp8 activations (their bytes without ``fp8_native``), one scale per
+    ``act_group`` columns of a row (``act_group`` >= K: one per row)."""
     m, k = x.shape
     assert k == w.k, f"x has {k} columns, the weight {w.k}"
-    y = torch.empty(m, w.n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, w.n, dtype=out_dtype, device=x.device)
     if m == 0 or w.n == 0:
         return y
+    if act_scales is None:
+        act_group = k
     if cfg.gemv:
-        return _gemv(x, w, bias, cfg, act_group, y)
-    return _gemm(x, w, bias, cfg, act_group, y)
+        return _gemv(x, w, bias, cfg, act_scales, act_group, y)
+    return _gemm(x, w, bias, cfg, act_scales, act_group, y)
 
 
-def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, act_group: int,
-          y: torch.Tensor) -> torch.Tensor:
+def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch,
+          act_scales: Optional[torch.Tensor], act_group: int, y: torch.Tensor) -> torch.Tensor:
     m, k = x.shape
+    xs = act_scales if act_scales is not None else y
     n = w.n
     assert m <= MAX_GEMV_ROWS and (cfg.use_dot or m == 1), f"the GEMV takes one row, or up to {MAX_GEMV_ROWS} with tl.dot"
-    xq, xs, act_cols = _activations(x, act_group, cfg, y)
     block_k = aligned_block_k(cfg.block_k, k, act_group) if cfg.use_dot else cfg.block_k
     tiles = cdiv(n, cfg.block_n)
     splits = cfg.splits or max(1, min(cdiv(cfg.waves * num_sms(x.device), tiles), cdiv(k, 2 * block_k)))
@@ -452,34 +417,34 @@ def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
     part = torch.empty(splits, block_m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     pdl = cfg.pdl and pdl_supported(x.device)
     _gemv_kernel[(tiles, splits)](
-        xq, xs, *_weight_args(w, y), bias if bias is not None else y, y, part, counters if counters is not None else y,
-        m, n, k, w.data.shape[1], w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
-        xq.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
-        **_flags(w, cfg, act_group, y), HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot,
+        x, xs, *_weight_args(w, y), bias if bias is not None else y, y, part, counters if counters is not None else y,
+        m, n, k, w.data.shape[1], w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn, w.group_k, act_group, xs.shape[-1],
+        x.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
+        **_flags(w, cfg, act_scales, act_group, y), HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return y
 
 
-def _gemm(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, act_group: int,
-          y: torch.Tensor) -> torch.Tensor:
+def _gemm(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch,
+          act_scales: Optional[torch.Tensor], act_group: int, y: torch.Tensor) -> torch.Tensor:
     m, k = x.shape
     n = w.n
-    fp8_dot = w.fp8 and act_group >= 0 and cfg.fp8_dot
+    xs = act_scales if act_scales is not None else y
+    fp8_dot = w.fp8 and act_scales is not None and cfg.fp8_dot
     assert cfg.fp8_native or not fp8_dot, "fp8 tensor-core GEMMs need hardware fp8 (fp8_native)"
-    xq, xs, act_cols = _activations(x, act_group, cfg, y)
     block_k = aligned_block_k(cfg.block_k, k, act_group, w.group_k if fp8_dot else 0)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
     _gemm_kernel[grid](
-        xq, xs, *_weight_args(w, y), bias if bias is not None else y, y,
-        m, n, k, w.data.shape[1], w.scales.shape[1], w.zero_point, w.scale_bn, w.group_k, act_cols, xs.shape[-1],
-        xq.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
-        **_flags(w, cfg, act_group, y), FP8_DOT=fp8_dot, HAS_BIAS=bias is not None,
+        x, xs, *_weight_args(w, y), bias if bias is not None else y, y,
+        m, n, k, w.data.shape[1], w.scales.shape[1], w.zero_point, w.scale_bn, w.group_k, act_group, xs.shape[-1],
+        x.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
+        **_flags(w, cfg, act_scales, act_group, y), FP8_DOT=fp8_dot, HAS_BIAS=bias is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k),
         GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 
 
-__all__ = ["QuantLaunch", "QuantWeight", "MAX_GEMV_ROWS", "run", "act_quant", "fits_tiles", "group_tile", "aligned_block_k"]
+__all__ = ["QuantLaunch", "QuantWeight", "MAX_GEMV_ROWS", "run", "fits_tiles", "group_tile", "aligned_block_k"]
