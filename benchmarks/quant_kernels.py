@@ -136,8 +136,13 @@ def run_sweep(formats: list) -> list:
                 continue
             timings.append(dict(format=fmt, proj=proj, m=m, config=fields, us=us))
         table_us = 1e3 * bench_flushed_graph(lambda: fn(*call))
+        extra = ""
+        if fn is int_linear.int_linear:  # the table's tiles unpacking by shifts and masks instead of prmt
+            shifts_us = 1e3 * bench_flushed_graph(lambda: fn(*call, config=replace(table, prmt=False)))
+            timings.append(dict(format=fmt, proj=proj, m=m, config="table, prmt=False", us=shifts_us))
+            extra = f" (shifts {shifts_us:.2f})"
         best = min(timings, key=lambda t: t["us"], default=dict(us=float("nan"), config=None))
-        print(f"  {fmt:<16} {proj:<8} M{m:<4} table {table_us:8.2f} us | best {best['us']:8.2f} us {best['config']}")
+        print(f"  {fmt:<16} {proj:<8} M{m:<4} table {table_us:8.2f} us{extra} | best {best['us']:8.2f} us {best['config']}")
         out.extend(timings + [dict(format=fmt, proj=proj, m=m, config="table", us=table_us)])
         torch.cuda.empty_cache()
     return out

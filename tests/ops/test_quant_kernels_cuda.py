@@ -141,6 +141,20 @@ def test_configs_off_the_table(Q, kind, fields):
         check_fp8_linear(lambda *a: Q.fp8_linear.fp8_linear(*a, config=cfg), args)
 
 
+@pytest.mark.parametrize("batch", [1, 8, 96])
+@pytest.mark.parametrize("bits,group,mins", [(4, 128, False), (4, 32, True), (8, 128, False)])
+def test_prmt_unpack_equals_shifts(Q, bits, group, mins, batch):
+    """The inline-asm unpacking (prmt) gives the values the shifts and masks give (the same fp32
+    weights: outputs equal but for summation order, should the compiler reorder; a wrong byte
+    would be an error of order 1)."""
+    n, k = PROJECTIONS_7B["o"]
+    args = int_case(batch, n, k, bits, group, not mins, mins, True, BF16, gen(bits + group + batch))
+    cfg = Q.int_linear.launch_config(batch, n, k, group, args[0].device)
+    assert cfg.prmt
+    shifts = Q.int_linear.int_linear(*args, config=replace(cfg, prmt=False))
+    assert rel_err(Q.int_linear.int_linear(*args, config=cfg), shifts) < 1e-4
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("batch", [1, 8, 80])
 def test_model_dtypes(Q, dtype, batch):

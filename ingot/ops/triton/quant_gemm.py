@@ -67,6 +67,7 @@ class QuantLaunch:
     fp8_native: bool = False  # fp8: hardware conversions (sm_89+), else bit decoding
     fp8_dot: bool = False  # fp8 W8A8 GEMM on fp8 tensor cores (needs fp8_native)
     scaled_mm: bool = False  # fp8 W8A8 GEMM by torch._scaled_mm where its scale layouts fit
+    prmt: bool = True  # int: unpack by prmt (inline asm, GPU only), else by shifts and masks
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,6 @@ def group_tile(block_k: int, group_k: int, k: int) -> int:
 
 
 # ----------------------------------------------------------------------------- device helpers
-# the interpreter runs no inline asm
-INTERPRET = tl.constexpr(interpreting())
 _PRMT4 = tl.constexpr("{ .reg .b32 lo, hi; and.b32 lo, $8, 0x0F0F0F0F; shr.u32 hi, $8, 4; and.b32 hi, hi, 0x0F0F0F0F; "
           + " ".join(f"prmt.b32 ${2 * i}, lo, 0x4B000000, {0x7650 + i}; prmt.b32 ${2 * i + 1}, hi, 0x4B000000, {0x7650 + i};"
                      for i in range(4)) + " }")
@@ -117,12 +116,13 @@ def _interleave(e0, e1, e2, e3, e4, e5, e6, e7, BITS: tl.constexpr):
 
 
 @triton.jit
-def _unpack(words, BITS: tl.constexpr):
+def _unpack(words, BITS: tl.constexpr, PRMT: tl.constexpr):
     """int32 words [..., W] -> ``2**23 + u`` in fp32 for each value u, [..., W, 2, 2(, 2)] (``_interleave``).
     On a GPU each value is one ``prmt`` (its byte under the exponent bits 0x4B), after three
     ops per int4 word that put the even and odd nibbles in bytes; shifting and masking every
-    value costs about three integer ops, which made the one-row int4 GEMV ALU-bound."""
-    if INTERPRET:
+    value costs about three integer ops, which made the one-row int4 GEMV ALU-bound. Without
+    ``PRMT`` (the interpreter runs no inline asm) by shifts and masks."""
+    if not PRMT:
         if BITS == 4:
             t = _interleave(words & 0xF, (words >> 4) & 0xF, (words >> 8) & 0xF, (words >> 12) & 0xF,
                             (words >> 16) & 0xF, (words >> 20) & 0xF, (words >> 24) & 0xF, (words >> 28) & 0xF, BITS)
@@ -168,7 +168,7 @@ def _act_in(x, dtype: tl.constexpr, ACT_Q: tl.constexpr, NATIVE: tl.constexpr):
 def _weight_tile(
     w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
-    FP8_NATIVE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr,
+    FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr,
 ):
     """W's tile at rows ``offs_n``, columns ``k0 + [0, BLOCK_K)``: (values [BLOCK_N, NG, GS_TILE]
     in fp32, ``u - zero`` or the fp8 value; scales and mins [BLOCK_N, NG]), NG = BLOCK_K / GS_TILE.
@@ -194,7 +194,7 @@ def _weight_tile(
         # (k0 // BLOCK_K) * words per tile, not k0 // PACK: its divisibility lets the loads vectorize
         kw = (k0 // BLOCK_K) * (BLOCK_K // PACK) + offs_g[:, None] * GW + tl.arange(0, GW)[None, :]
         words = tl.load(rows + kw[None, :, :], mask=n_mask[:, None, None] & (kw < KW)[None, :, :], other=0)
-        u = tl.reshape(_unpack(words, BITS), (BLOCK_N, NG, GS_TILE))  # 2**23 + u
+        u = tl.reshape(_unpack(words, BITS, PRMT), (BLOCK_N, NG, GS_TILE))  # 2**23 + u
         if HAS_ZEROS:
             zero = tl.load(z_ptr + s_off, mask=g_mask, other=0).to(tl.float32)
         else:
@@ -230,7 +230,7 @@ def _gemv_kernel(
     M, N, K, KW, G, k_per_split, zero_point, scale_bn, group_k, act_group, n_act,
     stride_xm, stride_wn, stride_sn, stride_ym,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
-    FP8_NATIVE: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
     DIRECT: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -255,7 +255,7 @@ def _gemv_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         values, scale, mins = _weight_tile(
             w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
-            FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, BLOCK_N, BLOCK_K, GS_TILE)
+            FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
         if USE_DOT:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
@@ -310,7 +310,7 @@ def _gemm_kernel(
     M, N, K, KW, G, zero_point, scale_bn, group_k, act_group, n_act,
     stride_xm, stride_wn, stride_sn, stride_ym,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
-    FP8_NATIVE: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr,
+    FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -343,7 +343,7 @@ def _gemm_kernel(
             x = _act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
             values, scale, mins = _weight_tile(
                 w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn,
-                group_k, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, BLOCK_N, BLOCK_K, GS_TILE)
+                group_k, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
             w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
             if GROUPED_ACT:
                 part = _dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, IEEE)
@@ -378,7 +378,8 @@ def _weight_args(w: QuantWeight, y: torch.Tensor) -> tuple:
 def _flags(w: QuantWeight, cfg: QuantLaunch, act_scales: Optional[torch.Tensor], act_group: int, y: torch.Tensor) -> dict:
     """The constexprs the two kernels share."""
     return dict(FP8=w.fp8, BITS=w.bits, HAS_ZEROS=w.zeros is not None, HAS_MINS=w.mins is not None,
-                FP8_NATIVE=w.fp8 and cfg.fp8_native, ACT_Q=act_scales is not None, PER_TOKEN=act_group >= w.k,
+                FP8_NATIVE=w.fp8 and cfg.fp8_native, PRMT=cfg.prmt and not interpreting(),
+                ACT_Q=act_scales is not None, PER_TOKEN=act_group >= w.k,
                 DOT_F32=interpreting(), IEEE=y.dtype == torch.float32 and not interpreting())
 
 
