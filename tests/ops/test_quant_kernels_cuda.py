@@ -3,15 +3,16 @@
 Inputs are built on the GPU (tests/ops/quant_cases.py); the kernel modules' new tensors
 start as NaN or junk, so an element a kernel forgets to write fails. Errors are relative
 L2 against the reference op computed in fp32 from the same inputs (weights dequantized
-exactly): below 1e-2 for bf16 / fp16 outputs (their own rounding is about 2e-3; the tl.dot
-paths also round each dequantized weight to bf16, as the reference op does), 1e-5 for fp32;
+exactly): below 1e-2 for bf16 / fp16 outputs (their own rounding is about 2e-3; the GEMMs
+also round each dequantized weight to bf16, as the reference op does), 1e-5 for fp32;
 W8A8 also below 0.4 times the W8A8 reference's distance from W8A16 (2-3%), so activations
 must be rounded through fp8 as the reference rounds them.
 
 Covers the 7B projections (qkv, o, gate_up, down) at batch 1, 16, 64 and 256 in int4 g128
 (zero points), int8 per channel, GGUF-like int4 g32 with mins, fp8 per tensor (W8A16),
 per channel (W8A8 per token) and 128 x 128 blocks (W8A16, W8A8 per 128 columns); every
-W8A8 GEMM route; configurations off the launch table; dispatch through
+W8A8 GEMM route; configurations off the launch table; the prmt unpacking against shifts;
+fp16 and fp32 models; the fp8 activations byte for byte; dispatch through
 ``torch.ops.ingot``; capture in a CUDA graph; and ``torch.compile`` with the ops opaque.
 """
 

@@ -158,7 +158,7 @@ def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     q, scale_x = act_quant(x, 0)
     n = weight.shape[0]
     scale_w = weight_scale.float().reshape(1, -1).expand(1, n).contiguous()  # [1, N]: one scale per output
-    y = torch._scaled_mm(q, weight.t(), scale_a=scale_x, scale_b=scale_w, out_dtype=x.dtype)
+    y = torch._scaled_mm(q, weight.contiguous().t(), scale_a=scale_x, scale_b=scale_w, out_dtype=x.dtype)
     return y if bias is None else y + bias
 
 

@@ -7,9 +7,9 @@ copy bandwidth. More rows go to the tiled GEMM, whose dequantization cost per we
 spread over the tile's rows.
 
 Numerics: weights are ``(u - zero) * scale (+ min)`` in fp32, as the reference computes
-them. The one-row GEMV multiplies fp32 weights by fp32 activations (the reference rounds
-the weights to the model dtype first: the kernel is the closer of the two to exact
-arithmetic); the ``tl.dot`` paths round each weight to x's dtype as the reference does.
+them. The reference rounds them to the model dtype before its GEMM; the GEMM here does the
+same, while the GEMVs compute with exact weights (one row: fp32 products; the tl.dot form,
+where a K tile lies in one group: ``u - zero``, exact in bf16, dotted, the sums scaled).
 Sums in fp32, rounded once.
 """
 
@@ -62,7 +62,8 @@ def int_linear(
     """Triton implementation of ``torch.ops.ingot.int_linear`` (x [M, K], qweight int32 [N, K * bits / 32])."""
     m, k = x.shape
     n = qweight.shape[0]
-    assert bits in (4, 8) and qweight.shape[1] * (32 // bits) == k, f"qweight {tuple(qweight.shape)} does not hold {k} {bits}-bit columns"
+    assert bits in (4, 8) and qweight.shape[1] * (32 // bits) == k, \
+        f"qweight {tuple(qweight.shape)} does not hold {k} {bits}-bit columns"
     if not fits_tiles(group_size, k):  # groups no power-of-two tile aligns with: no checkpoint format has them
         return ref.int_linear(x, qweight, scales, zeros, mins, bias, bits, group_size, zero_point)
     w = QuantWeight(
