@@ -14,9 +14,10 @@ measured in the same run, TFLOP/s, and the speedup over bf16 at that shape. Prin
 and writes JSON (default benchmarks/results/quant-kernels-<date>.json).
 
 ``--sweep`` also times each path over a grid of launch configurations at the 7B shapes
-(int4 g128 and fp8 blocks W8A16 / W8A8, of those ``--formats`` names: the one-row GEMV at
-batch 1, the tl.dot GEMV at 16, the GEMM at 64 and 256) and prints the best per row, to
-retune the ``launch_config`` tables.
+(int4 g128 and fp8 blocks W8A16 / W8A8, of those ``--formats`` names, at the ``--batches``:
+the one-row GEMV at 1, the tl.dot GEMV up to 16, the GEMM above) and prints the best per
+row, to retune the ``launch_config`` tables (each configuration compiles once: a few
+hundred compilations for the whole grid, so sweep a format and a batch or two at a time).
 GPU only.
 """
 
@@ -113,14 +114,14 @@ SWEEP_GEMM = [dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s
 SWEPT = ("int4-g128", "fp8-block-w8a16", "fp8-block-w8a8")
 
 
-def run_sweep(formats: list) -> list:
+def run_sweep(formats: list, batches: list) -> list:
     """Each path's launch configurations at the 7B shapes; the best per (format, proj, batch)."""
     from benchmarks.kernels import bench_flushed_graph
     from ingot.ops.triton import fp8_linear, int_linear
 
     out = []
     print("\n# sweep: us per configuration (flushed-graph timing); best per row")
-    for fmt, proj, m in itertools.product([f for f in SWEPT if f in formats], SHAPES["7b"], (1, 16, 64, 256)):
+    for fmt, proj, m in itertools.product([f for f in SWEPT if f in formats], SHAPES["7b"], batches):
         n, k = SHAPES["7b"][proj]
         fn, call, _ = make_call(fmt, n, k, m)
         table = (int_linear.launch_config(m, n, k, call[7], call[0].device) if fn is int_linear.int_linear
@@ -179,7 +180,7 @@ def main() -> None:
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   date=dt.datetime.now().isoformat(timespec="seconds"), copy_gbps=copy_gbps, rows=run_rows(args, copy_gbps))
     if args.sweep:
-        result["sweep"] = run_sweep(args.formats)
+        result["sweep"] = run_sweep(args.formats, args.batches)
     out = write_json(args.out or RESULTS / f"quant-kernels-{dt.date.today().isoformat()}.json", result)
     print(f"\nwrote {out}")
 
