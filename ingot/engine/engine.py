@@ -201,9 +201,14 @@ class Engine:
         ``min_tokens``) waits for step n first.
         """
         prev, self._inflight = self._inflight, None
-        batch = self.scheduler.schedule()
         outputs: list[RequestOutput] = []
-        if prev is not None and (batch is None or not self.config.overlap_scheduling or _needs_history(batch)):
+        # read back first (before scheduling: a sequence it stops must not be scheduled) when
+        # the sampling of a sequence with a pending token reads the output so far
+        if prev is not None and _needs_history(self.scheduler.running):
+            outputs += self._finish(prev)
+            prev = None
+        batch = self.scheduler.schedule()
+        if prev is not None and (batch is None or not self.config.overlap_scheduling):
             outputs += self._finish(prev)
             prev = None
         if batch is None:
@@ -428,10 +433,10 @@ class _InFlight:
         return {id(seq): i for i, seq in enumerate(self.sampled)}
 
 
-def _needs_history(batch: ScheduledBatch) -> bool:
-    """Does sampling ``batch`` need tokens still pending on the device (penalties read the
-    output so far, ``min_tokens`` its length)?"""
-    for seq in batch.seqs:
+def _needs_history(seqs: list[Sequence]) -> bool:
+    """Does sampling any of ``seqs`` need tokens still pending on the device (penalties read
+    the output so far, ``min_tokens`` its length)?"""
+    for seq in seqs:
         if seq.num_pending:
             p = seq.params
             if p.min_tokens or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
