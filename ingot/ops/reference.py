@@ -417,7 +417,9 @@ def quantize_fp8_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor,
     t, k = x.shape
     g = group or k
     blocks = x.float().reshape(t, -1, g)
-    scale = (blocks.abs().amax(-1) / FP8_MAX).clamp(min=1e-12)
+    # times the fp32 reciprocal, not a division: what PyTorch's CUDA division by a scalar does too,
+    # so the scales are the same bits on every device and in the kernel
+    scale = (blocks.abs().amax(-1) * (1.0 / FP8_MAX)).clamp(min=1e-12)
     q = (blocks / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.reshape(t, k), scale
 
@@ -440,3 +442,56 @@ def fp8_linear(
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------------- quantized routed experts
+# ``fused_moe`` with every expert's weights in one canonical form, stacked [E, ...] as FusedMoE
+# holds them (gate rows then up rows); the loop is reference_quant.py's (dequantizing the touched
+# experts only), the kernels ops/triton/fused_moe_quant.py.
+from ingot.ops.reference_quant import experts_loop  # noqa: E402
+
+
+@op(fake=lambda hidden, *_: _like(hidden))
+def fused_moe_int(
+    hidden: torch.Tensor, gate_up_qweight: torch.Tensor, gate_up_scales: torch.Tensor,
+    gate_up_zeros: Optional[torch.Tensor], gate_up_mins: Optional[torch.Tensor], down_qweight: torch.Tensor,
+    down_scales: torch.Tensor, down_zeros: Optional[torch.Tensor], down_mins: Optional[torch.Tensor],
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, bits: int, group_size: int, zero_point: int,
+    row_scale: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``fused_moe`` with int4 / int8 experts: qweight [E, N, K * bits / 32], scales (zeros,
+    mins) [E, N, K / group_size] of gate_up (N = 2I, K = H) and down (N = H, K = I);
+    ``group_size`` 0: one group per row of each projection."""
+
+    def expert(q: torch.Tensor, s: torch.Tensor, z: Optional[torch.Tensor], m: Optional[torch.Tensor]):
+        k = q.shape[-1] * 32 // bits
+        return lambda e: dequantize_int(q[e], s[e], None if z is None else z[e], None if m is None else m[e], bits,
+                                        group_size or k, zero_point, hidden.dtype)
+
+    return experts_loop(hidden, gate_up_qweight.shape[0], expert(gate_up_qweight, gate_up_scales, gate_up_zeros, gate_up_mins),
+                        expert(down_qweight, down_scales, down_zeros, down_mins), topk_weights, topk_ids, row_scale)
+
+
+@op(fake=lambda hidden, *_: _like(hidden))
+def fused_moe_fp8(
+    hidden: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+    down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, block_n: int, block_k: int,
+    act_group: int, row_scale: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``fused_moe`` with float8 e4m3 experts: gate_up [E, 2I, H], down [E, H, I], each with
+    fp32 block scales (``fp8_linear``'s blocks; 0: the whole dimension of each projection,
+    so gate_up_scale holds gate's block rows, then up's); ``act_group`` as fp8_linear's."""
+
+    def expert(w: torch.Tensor, s: torch.Tensor, parts: int):
+        return lambda e: torch.cat([dequantize_fp8(wp, sp, block_n, block_k, hidden.dtype)
+                                    for wp, sp in zip(w[e].chunk(parts), s[e].chunk(parts))])
+
+    act = None if act_group < 0 else lambda x: _fp8_rounded(x, act_group)
+    return experts_loop(hidden, gate_up.shape[0], expert(gate_up, gate_up_scale, 2), expert(down, down_scale, 1),
+                        topk_weights, topk_ids, row_scale, act)
+
+
+def _fp8_rounded(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x rounded through fp8 as W8A8 quantizes it (``quantize_fp8_activations``), in fp32."""
+    q, scale = quantize_fp8_activations(x, group)
+    return (q.float().reshape(x.shape[0], scale.shape[1], -1) * scale.unsqueeze(-1)).reshape(x.shape)

@@ -72,7 +72,7 @@ def _quantize_store(x, s, q_ptr, mask):
 @triton.jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, n_groups, group, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
     """``reference.quantize_fp8_activations``: one program per row and group of ``group``
-    columns; the scale is ``amax / 448`` (at least 1e-12). ``ONE_PASS``: the group fits one
+    columns; the scale is ``amax * (1 / 448)`` in fp32 (at least 1e-12), as the reference computes it. ``ONE_PASS``: the group fits one
     tile, kept in registers; else two passes over it (its amax, then the values)."""
     row = tl.program_id(0)
     g = tl.program_id(1)
@@ -83,14 +83,14 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, n_groups, group, BLOCK:
     if ONE_PASS:
         cols = lo + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)
-        s = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
+        s = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / 448.0), 1e-12)
         _quantize_store(x, s, q_row + cols, cols < hi)
     else:
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for c0 in range(lo, hi, BLOCK):
             cols = c0 + tl.arange(0, BLOCK)
             amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32)))
-        s = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
+        s = tl.maximum(tl.max(amax, axis=0) * (1.0 / 448.0), 1e-12)
         for c0 in range(lo, hi, BLOCK):
             cols = c0 + tl.arange(0, BLOCK)
             _quantize_store(tl.load(x_row + cols, mask=cols < hi, other=0.0).to(tl.float32), s, q_row + cols, cols < hi)
