@@ -6,7 +6,7 @@ from ingot.engine.async_llm import AsyncLLM
 from ingot.llm import LLM
 from ingot.loading.errors import CheckpointError
 from ingot.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from ingot.sampling_params import SamplingError, SamplingParams
+from ingot.sampling_params import SamplingError, SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -15,6 +15,7 @@ __all__ = [
     "RequestMetrics",
     "EngineConfig",
     "SamplingParams",
+    "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",
     "ConfigError",

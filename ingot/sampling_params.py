@@ -3,14 +3,18 @@
 Every field is validated in ``__post_init__``; a bad value (wrong type, out of
 range, NaN) raises ``SamplingError`` whose message names the field and the
 allowed range. ``stop`` and ``stop_token_ids`` are normalised to lists.
+``StructuredOutputsParams`` constrains the output to a grammar (vLLM's fields);
+only its form is checked here: whether xgrammar accepts it is checked when a
+request is processed (``ingot.engine.structured``).
 """
 
 from __future__ import annotations
 
+import json as _json
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 # Below this temperature a request is decoded greedily.
 GREEDY_EPS = 1e-5
@@ -61,6 +65,85 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """The output must follow one grammar (vLLM's ``StructuredOutputsParams``; xgrammar compiles it).
+
+    Exactly one constraint is set: ``json`` (a JSON schema, as a dict or JSON text),
+    ``regex``, ``choice`` (the output is one of these strings), ``grammar`` (xgrammar's
+    EBNF), ``json_object`` (True: any JSON object) or ``structural_tag`` (xgrammar's
+    structural tag, as JSON text or a dict). ``disable_any_whitespace``: JSON without
+    free whitespace (one space after ``:`` and ``,``), so a model cannot pad it forever.
+    ``whitespace_pattern`` is vLLM's field for backends that take one; xgrammar does not,
+    so it must stay None.
+    """
+
+    json: Union[str, Dict[str, Any], None] = None
+    regex: Optional[str] = None
+    choice: Optional[List[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    structural_tag: Union[str, Dict[str, Any], None] = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.json_object is not None:
+            self.json_object = _bool("structured_outputs.json_object", self.json_object)
+        self.disable_any_whitespace = _bool("structured_outputs.disable_any_whitespace", self.disable_any_whitespace)
+        if self.whitespace_pattern is not None:
+            raise SamplingError("structured_outputs.whitespace_pattern is not supported (xgrammar takes no "
+                                "whitespace pattern); use disable_any_whitespace=True for compact JSON")
+        given = [name for name in _CONSTRAINTS
+                 if getattr(self, name) is not None and getattr(self, name) is not False]
+        if len(given) != 1:
+            raise SamplingError(f"structured_outputs needs exactly one of {', '.join(_CONSTRAINTS)}; "
+                                f"got {' and '.join(given) if given else 'none'}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SamplingError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple)) or not self.choice \
+                    or not all(isinstance(c, str) for c in self.choice):
+                raise SamplingError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}")
+            self.choice = list(self.choice)
+        kind = given[0]
+        # what the compiled grammar depends on (a json_object is the schema of any object)
+        self._key = ("json" if kind == "json_object" else kind, self._constraint_text(kind),
+                     not self.disable_any_whitespace)
+
+    def _constraint_text(self, kind: str) -> str:
+        value = getattr(self, kind)
+        if kind in ("json", "structural_tag"):
+            if isinstance(value, str):
+                try:
+                    value = _json.loads(value)
+                except ValueError as exc:
+                    raise SamplingError(f"structured_outputs.{kind} is not valid JSON: {exc}") from None
+            allowed = (dict, bool) if kind == "json" else (dict,)
+            if not isinstance(value, allowed):
+                what = "a JSON schema (an object or a boolean)" if kind == "json" else "a JSON object"
+                raise SamplingError(f"structured_outputs.{kind} must be {what}, got {type(value).__name__}")
+            try:  # canonical text, keys in the given order (a schema's property order is the output's)
+                return _json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise SamplingError(f"structured_outputs.{kind} is not JSON-serialisable: {exc}") from None
+        if kind == "choice":
+            return _json.dumps(value, ensure_ascii=False)
+        if kind == "json_object":
+            return '{"type":"object"}'
+        return value
+
+    @property
+    def key(self) -> Tuple[str, str, bool]:
+        """(kind, canonical text, any whitespace): equal constraints share one compilation."""
+        return self._key
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling settings (vLLM-like names and meanings)."""
@@ -84,6 +167,7 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None  # top-n logprobs per prompt token, 0..20
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: Optional[StructuredOutputsParams] = None  # the output follows a grammar
 
     def __post_init__(self) -> None:
         self.n = _int("n", self.n, f">= 1 (at most {MAX_N})", lo=1, hi=MAX_N)
@@ -121,6 +205,15 @@ class SamplingParams:
         self.skip_special_tokens = _bool("skip_special_tokens", self.skip_special_tokens)
         self.include_stop_str_in_output = _bool(
             "include_stop_str_in_output", self.include_stop_str_in_output)
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            try:
+                so = StructuredOutputsParams(**so)
+            except TypeError as exc:
+                raise SamplingError(f"structured_outputs: {exc}") from None
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise SamplingError(f"structured_outputs must be StructuredOutputsParams (or a dict of its fields), got {so!r}")
+        self.structured_outputs = so
 
     @staticmethod
     def _norm_stop(stop: Any) -> List[str]:

@@ -26,6 +26,7 @@ from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestE
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence
 from ingot.engine.stats import EngineInfo, EngineStats
+from ingot.engine.structured import Grammars, advance
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer, add_tokens
 from ingot.models.loader import open_model
@@ -84,6 +85,7 @@ class Engine:
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids)
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
         self._inflight: Optional[_InFlight] = None  # a step queued but not read back (overlap)
@@ -92,6 +94,7 @@ class Engine:
 
     def close(self) -> None:
         """Release the executor's processes (tensor-parallel workers); the engine is unusable after."""
+        self.grammars.close()
         self.executor.close()
 
     # ------------------------------------------------------------------ requests
@@ -135,6 +138,9 @@ class Engine:
         state = RequestState(request, seqs)
         self.requests[request.request_id] = state
         self.prompt_tokens += len(request.prompt_token_ids)
+        if p.structured_outputs is not None:  # queued once its grammar is compiled (step)
+            self.grammars.hold(request.request_id, p.structured_outputs, state)
+            return state
         for seq in seqs:
             self.scheduler.add(seq)
         return state
@@ -161,7 +167,7 @@ class Engine:
         usable = blocks.num_blocks - 1
         return EngineStats(
             num_running=len(sched.running),
-            num_waiting=len(sched.waiting),
+            num_waiting=len(sched.waiting) + self.grammars.num_held,
             kv_cache_usage=(usable - blocks.num_free) / usable if usable else 0.0,
             num_preemptions=sched.stats.num_preemptions,
             prompt_tokens=self.prompt_tokens,
@@ -186,6 +192,7 @@ class Engine:
 
     def _retire(self, state: RequestState) -> RequestOutput:
         self.requests.pop(state.request.request_id, None)
+        self.grammars.release(state.request.request_id)
         return build_output(state, self.tokenizer)
 
     # ------------------------------------------------------------------ step
@@ -198,10 +205,11 @@ class Engine:
         step n+1 reads the tokens step n sampled on the device, and this call returns step
         n's outputs. A sequence that step n finished (a stop) has an extra token in step
         n+1, dropped. A step whose sampling needs the host to know those tokens (penalties,
-        ``min_tokens``) waits for step n first.
+        ``min_tokens``) waits for step n first. Grammar rows need them only for their mask:
+        step n+1's forward is queued first, then step n is read back (``Grammars.token_mask``).
         """
+        outputs = self.grammars.admit(self.scheduler.add, self._finish_request) if self.grammars.num_held else []
         prev, self._inflight = self._inflight, None
-        outputs: list[RequestOutput] = []
         # read back first (before scheduling: a sequence it stops must not be scheduled) when
         # the sampling of a sequence with a pending token reads the output so far
         if prev is not None and _needs_history(self.scheduler.running):
@@ -212,6 +220,8 @@ class Engine:
             outputs += self._finish(prev)
             prev = None
         if batch is None:
+            if not outputs and self.grammars.num_held:
+                self.grammars.wait(0.01)  # nothing else to run: a grammar is compiling
             return outputs
         flight = self._launch(batch, prev)
         if prev is not None:
@@ -258,11 +268,17 @@ class Engine:
             src = [prev.row_of.get(id(seq), -1) if seq.num_pending else -1 for seq in batch.seqs]
             if any(i >= 0 for i in src):
                 feed = TokenFeed(prev.step.tokens, src)
+        constrained = self.grammars.compiles > 0 and any(seq.grammar is not None for seq in batch.seqs)
+        if constrained:  # the mask, once the forward is queued; a previous token it needs is read first
+            wait = prev.advance_grammars if prev is not None else None
+            batch.token_mask = functools.partial(self.grammars.token_mask, batch.seqs, self.eos_token_ids, wait)
         try:
             step = self.executor.launch(batch, self.eos_token_ids, feed)
         except Exception as exc:  # the forward itself failed: these requests fail, the engine goes on
             log.exception("a step of %d sequences failed", len(batch.seqs))
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
+        finally:
+            batch.token_mask = None  # (it holds the previous step)
         computed = self.scheduler.on_step_launched(batch)
         sampled = [batch.seqs[row] for row in step.rows]
         pending = self.config.overlap_scheduling  # serially nothing is ever scheduled with a token pending
@@ -273,7 +289,7 @@ class Engine:
                 p = seq.params
                 seq.done_after_pending = (p.max_tokens is not None and len(seq.output_token_ids) + seq.num_pending >= p.max_tokens) \
                     or seq.num_tokens >= max_len
-        return _InFlight(batch, step, computed, sampled, pending)
+        return _InFlight(batch, step, computed, sampled, pending, constrained)
 
     def _finish(self, flight: "_InFlight") -> list[RequestOutput]:
         """Read a launched step back: its tokens, stop rules, outputs."""
@@ -291,6 +307,9 @@ class Engine:
         self.scheduler.on_step_done(batch, flight.computed)
         self.generation_tokens += len(touched)
         errors = out.errors or [None] * len(touched)
+        if flight.grammar_rows:
+            flight.advance_grammars()
+            errors = [e or (s.grammar.error if s.grammar is not None else None) for e, s in zip(errors, touched)]
         ok = [k for k, e in enumerate(errors) if e is None and not touched[k].finished]
         self._detokenize([touched[k] for k in ok], [out.token_ids[k] for k in ok], errors, ok)
         now = time.monotonic()
@@ -401,6 +420,8 @@ class Engine:
                 pos, s = hit
                 text = text[: pos + len(s)] if p.include_stop_str_in_output else text[:pos]
                 reason, stop_reason = "stop", s
+        if reason is None and seq.grammar is not None and seq.grammar.terminated:
+            reason = "stop"  # the grammar ended (its stop token, where EOS alone would not stop)
         if reason is None and ((p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len):
             reason = "length"
         if reason is None and p.stop:
@@ -426,6 +447,19 @@ class _InFlight:
     computed: list[int]  # per row: computed tokens once launched (what on_step_done may cache)
     sampled: list[Sequence]  # the rows that sample, in the order of the step's tokens
     pending: bool  # their tokens were counted as pending (overlap scheduling)
+    grammar_rows: bool = False  # some rows sample with a grammar
+    advanced: bool = False  # their matchers have accepted the step's tokens
+
+    def advance_grammars(self) -> None:
+        """The step's tokens into their sequences' matchers, once: at read-back, or earlier
+        when the next step's mask needs them (the device runs the next forward meanwhile)."""
+        if self.grammar_rows and not self.advanced:
+            self.advanced = True
+            try:
+                out = self.step.collect()
+            except Exception:
+                return  # the step failed: _finish fails its requests
+            advance(self.sampled, out.token_ids, out.errors)
 
     @functools.cached_property
     def row_of(self) -> dict[int, int]:

@@ -4,7 +4,9 @@
 a chat conversation, sampling params) into an ``EngineRequest``, or raises
 ``RequestError`` naming what is wrong. It only reads the tokenizer and the
 model's limits, so any thread may call it: callers tokenize in their own
-thread while the engine loop keeps stepping.
+thread while the engine loop keeps stepping. Structured outputs are checked
+here too (xgrammar builds the grammar, without the vocabulary; the engine
+compiles it against the vocabulary, off its loop).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from ingot.engine import structured
 from ingot.loading.tokenizer import Message, Tokenizer
 from ingot.sampling_params import SamplingParams
 
@@ -75,6 +78,11 @@ class InputProcessor:
                 raise RequestError(f"cache_salt must be a string, got {type(salt).__name__}")
             prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
         text, ids = self._prompt_ids(prompt, chat)
+        if params.structured_outputs is not None:
+            try:
+                structured.check(params.structured_outputs)
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
         return EngineRequest(request_id, text, ids, params, stream=stream, cache_salt=salt)
 
     def _prompt_ids(self, prompt: Any, chat: bool) -> tuple[Optional[str], list[int]]:

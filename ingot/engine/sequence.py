@@ -6,12 +6,15 @@ import array
 import enum
 import itertools
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ingot.loading.tokenizer import IncrementalDetokenizer
 from ingot.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ingot.engine.structured import SequenceGrammar
 
 _ids = itertools.count()
 
@@ -90,6 +93,8 @@ class Sequence:
         # no reader of per-step text (no streaming, no stop strings): the tokens are
         # detokenized once, when the sequence finishes (Engine.step)
         self.lazy_text = False
+        # structured outputs: its grammar matcher (set when the request's grammar is compiled)
+        self.grammar: Optional["SequenceGrammar"] = None
 
     @property
     def num_tokens(self) -> int:

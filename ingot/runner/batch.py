@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import array
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
+from ingot.runner.sampler import TokenMask
 from ingot.sampling_params import SamplingParams
 
 
@@ -39,6 +40,10 @@ class ScheduledBatch:
     seqs: list[BatchSequence]
     is_prefill: bool
     num_new_tokens: list[int] = field(default_factory=list)  # tokens computed per seq this step
+    # Structured outputs: called once the step's forward is queued and before it samples, with
+    # the batch rows that sample (in logits order); the allowed tokens of those with a grammar
+    # (``TokenMask.rows`` index that list). The engine computes it on the host meanwhile.
+    token_mask: Optional[Callable[[list[int]], Optional[TokenMask]]] = None
 
     def samples(self, i: int) -> bool:
         """Does row i produce a token this step (its computation reaches its last token)?"""

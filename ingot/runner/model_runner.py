@@ -21,7 +21,7 @@ from torch import nn
 from ingot.config import ConfigError, EngineConfig
 from ingot.distributed.parallel import SINGLE
 from ingot.runner.kv_pool import KVCachePool, blocks_for
-from ingot.runner.sampler import DeviceSample, Sampler, SamplerOutput, SamplingRow, make_generator
+from ingot.runner.sampler import DeviceSample, Sampler, SamplerOutput, SamplingRow, TokenMask, make_generator
 from ingot.runner.batch import ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
@@ -206,7 +206,9 @@ class ModelRunner:
         return build_step_inputs(batch, self.block_size, self.device)
 
     def launch_staged(self, batch: ScheduledBatch, inputs: StepInputs, eos_token_ids: tuple[int, ...]) -> "LaunchedStep":
-        """``run_model`` on staged inputs, then the prompt logprobs and the queued sampling."""
+        """``run_model`` on staged inputs, then the prompt logprobs and the queued sampling.
+        A batch with a ``token_mask`` gets its mask once the forward is queued, so the host
+        computes it while the device runs the forward."""
         spans = prompt_spans(batch)
         entries = {}
 
@@ -227,11 +229,12 @@ class ModelRunner:
             )
             for r in inputs.sample_rows
         ]
+        mask = batch.token_mask(inputs.sample_rows) if batch.token_mask is not None else None
         try:
-            sample = self.sampler.sample(logits, rows)
+            sample = self.sampler.sample(logits, rows, mask)
         except Exception:  # find the rows that fail, so that they fail alone
             log.exception("sampling a batch of %d rows failed; sampling its rows one by one", len(rows))
-            out = self._sample_rows_alone(logits, rows)
+            out = self._sample_rows_alone(logits, rows, mask)
             out.prompt_logprobs = prompt_lp
             return LaunchedStep(inputs.sample_rows, ready=out)
         sample.start_copy()
@@ -259,11 +262,11 @@ class ModelRunner:
             return self._logits(hidden.index_select(0, inputs.logits_indices))
         return self.forward_logits(inputs)
 
-    def _sample_rows_alone(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    def _sample_rows_alone(self, logits: torch.Tensor, rows: list[SamplingRow], mask: Optional[TokenMask]) -> SamplerOutput:
         out = SamplerOutput([], [], [])
         for i, row in enumerate(rows):
             try:
-                one = self.sampler(logits[i : i + 1], [row])
+                one = self.sampler(logits[i : i + 1], [row], mask.select(i) if mask is not None else None)
                 out.token_ids.append(one.token_ids[0])
                 out.logprobs.append(one.logprobs[0])
                 out.errors.append(None)

@@ -2,6 +2,10 @@
 
 Order of operations per row (all batched, fp32):
 
+0. grammar: rows with a ``TokenMask`` (structured outputs) get ``-inf`` on every
+   token their grammar forbids, in the logits themselves, before anything else
+   (logprobs, like vLLM's default raw logprobs, are then of the masked
+   distribution); the engine folds ``min_tokens`` into their bitmask;
 1. penalties: repetition (HF-style, over prompt + output tokens), then
    frequency / presence (OpenAI-style, over output token counts);
 2. ``min_tokens``: EOS and ``stop_token_ids`` get ``-inf`` while the output is
@@ -12,8 +16,8 @@ Order of operations per row (all batched, fp32):
    its noise from its own generator, so it samples the same tokens whatever
    else is in the batch.
 
-Logprobs come from ``log_softmax`` of the raw logits (before penalties and
-temperature), with each token's rank in the vocabulary. The results reach the
+Logprobs come from ``log_softmax`` of the raw logits (after a grammar's mask,
+before penalties and temperature), with each token's rank in the vocabulary. The results reach the
 host in a single transfer.
 """
 
@@ -27,6 +31,7 @@ import torch
 from ingot.sampling_params import SamplingParams
 
 _U64 = (1 << 64) - 1
+_BIT_TABLES: Dict[torch.device, torch.Tensor] = {}  # per device: byte value -> its 8 bits, low first
 
 
 @dataclass
@@ -44,6 +49,46 @@ class SamplingRow:
 # (token id, logprob, rank) of the sampled token first, then of the top-n tokens (ranks 1..n);
 # the sampled token may appear twice (as sampled and among the top-n) with the same values.
 TokenLogprobs = List[Tuple[int, float, int]]
+
+
+@dataclass
+class TokenMask:
+    """The tokens each constrained row may take: ``bitmask`` (int32 ``[len(rows), ceil(V / 32)]``,
+    bit ``t % 32`` of word ``t // 32`` set where token t is allowed; on the host or the device)
+    for the batch rows ``rows``; the other rows are unconstrained."""
+
+    rows: List[int]
+    bitmask: torch.Tensor
+
+    def select(self, row: int) -> Optional["TokenMask"]:
+        """The mask of batch row ``row`` alone, as row 0 (None if it is unconstrained)."""
+        if row not in self.rows:
+            return None
+        k = self.rows.index(row)
+        return TokenMask([0], self.bitmask[k : k + 1])
+
+
+@torch.inference_mode()  # the logits are inference tensors: in place only in that mode
+def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:
+    """Set the logits of the tokens ``mask`` forbids to ``-inf``, in place. Unpacked through
+    a byte table: the temporaries are ``len(mask.rows) x V`` bytes, never a 32-bit word per token."""
+    device, vocab = logits.device, logits.shape[1]
+    table = _BIT_TABLES.get(device)
+    if table is None:
+        byte = torch.arange(256, dtype=torch.int32)[:, None]
+        table = _BIT_TABLES[device] = ((byte >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
+    words = mask.bitmask.to(device, non_blocking=True).contiguous()
+    m = words.shape[0]
+    # little-endian words: byte k of word w holds tokens 32w + 8k .. 32w + 8k + 7
+    allowed = table[words.view(torch.uint8).long()].view(m, -1)
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))  # beyond the mask: forbidden
+    forbidden = allowed[:, :vocab].logical_not_()
+    if m == logits.shape[0] and mask.rows == list(range(m)):
+        logits.masked_fill_(forbidden, float("-inf"))
+        return
+    idx = _h2d(mask.rows, device)
+    logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill_(forbidden, float("-inf")))
 
 
 @dataclass
@@ -95,16 +140,21 @@ class Sampler:
         self.generator = make_generator(seed, device)
         self.device = self.generator.device
 
-    def __call__(self, logits: torch.Tensor, rows: List[SamplingRow]) -> SamplerOutput:
-        return self.sample(logits, rows).to_host()
+    def __call__(self, logits: torch.Tensor, rows: List[SamplingRow], mask: Optional[TokenMask] = None) -> SamplerOutput:
+        return self.sample(logits, rows, mask).to_host()
 
-    def sample(self, logits: torch.Tensor, rows: List[SamplingRow]) -> "DeviceSample":
-        """Sample on the device; nothing waits for the GPU until ``DeviceSample.to_host``."""
+    def sample(self, logits: torch.Tensor, rows: List[SamplingRow], mask: Optional[TokenMask] = None) -> "DeviceSample":
+        """Sample on the device; nothing waits for the GPU until ``DeviceSample.to_host``.
+        ``mask``: the grammar-constrained rows' allowed tokens, applied to ``logits`` in place."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
         batch = logits.shape[0]
         if batch == 0:
             return DeviceSample(torch.empty(0, dtype=torch.int64, device=logits.device))
+        masked: frozenset = frozenset()
+        if mask is not None and mask.rows:
+            apply_token_mask(logits, mask)
+            masked = frozenset(mask.rows)
         # one pass over the rows (this runs for every sequence on every step)
         params = [r.params for r in rows]
         want_lp: list[int] = []
@@ -117,7 +167,7 @@ class Sampler:
                 want_lp.append(i)
             if _has_penalty(p):
                 pen_rows.append(i)
-            if p.min_tokens and _needs_min_tokens_mask(r):
+            if p.min_tokens and _needs_min_tokens_mask(r) and i not in masked:
                 mask_rows.append(i)
             greedy.append(p.greedy)
 

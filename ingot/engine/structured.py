@@ -1,0 +1,300 @@
+"""Structured outputs: grammars compiled by xgrammar off the engine loop, one matcher per sequence.
+
+Where the work runs:
+
+- ``check`` (the caller's thread, ``InputProcessor.process``): xgrammar builds the
+  grammar without the tokenizer (microseconds to a few milliseconds, cached by
+  constraint), so what it rejects is a ``RequestError`` before anything is queued;
+- ``Grammars.hold`` (the engine loop, at admission) starts the compilation against
+  the engine's vocabulary in a thread pool (xgrammar releases the GIL); the request
+  waits outside the scheduler until it is done, while the others keep decoding.
+  Compiled grammars are cached by constraint: a repeated one is not compiled again;
+- ``Grammars.token_mask`` (the engine loop, inside a launch: the step's forward is
+  already queued on the device) fills each constrained row's allowed-token bitmask
+  from its matcher; the sampler applies it on the device.
+
+xgrammar (and the transformers tokenizer wrapper it needs) is imported only when the
+first request with structured outputs arrives.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import numpy as np
+
+from ingot.loading.tokenizer import Tokenizer
+from ingot.runner.sampler import TokenMask
+from ingot.sampling_params import SamplingParams, StructuredOutputsParams
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CACHE_SIZE = 256  # compiled grammars kept (each holds per-state token masks: up to a few MB)
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[time] file.cc:line: " in front of a message
+
+
+def xgrammar() -> Any:
+    """The xgrammar module, imported on first use (it takes a second or two: transformers)."""
+    import xgrammar as xgr
+
+    return xgr
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _LOG_PREFIX.sub("", text)
+
+
+def check(spec: StructuredOutputsParams) -> None:
+    """Raise ValueError naming the problem if xgrammar cannot build ``spec``'s grammar.
+
+    Without the tokenizer: a structural tag that names tokens is only resolved when it
+    is compiled in the engine (a failure then is the request's error output)."""
+    _check_key(spec.key)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _check_key(key: tuple[str, str, bool]) -> None:
+    kind, text, any_ws = key
+    xgr = xgrammar()
+    try:
+        if kind == "json":
+            xgr.Grammar.from_json_schema(text, any_whitespace=any_ws)
+        elif kind == "regex":
+            xgr.Grammar.from_regex(text)
+        elif kind in ("grammar", "choice"):
+            xgr.Grammar.from_ebnf(_ebnf(kind, text))
+        else:
+            try:
+                xgr.Grammar.from_structural_tag(*_structural_tag_args(xgr, text))
+            except Exception as exc:
+                if "tokenizer" not in str(exc):  # token names are resolved at compile time
+                    raise
+    except Exception as exc:
+        raise ValueError(f"structured_outputs.{kind}: xgrammar cannot compile it: {_message(exc)}") from None
+
+
+def _ebnf(kind: str, text: str) -> str:
+    """A ``grammar`` is EBNF already; a ``choice`` becomes ``root ::= "a" | "b" ...``."""
+    if kind == "grammar":
+        return text
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(text))
+
+
+def _structural_tag_args(xgr: Any, text: str) -> tuple:
+    """xgrammar's structural tag, or the legacy ``{"structures": [...], "triggers": [...]}``
+    form (as vLLM takes it) as its tags and triggers."""
+    tag = json.loads(text)
+    if "structures" not in tag:
+        return (text,)
+    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+             for s in tag["structures"]]
+    return items, tag["triggers"]
+
+
+class SequenceGrammar:
+    """One sequence's matcher: it accepts each token the sequence keeps, once (a preempted
+    sequence recomputes its tokens without sampling them: nothing reaches the matcher).
+
+    ``rollback`` is there for speculative decoding (rejected draft tokens)."""
+
+    def __init__(self, matcher: Any) -> None:
+        self.matcher = matcher
+        self.num_accepted = 0
+        self.error: Optional[str] = None  # once set, the sequence fails at its next read-back
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar ended: it accepted a stop token after a complete output."""
+        return self.matcher.is_terminated()
+
+    def accept(self, token: int) -> None:
+        if self.error is not None:
+            return
+        try:
+            ok = self.matcher.accept_token(token)
+        except Exception as exc:
+            self.error = f"structured outputs: the grammar matcher failed: {_message(exc)}"
+            return
+        if ok:
+            self.num_accepted += 1
+        else:
+            self.error = f"structured outputs: token {token} is not allowed by the grammar"
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+        self.num_accepted -= num_tokens
+
+    def fill(self, words: np.ndarray, bitmask: Any, row: int, params: SamplingParams, stop_ids: Sequence[int]) -> None:
+        """Row ``row`` of ``bitmask`` (``words``: its uint32 view): the tokens allowed next.
+        Below ``min_tokens`` the stop tokens are taken out too, unless nothing else is allowed
+        (a complete output may only stop)."""
+        if self.error is not None or self.matcher.is_terminated():
+            return  # all allowed: the token is dropped (the sequence fails or has stopped)
+        try:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+        except Exception as exc:
+            self.error = f"structured outputs: the grammar matcher failed: {_message(exc)}"
+            return
+        if self.num_accepted < params.min_tokens:
+            line = words[row]
+            kept = line.copy()
+            for t in (*stop_ids, *params.stop_token_ids):
+                if 0 <= t < 32 * line.shape[0]:
+                    line[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+            if not line.any():
+                line[:] = kept
+
+
+class Grammars:
+    """The engine's structured-output side: compilation (cached, in a thread pool), the
+    requests waiting for theirs, and per step the constrained rows' bitmask."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int], workers: int = 2) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the logits' width: the tokenizer's ids, padded to the model's
+        self.stop_token_ids = tuple(stop_token_ids)
+        self.workers = workers
+        self.compiles = 0  # grammars compiled (a cached constraint is not compiled again)
+        self._compiled: OrderedDict[tuple, Future] = OrderedDict()
+        self._held: dict[str, tuple[Future, Any]] = {}  # request id -> (its compilation, its RequestState)
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ compilation
+    def hold(self, request_id: str, spec: StructuredOutputsParams, state: Any) -> None:
+        """Start compiling ``spec`` (unless it is cached); the request (``state``: its
+        sequences in ``state.seqs``) waits here until ``admit`` finds it compiled."""
+        self._held[request_id] = (self._compile(spec.key), state)
+
+    def release(self, request_id: str) -> None:
+        """Forget a held request (aborted)."""
+        self._held.pop(request_id, None)
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
+    def admit(self, add: Callable[[Any], None], finish: Callable[[Any, str, str], T]) -> list[T]:
+        """Each held request whose grammar is compiled: a matcher for each of its sequences,
+        then each sequence to ``add`` (the scheduler); a grammar that could not be compiled
+        fails its request (``finish(state, "error", message)``: its output)."""
+        outputs = []
+        for rid, (future, state) in list(self._held.items()):
+            if not future.done():
+                continue
+            del self._held[rid]
+            exc = future.exception()
+            if exc is not None:
+                outputs.append(finish(state, "error", f"structured outputs: xgrammar cannot compile the grammar: {_message(exc)}"))
+                continue
+            xgr = xgrammar()
+            for seq in state.seqs:
+                seq.grammar = SequenceGrammar(xgr.GrammarMatcher(future.result()))
+                add(seq)
+        return outputs
+
+    def wait(self, timeout: float) -> None:
+        """Block until a held grammar is compiled, at most ``timeout`` seconds (nothing else to do)."""
+        if self._held:
+            wait([f for f, _ in self._held.values()], timeout=timeout, return_when=FIRST_COMPLETED)
+
+    def _compile(self, key: tuple[str, str, bool]) -> Future:
+        future = self._compiled.get(key)
+        if future is not None:
+            self._compiled.move_to_end(key)
+            return future
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ingot-grammar")
+        self.compiles += 1
+        future = self._pool.submit(self._compile_now, key)
+        self._compiled[key] = future
+        while len(self._compiled) > CACHE_SIZE:
+            self._compiled.popitem(last=False)
+        return future
+
+    def _compile_now(self, key: tuple[str, str, bool]) -> Any:
+        compiler = self._get_compiler()
+        kind, text, any_ws = key
+        if kind == "json":
+            return compiler.compile_json_schema(text, any_whitespace=any_ws)
+        if kind == "regex":
+            return compiler.compile_regex(text)
+        if kind in ("grammar", "choice"):
+            return compiler.compile_grammar(_ebnf(kind, text))
+        return compiler.compile_structural_tag(*_structural_tag_args(xgrammar(), text))
+
+    def _get_compiler(self) -> Any:
+        with self._lock:  # the first compilation builds it, in a pool thread
+            if self._compiler is None:
+                xgr = xgrammar()
+                self._compiler = xgr.GrammarCompiler(tokenizer_info(xgr, self.tokenizer, self.vocab_size, self.stop_token_ids),
+                                                     max_threads=self.workers, cache_enabled=False)
+            return self._compiler
+
+    # ------------------------------------------------------------------ steps
+    def token_mask(self, batch_seqs: Sequence[Any], stop_ids: Sequence[int], wait_previous: Optional[Callable[[], None]],
+                   rows: list[int]) -> Optional[TokenMask]:
+        """The allowed tokens of the constrained rows among ``rows`` (the batch rows that
+        sample, in logits order). Called by the runner once the step's forward is queued. A
+        constrained row whose last token is still on the device (overlap scheduling) needs
+        its matcher to have accepted it: ``wait_previous`` reads the previous step back and
+        advances its matchers. Never raises: a failure fails the rows' requests at read-back."""
+        seqs = [batch_seqs[r] for r in rows]
+        constrained = [j for j, seq in enumerate(seqs) if seq.grammar is not None]
+        try:
+            if wait_previous is not None and any(seqs[j].num_pending for j in constrained):
+                wait_previous()
+            if not constrained:
+                return None
+            bitmask = xgrammar().allocate_token_bitmask(len(constrained), self.vocab_size)
+            words = bitmask.numpy().view(np.uint32)
+            for i, j in enumerate(constrained):
+                seqs[j].grammar.fill(words, bitmask, i, seqs[j].params, stop_ids)
+            return TokenMask(constrained, bitmask)
+        except Exception as exc:
+            log.exception("structured outputs: the token mask failed")
+            for j in constrained:
+                seqs[j].grammar.error = f"structured outputs: {type(exc).__name__}: {exc}"
+            return None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def advance(seqs: Sequence[Any], tokens: Sequence[int], errors: Optional[Sequence[Optional[str]]]) -> None:
+    """Each constrained, unfinished sequence's matcher accepts the token it sampled (rows
+    whose sampling failed are skipped; a rejected token sets ``grammar.error``)."""
+    for k, seq in enumerate(seqs):
+        grammar = seq.grammar
+        if grammar is not None and not seq.finished and (errors is None or errors[k] is None):
+            grammar.accept(tokens[k])
+
+
+def tokenizer_info(xgr: Any, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> Any:
+    """xgrammar's view of ingot's tokenizer, ``vocab_size`` wide (ids past the tokenizer's are
+    never allowed). Special tokens are blanked, so no grammar matches them as text (a
+    ``<|im_start|>`` inside a JSON string); the stop tokens end a complete output."""
+    from transformers import PreTrainedTokenizerFast  # xgrammar reads the vocabulary's encoding from it
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.tok)
+    stop = list(stop_token_ids) or None
+    meta = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=stop).dump_metadata()
+    vocab = [""] * vocab_size
+    for token, i in tokenizer.tok.get_vocab(with_added_tokens=True).items():
+        if i < vocab_size:
+            vocab[i] = token
+    for i, added in tokenizer.tok.get_added_tokens_decoder().items():
+        if added.special and i < vocab_size:
+            vocab[i] = ""
+    return xgr.TokenizerInfo.from_vocab_and_metadata(vocab, meta)
