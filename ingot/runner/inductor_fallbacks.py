@@ -58,6 +58,10 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
     qweight = torch.zeros(weight.shape[0], weight.shape[1] // 8, dtype=torch.int32)  # int4, one group per row
     out.append(ops.int_linear(x, qweight, weight[:, :1], None, None, None, 4, weight.shape[1], 8))
     out.append(ops.fp8_linear(x, weight.to(torch.float8_e4m3fn), w[:1, None].float(), None, 0, 0, -1))
+    out.append(ops.fused_moe_int(x, w_gate_up.int()[..., :2], w_gate_up[..., :1], None, None, w_down.int()[..., :1],
+                                 w_down[..., :1], None, None, topk_weights, topk_ids, 8, 0, 128))  # int8, per row
+    out.append(ops.fused_moe_fp8(x, w_gate_up.to(torch.float8_e4m3fn), w_gate_up[..., :1].float(),
+                                 w_down.to(torch.float8_e4m3fn), w_down[..., :1].float(), topk_weights, topk_ids, 1, 0, -1))
     return out
 
 
