@@ -15,8 +15,10 @@ loading. The schemes (round to nearest, no calibration):
 int scales are fp32, whatever the model dtype (so a bf16 checkpoint quantizes the same
 for a bf16 GPU model and an fp32 CPU one), and each weight is within half a step of its
 original.
-Every 2-D projection is quantized; embeddings, the lm_head, norms and MoE routers
-stay dense, and so do experts stacked in one 3-D tensor (GGUF ``ffn_*_exps``).
+Every 2-D projection is quantized, routed experts stored one tensor per expert and
+projection included (held stacked and quantized by ``layers/fused_moe.py``); embeddings,
+the lm_head, norms and MoE routers stay dense, and so do experts stacked in one 3-D
+tensor (GGUF ``ffn_*_exps``, transformers' fused ``experts.gate_up_proj``).
 Since a per-row scheme's group is the module's own K, the config lists every
 quantized module in ``per_module`` (``scheme`` is None: anything not listed is dense).
 """
@@ -70,13 +72,13 @@ def quantize_online(scheme: str, linear_shapes: Mapping[str, tuple[int, int]]) -
 
 def random_weights_config(scheme: str) -> QuantConfig:
     """The QuantConfig of a model with random weights (``load_format="dummy"``) served quantized:
-    the same schemes as ``quantize_online`` for every linear module (int8's per-row group as
-    ``group_size`` 0: the layer's own K), the modules it keeps dense dense, routed experts too."""
+    the same schemes as ``quantize_online`` for every linear module, routed experts included
+    (int8's per-row group as ``group_size`` 0: the layer's own K), the modules it keeps dense dense."""
     if scheme not in ONLINE_SCHEMES:
         raise CheckpointError(f"unknown online quantization {scheme!r} (supported: {', '.join(ONLINE_SCHEMES)})")
     linear = {"fp8": Fp8Weights(0, 0, act_group=0), "int8": IntWeights(bits=8, group_size=0),
               "int4": IntWeights(bits=4, group_size=INT4_GROUP)}[scheme]
-    dense = tuple(f"re:(.*\\.)?{name}$" for name in _KEEP_DENSE) + (r"re:.*\.experts\.",)
+    dense = tuple(f"re:(.*\\.)?{name}$" for name in _KEEP_DENSE)
     return QuantConfig("online", linear, dense)
 
 

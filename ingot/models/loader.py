@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from typing import Iterator, Optional
 
 import torch
@@ -77,7 +78,8 @@ def init_random(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
-        leaf = name.rpartition(".")[2]
+        # FusedMoE's stacked quantized experts name their parts w_gate_up_qweight, w_down_scale, ...
+        leaf = re.sub(r"^w_(?:gate_up|down)_", "", name.rpartition(".")[2])
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
         elif leaf in ("bias", "mins"):
@@ -90,7 +92,7 @@ def init_random(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module
             param.data.copy_(torch.randint(-2**31, 2**31, param.shape, generator=gen, device=device, dtype=torch.int64))
         elif leaf == "scales":
             param.data.fill_(std / 2.5)  # uniform int4 codes around their midpoint: about std
-        elif leaf == "weight_scale":
+        elif leaf in ("weight_scale", "scale"):
             param.data.fill_(std)
         elif param.dtype == torch.float8_e4m3fn:
             param.data.copy_(torch.randn(param.shape, generator=gen, device=device).to(param.dtype))

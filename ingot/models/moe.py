@@ -11,7 +11,8 @@ traced, the top-k is written as k rounds of max-and-mask
 (``select_topk``: the same values and ids, ties aside; the renormalisation and the
 cast applied to each value before they are joined), which Inductor fuses with the
 softmax into one kernel. The experts run as one opaque
-op, ``torch.ops.ingot.fused_moe`` (``layers/fused_moe.py``). Qwen2-MoE adds a
+op, ``torch.ops.ingot.fused_moe`` (``layers/fused_moe.py``; ``fused_moe_int`` /
+``fused_moe_fp8`` when the checkpoint's experts are quantized). Qwen2-MoE adds a
 shared expert on every token, scaled by a sigmoid gate; its gate row rides
 along in the router's GEMM.
 
@@ -31,18 +32,21 @@ from torch import nn
 
 from ingot.distributed.collectives import all_reduce
 from ingot.distributed.parallel import SINGLE, TensorParallel
-from ingot.layers.fused_moe import FusedMoE
+from ingot.layers.fused_moe import FusedMoE, stacked_scheme
 from ingot.layers.linear import MergedLinear, linear_norm_linear_scaled
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import OpPolicy
 from ingot.loading.errors import CheckpointError
 from ingot.loading.model_config import ModelConfig
+from ingot.loading.quant_scheme import LinearScheme
 from ingot.models.llama import LlamaForCausalLM, LlamaMLP, tensor_parallel_error
 
 # routed-expert tensors in every layout a checkpoint uses: one per expert and projection
-# (`experts.3.gate_proj.weight`), transformers' fused `experts.gate_up_proj` / `experts.down_proj`,
-# and GGUF's stacked `experts.gate_proj` (loading/gguf.py)
-_EXPERT = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj|gate_up_proj)(?:\.weight)?$")
+# (`experts.3.gate_proj.weight`, or a quantized one's canonical parts `experts.3.gate_proj.qweight`...),
+# transformers' fused `experts.gate_up_proj` / `experts.down_proj`, and GGUF's stacked
+# `experts.gate_proj` (loading/gguf.py)
+_EXPERT = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj|gate_up_proj)"
+                     r"(?:\.(weight|qweight|scales|zeros|mins|perm|weight_scale))?$")
 # Mixtral's names for the same things
 _MIXTRAL = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."))
 
@@ -85,11 +89,8 @@ class MoEBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE, prefix: str = "") -> None:
         """``prefix``: the block's checkpoint name (``layers.N.mlp``), which names the quantization
-        of its shared expert; its routed experts are held in the model dtype."""
+        of its shared expert and of its routed experts (``experts_scheme``)."""
         super().__init__()
-        if cfg.linear_scheme(f"{prefix}.experts.0", ("gate_proj", "up_proj", "down_proj")) is not None:
-            raise CheckpointError(f"{prefix}: quantized routed experts are not supported yet; a checkpoint "
-                                  "whose experts are quantized cannot be served")
         self.tp = tp
         self.num_experts = cfg.num_experts
         self.top_k = cfg.num_experts_per_tok
@@ -98,7 +99,11 @@ class MoEBlock(nn.Module):
         shared = cfg.shared_expert_intermediate_size
         # router rows, then the shared expert's gate row: one GEMM for both
         self.gate = MergedLinear(cfg.hidden_size, (cfg.num_experts, 1) if shared else (cfg.num_experts,))
-        self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp)
+        scheme = experts_scheme(cfg, prefix)
+        try:
+            self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp, scheme)
+        except ValueError as exc:
+            raise CheckpointError(f"{prefix}.experts: {exc}") from None
         self.shared_expert = (LlamaMLP(cfg.hidden_size, shared, tp, reduce=False, cfg=cfg, prefix=f"{prefix}.shared_expert")
                               if shared else None)
 
@@ -145,6 +150,23 @@ class MoEBlock(nn.Module):
         return self.experts_forward(hw, logits, policy, rstd), residual
 
 
+def experts_scheme(cfg: ModelConfig, prefix: str) -> Optional[LinearScheme]:
+    """The one scheme of the routed experts of block ``prefix`` (``stacked_scheme``), None when
+    they are dense. Raises CheckpointError where experts or projections are quantized
+    differently: FusedMoE holds them as one."""
+    if cfg.quant is None:
+        return None
+    h, i = cfg.hidden_size, cfg.moe_intermediate_size
+    projections: dict[tuple[Optional[LinearScheme], int, int], str] = {}
+    for e in range(cfg.num_experts):
+        for shards, n, k in ((("gate_proj", "up_proj"), i, h), (("down_proj",), h, i)):
+            projections.setdefault((cfg.linear_scheme(f"{prefix}.experts.{e}", shards), n, k), f"experts.{e}.{shards[0]}")
+    try:
+        return stacked_scheme(projections)
+    except ValueError as exc:
+        raise CheckpointError(f"{prefix}: {exc}") from None
+
+
 def moe_tensor_parallel_error(cfg: ModelConfig, size: int) -> Optional[str]:
     """``llama.tensor_parallel_error``, and the routed and shared experts' widths must divide by ``size``."""
     why = tensor_parallel_error(cfg, size)
@@ -165,25 +187,25 @@ class MoEForCausalLM(LlamaForCausalLM):
             return MoEBlock(cfg, self.tp, f"layers.{index}.mlp")
         return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp, cfg=cfg, prefix=f"layers.{index}.mlp")
 
-    def _expert(self, name: str) -> Optional[tuple[int, MoEBlock, Optional[int], str]]:
-        """(layer, its MoE block, expert index or None when stacked, projection) of an expert
+    def _expert(self, name: str) -> Optional[tuple[int, MoEBlock, Optional[int], str, str]]:
+        """(layer, its MoE block, expert index or None when stacked, projection, part) of an expert
         tensor (a name with Mixtral's parts renamed); None for every other tensor."""
         m = _EXPERT.match(name)
         if m is None:
             return None
-        layer, expert, proj = int(m.group(1)), m.group(2), m.group(3)
+        layer, expert, proj, part = int(m.group(1)), m.group(2), m.group(3), m.group(4) or "weight"
         block = self.layers[layer].mlp if layer < len(self.layers) else None
         if not isinstance(block, MoEBlock):
             raise CheckpointError(f"checkpoint tensor {name!r}: layer {layer} of {self.config.architecture} has no experts")
-        return layer, block, None if expert is None else int(expert), proj
+        return layer, block, None if expert is None else int(expert), proj, part
 
     def tensor_slice(self, name: str) -> Optional[tuple[slice, ...]]:
         name = _renamed(name)
         found = self._expert(name)
         if found is None:
             return super().tensor_slice(name)
-        _, block, expert, proj = found
-        return block.experts.checkpoint_slice(proj, expert)
+        _, block, expert, proj, part = found
+        return block.experts.checkpoint_slice(proj, expert, part)
 
     def load_tensor(self, name: str, tensor: torch.Tensor) -> list[str]:
         """Expert tensors go to their layer's FusedMoE (copied into its slice of the stacked
@@ -192,9 +214,9 @@ class MoEForCausalLM(LlamaForCausalLM):
         found = self._expert(name)
         if found is None:
             return super().load_tensor(name, tensor)
-        layer, block, expert, proj = found
+        layer, block, expert, proj, part = found
         try:
-            keys = block.experts.load(proj, expert, tensor)
+            keys = block.experts.load(proj, expert, tensor, part)
         except ValueError as exc:
             raise CheckpointError(f"{name}: {exc}") from None
         return [f"layers.{layer}.mlp.experts.{k}" for k in keys]

@@ -135,16 +135,16 @@ def test_online_errors(tmp_path):
 
 
 def test_random_weights_quantized_online():
-    """load_format="dummy" with an online quantization: every linear module quantized, the
-    modules online quantization keeps dense (lm_head, embeddings, routers) and routed experts dense."""
+    """load_format="dummy" with an online quantization: every linear module quantized, routed
+    experts too; the modules online quantization keeps dense (lm_head, embeddings, routers) dense."""
     from ingot.loading.quant_scheme import Fp8Weights, IntWeights
 
     for scheme, kind in (("int4", IntWeights), ("int8", IntWeights), ("fp8", Fp8Weights)):
         q = open_checkpoint("qwen3-30b-a3b", load_format="dummy", quantization=scheme).quant
         assert isinstance(q.scheme_for("model.layers.3.self_attn.q_proj"), kind)
         assert isinstance(q.scheme_for("model.layers.3.mlp.shared_expert.down_proj"), kind)
-        for dense in ("lm_head", "model.embed_tokens", "model.layers.3.mlp.gate", "model.layers.3.mlp.shared_expert_gate",
-                      "model.layers.3.mlp.experts.7.up_proj"):
+        assert isinstance(q.scheme_for("model.layers.3.mlp.experts.7.up_proj"), kind)
+        for dense in ("lm_head", "model.embed_tokens", "model.layers.3.mlp.gate", "model.layers.3.mlp.shared_expert_gate"):
             assert q.scheme_for(dense) is None, dense
     assert open_checkpoint("qwen2.5-7b", load_format="dummy", quantization="int8").quant.scheme.group_size == 0
 
