@@ -85,7 +85,7 @@ class Engine:
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
-        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids)
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids, pin_memory=self.executor.device.type == "cuda")
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
         self._inflight: Optional[_InFlight] = None  # a step queued but not read back (overlap)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -29,15 +30,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import numpy as np
+import torch
 
 from ingot.loading.tokenizer import Tokenizer
 from ingot.runner.sampler import TokenMask
-from ingot.sampling_params import SamplingParams, StructuredOutputsParams
+from ingot.sampling_params import StructuredOutputsParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CACHE_SIZE = 256  # compiled grammars kept (each holds per-state token masks: up to a few MB)
+BATCH_FILL_ROWS = 16  # from this many constrained rows, xgrammar fills the bitmask in its own threads
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[time] file.cc:line: " in front of a message
 
 
@@ -133,36 +136,46 @@ class SequenceGrammar:
         self.matcher.rollback(num_tokens)
         self.num_accepted -= num_tokens
 
-    def fill(self, words: np.ndarray, bitmask: Any, row: int, params: SamplingParams, stop_ids: Sequence[int]) -> None:
-        """Row ``row`` of ``bitmask`` (``words``: its uint32 view): the tokens allowed next.
-        Below ``min_tokens`` the stop tokens are taken out too, unless nothing else is allowed
-        (a complete output may only stop)."""
-        if self.error is not None or self.matcher.is_terminated():
-            return  # all allowed: the token is dropped (the sequence fails or has stopped)
+    @property
+    def live(self) -> bool:
+        """Has it a next token to constrain (neither failed nor ended)?"""
+        return self.error is None and not self.matcher.is_terminated()
+
+    def fill(self, bitmask: Any, row: int) -> bool:
+        """Row ``row`` of ``bitmask``: the tokens allowed next; False (and ``error``) if it failed."""
         try:
             self.matcher.fill_next_token_bitmask(bitmask, row)
+            return True
         except Exception as exc:
             self.error = f"structured outputs: the grammar matcher failed: {_message(exc)}"
-            return
-        if self.num_accepted < params.min_tokens:
-            line = words[row]
-            kept = line.copy()
-            for t in (*stop_ids, *params.stop_token_ids):
-                if 0 <= t < 32 * line.shape[0]:
-                    line[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
-            if not line.any():
-                line[:] = kept
+            return False
+
+
+def _hold_stop_tokens(line: np.ndarray, stop_ids: Sequence[int]) -> None:
+    """Below ``min_tokens``: take the stop tokens out of a row of the bitmask (its uint32
+    words), unless nothing else is allowed (a complete output may only stop)."""
+    kept = line.copy()
+    for t in stop_ids:
+        if 0 <= t < 32 * line.shape[0]:
+            line[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+    if not line.any():
+        line[:] = kept
 
 
 class Grammars:
     """The engine's structured-output side: compilation (cached, in a thread pool), the
     requests waiting for theirs, and per step the constrained rows' bitmask."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int], workers: int = 2) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int], workers: int = 2,
+                 pin_memory: bool = False) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width: the tokenizer's ids, padded to the model's
         self.stop_token_ids = tuple(stop_token_ids)
         self.workers = workers
+        # CUDA: each step's bitmask in pinned memory (PyTorch's pinned cache reuses a block only
+        # once its copy to the device is done), so the copy never waits for the forward
+        self.pin_memory = pin_memory
+        self._batch_fill: Any = None
         self.compiles = 0  # grammars compiled (a cached constraint is not compiled again)
         self._compiled: OrderedDict[tuple, Future] = OrderedDict()
         self._held: dict[str, tuple[Future, Any]] = {}  # request id -> (its compilation, its RequestState)
@@ -256,16 +269,42 @@ class Grammars:
                 wait_previous()
             if not constrained:
                 return None
-            bitmask = xgrammar().allocate_token_bitmask(len(constrained), self.vocab_size)
+            bitmask = torch.empty((len(constrained), (self.vocab_size + 31) // 32), dtype=torch.int32,
+                                  pin_memory=self.pin_memory)
+            live = []  # (bitmask row, grammar); the others allow every token (their token is dropped)
+            for i, j in enumerate(constrained):
+                if seqs[j].grammar.live:
+                    live.append((i, seqs[j].grammar))
+                else:
+                    bitmask[i] = -1
+            self._fill(bitmask, live)
             words = bitmask.numpy().view(np.uint32)
             for i, j in enumerate(constrained):
-                seqs[j].grammar.fill(words, bitmask, i, seqs[j].params, stop_ids)
+                grammar, params = seqs[j].grammar, seqs[j].params
+                if grammar.error is not None:
+                    bitmask[i] = -1
+                elif grammar.num_accepted < params.min_tokens:
+                    _hold_stop_tokens(words[i], (*stop_ids, *params.stop_token_ids))
             return TokenMask(constrained, bitmask)
         except Exception as exc:
             log.exception("structured outputs: the token mask failed")
             for j in constrained:
                 seqs[j].grammar.error = f"structured outputs: {type(exc).__name__}: {exc}"
             return None
+
+    def _fill(self, bitmask: torch.Tensor, live: list[tuple[int, SequenceGrammar]]) -> None:
+        """Fill the live rows: many at once through xgrammar's threaded batch fill; a
+        failure there (or a few rows) row by row, so that a failing matcher fails alone."""
+        if len(live) >= BATCH_FILL_ROWS:
+            if self._batch_fill is None:
+                self._batch_fill = xgrammar().BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
+            try:
+                self._batch_fill.batch_fill_next_token_bitmask([g.matcher for _, g in live], bitmask, [i for i, _ in live])
+                return
+            except Exception:
+                pass
+        for i, grammar in live:
+            grammar.fill(bitmask, i)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -82,9 +82,10 @@ def test_params_need_exactly_one_constraint():
 
 
 def test_json_schema_over_seeds(llm):
-    """Random sampling (top-k / top-p / penalties on some), many seeds, n > 1: every output validates."""
+    """Random sampling (top-k / top-p / penalties on some), many seeds, n > 1 (more than 16
+    rows: xgrammar's batch fill): every output validates."""
     spec = so(json=SCHEMA, disable_any_whitespace=True)
-    params = [SamplingParams(temperature=1.0, seed=s, n=2, max_tokens=120, structured_outputs=spec) for s in range(4)]
+    params = [SamplingParams(temperature=1.0, seed=s, n=4, max_tokens=120, structured_outputs=spec) for s in range(4)]
     params += [SamplingParams(temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.3, presence_penalty=0.5,
                               seed=10, max_tokens=120, structured_outputs=spec),
                SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=spec)]
@@ -229,19 +230,22 @@ def test_a_vocabulary_dependent_failure_fails_its_request_alone(llm):
     assert len(outs[1].outputs[0].token_ids) == 5
 
 
-def test_a_failing_matcher_fails_its_request_alone(path):
-    llm = make_llm(path)
+@pytest.mark.parametrize("samples", [1, 20], ids=["row-by-row", "batch-fill"])
+def test_a_failing_matcher_fails_its_request_alone(path, samples):
+    """Whether the rows are filled one by one or (many rows) in xgrammar's batch fill."""
+    llm = make_llm(path, max_num_seqs=32)
     eng = llm.engine
     spec = so(regex="[a-z]{30}")
     bad = eng.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=spec), "bad")
-    good = eng.add_request(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=spec), "good")
+    eng.add_request(PROMPTS[1], SamplingParams(temperature=1.0, seed=3, n=samples, max_tokens=40, structured_outputs=spec), "good")
+    good = eng.requests["good"].seqs
     plain = eng.add_request(PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), "plain")
     while eng.has_unfinished():
         if bad.grammar is not None and not hasattr(bad.grammar.matcher, "broken"):
             bad.grammar.matcher = _Broken(bad.grammar.matcher)
         eng.step()
     assert bad.finish_reason == "error" and "grammar matcher failed: matcher exploded" in bad.error
-    assert good.finish_reason == "stop" and re.fullmatch("[a-z]{30}", good.text)
+    assert all(s.finish_reason == "stop" and re.fullmatch("[a-z]{30}", s.text) for s in good)
     assert plain.finish_reason == "length" and len(plain.output_token_ids) == 20
     llm.shutdown()
 
@@ -342,3 +346,17 @@ def test_the_sampler_mask_equals_xgrammars(vocab):
     xgr.apply_token_bitmask_inplace(want, full, vocab_size=vocab)
     assert torch.equal(got, want)
     assert torch.isinf(got[rows]).any() and torch.equal(got[[1, 4]], logits[[1, 4]])
+
+
+def test_many_rows_fill_in_one_batch_call(path, monkeypatch):
+    """From BATCH_FILL_ROWS constrained rows on, one threaded xgrammar call fills them."""
+    alone = []
+    fill = structured.SequenceGrammar.fill
+    monkeypatch.setattr(structured.SequenceGrammar, "fill", lambda self, *a: alone.append(1) or fill(self, *a))
+    llm = make_llm(path, max_num_seqs=32)
+    n = structured.BATCH_FILL_ROWS + 4
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, seed=2, n=n, max_tokens=20, ignore_eos=True,
+                                                  structured_outputs=so(regex="[a-z]{20,}")))[0]
+    assert all(re.fullmatch("[a-z]{20,}", c.text) for c in out.outputs)
+    assert len(alone) < n * 20 / 4  # the first sample's prefill and the last rows, one by one; the rest batched
+    llm.shutdown()
