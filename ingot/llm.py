@@ -129,13 +129,21 @@ class LLM:
         chat_template: Optional[str] = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: Optional[Seq[Mapping[str, Any]]] = None,
+        chat_template_kwargs: Optional[Mapping[str, Any]] = None,
     ) -> list[RequestOutput]:
         """One conversation (a list of {role, content}) or a list of them, rendered by the
         chat template (or ``chat_template``); a conversation that cannot be rendered gets
-        ``error`` set while the rest complete."""
+        ``error`` set while the rest complete.
+
+        ``tools`` (OpenAI's function definitions) are rendered into the prompt: by the
+        template's own tool section, or for a template without one, into the system prompt
+        (docs/serving.md); the reply is returned as text (finding tool calls in it is the
+        server's). ``chat_template_kwargs`` are more template variables (``enable_thinking``)."""
         _no_lora(lora_request)
         render = dict(chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-                      continue_final_message=continue_final_message)
+                      continue_final_message=continue_final_message, tools=list(tools) if tools else None,
+                      **(chat_template_kwargs or {}))
         items: list[tuple[Any, bool]] = []
         for conv in _as_conversations(messages):
             try:
@@ -215,13 +223,9 @@ class LLM:
         chat = _is_conversation(prompt)
         params = _as_params_list(sampling_params, 1)[0]
         if chat:
-            try:
-                prompt = self.engine.inputs.render_chat(prompt)  # type: ignore[arg-type]
-            except RequestError as exc:
-                prompt = exc
-        request = self._process(prompt, params, chat, stream=True)
-        if isinstance(request, RequestOutput):
-            raise RequestError(request.error)
+            prompt = self.engine.inputs.render_chat(prompt)  # type: ignore[arg-type]
+        # the caller gets the RequestError; nothing to log
+        request = self.engine.inputs.process(prompt, params, str(next(self._ids)), stream=True, chat=chat)
         return self._stream(request)
 
     def _stream(self, request: EngineRequest) -> Iterator[RequestOutput]:

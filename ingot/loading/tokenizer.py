@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import jinja2
+import jinja2.meta
 import jinja2.sandbox
 import tokenizers
 from tokenizers.decoders import DecodeStream
@@ -62,6 +63,7 @@ class Tokenizer:
         self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))
         self.prepend_bos = prepend_bos
         self._template: Optional[jinja2.Template] = None
+        self._reads_tools_cache: dict[str, bool] = {}
 
     # ------------------------------------------------------------ construction
     @classmethod
@@ -158,29 +160,41 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         chat_template: Optional[str] = None,
         continue_final_message: bool = False,
+        tools: Optional[Sequence[dict[str, Any]]] = None,
+        **template_kwargs: Any,
     ) -> str:
         """Render a conversation to the prompt text the model was trained on.
 
         ``chat_template`` replaces the model's own template; ``continue_final_message``
         leaves the last (assistant) message open for the model to continue, as HF does:
-        the text is cut right after that message's content. Raises ValueError with the
+        the text is cut right after that message's content. ``tools`` (OpenAI's tool
+        definitions) reach the template as ``tools``, as in HF and vLLM; a template that
+        never reads ``tools`` gets them in its system prompt instead, with tool calls and
+        results of the history as text (``tools_as_text``). ``template_kwargs`` are more
+        variables for the template (``enable_thinking``...). Raises ValueError with the
         reason for a conversation or template it cannot render.
         """
         if continue_final_message and add_generation_prompt:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be set")
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("a conversation needs at least one message")
+        taken = sorted(set(template_kwargs) & {"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
+        if taken:
+            raise ValueError(f"chat template kwargs cannot set {', '.join(taken)}")
         msgs = [_normalise_message(m) for m in messages]
         source = chat_template if chat_template is not None else self.chat_template
         if not source:
             raise ValueError("this model has no chat template; pass chat_template= or use generate() with a plain prompt")
         template = self._compiled_template(source)
+        if not self._reads_tools(source) and (tools or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs)):
+            msgs, tools = tools_as_text(msgs, tools), None
         special = {
             "bos_token": self.token_text(self.bos_token_id) if self.bos_token_id is not None else "",
             "eos_token": self.token_text(self.eos_token_ids[0]) if self.eos_token_ids else "",
         }
         try:
-            text = template.render(messages=msgs, add_generation_prompt=add_generation_prompt, **special)
+            text = template.render(messages=msgs, add_generation_prompt=add_generation_prompt, tools=tools or None,
+                                   **special, **template_kwargs)
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template error: {exc}") from None
         if continue_final_message:
@@ -190,6 +204,16 @@ class Tokenizer:
                 raise ValueError("continue_final_message: the rendered template does not contain the last message")
             text = text[: cut + len(final)]
         return text
+
+    def _reads_tools(self, source: str) -> bool:
+        """Does the template read a ``tools`` variable (does it have a tool section)?"""
+        cached = self._reads_tools_cache.get(source)
+        if cached is None:
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+            cached = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
+            if source == self.chat_template:
+                self._reads_tools_cache[source] = cached
+        return cached
 
     def _compiled_template(self, source: str) -> jinja2.Template:
         if source == self.chat_template and self._template is not None:
@@ -214,11 +238,12 @@ class Tokenizer:
         continue_final_message: bool = False,
         tokenize: bool = True,
         return_dict: bool = True,
+        tools: Optional[Sequence[dict[str, Any]]] = None,
         **unused: Any,
     ) -> Union[str, list[int], Encoding]:
         """HF's method with transformers 5's defaults: the text with ``tokenize=False``; else
         ``{"input_ids", "attention_mask"}``, or the ids alone with ``return_dict=False``."""
-        text = self.render_chat(conversation, add_generation_prompt, chat_template, continue_final_message)
+        text = self.render_chat(conversation, add_generation_prompt, chat_template, continue_final_message, tools=tools)
         if not tokenize:
             return text
         ids = self.encode(text, add_special_tokens=False)
@@ -229,6 +254,55 @@ class Tokenizer:
         return self.encode(self.render_chat(messages, **render), add_special_tokens=False)
 
 
+TOOLS_PROMPT = (
+    "You can call functions to help you answer. Their signatures are listed between <tools> and </tools>, "
+    "one JSON object per line:\n<tools>\n{tools}\n</tools>\n\n"
+    "To call a function, reply with its name and arguments as a JSON object between <tool_call> and "
+    "</tool_call>, one block per call:\n<tool_call>\n"
+    '{{"name": "<function name>", "arguments": {{<the arguments, as JSON>}}}}\n</tool_call>'
+)
+
+
+def tools_as_text(msgs: list[Message], tools: Optional[Sequence[dict[str, Any]]]) -> list[Message]:
+    """A conversation for a template without a tool section: the tools described in the
+    system prompt (added to the first system message, or a new one), the history's tool
+    calls written into their assistant messages and tool results sent as user messages,
+    all in the ``<tool_call>`` / ``<tool_response>`` format ingot's ``hermes`` parser reads."""
+    out: list[Message] = []
+    if tools:
+        block = TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        if msgs[0]["role"] == "system":
+            first = msgs[0]["content"]
+            out.append({**msgs[0], "content": f"{first}\n\n{block}" if first else block})
+            msgs = msgs[1:]
+        else:
+            out.append({"role": "system", "content": block})
+    for m in msgs:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"]:
+                fn = call.get("function", call)
+                args = fn.get("arguments", {})
+                args = json.loads(args) if isinstance(args, str) and _is_json(args) else args
+                calls.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+                             + "\n</tool_call>")
+            text = "\n".join(calls)
+            out.append({**m, "content": f"{m['content']}\n{text}" if m["content"] else text})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+        else:
+            out.append(m)
+    return out
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
 def _raise(message: str) -> None:
     raise ValueError(f"chat template error: {message}")
 
@@ -236,9 +310,9 @@ def _raise(message: str) -> None:
 def _normalise_message(m: Any) -> Message:
     """A message with string content: OpenAI's list of text parts is joined; other part
     types (images, audio) are refused."""
-    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+    if not isinstance(m, dict) or "role" not in m or ("content" not in m and not m.get("tool_calls")):
         raise ValueError(f"each message needs 'role' and 'content', got {m!r}")
-    content = m["content"]
+    content = m.get("content")
     if content is None:
         content = ""
     elif isinstance(content, list):
