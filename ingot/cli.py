@@ -46,6 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-num-seqs", type=int, default=None, help="sequences in the running batch (default 512 on a GPU of 70 GiB or more, else 256)")
     srv.add_argument("--engine-in-thread", action="store_true",
                      help="run the engine in a thread of the server process instead of its own process")
+    agents = serve.add_argument_group("tools and reasoning")
+    from ingot.serve.reasoning import PARSERS as REASONING_PARSERS
+    from ingot.serve.tool_parsers import PARSERS as TOOL_PARSERS
+
+    agents.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
+                        help="how the model writes tool calls (needed for tool_choice \"auto\"): hermes (<tool_call> "
+                             "JSON, also what templates without a tool section are told), llama3_json, mistral")
+    agents.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="allow tool_choice \"auto\" (the default when a request has tools); needs --tool-call-parser")
+    agents.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                        help="split <think>...</think> into reasoning_content: qwen3 or deepseek_r1")
     # `ingot bench ...` and `ingot check ...`: each command module adds its own parser
     # and sets `func`; see ingot/bench/.
     bench = sub.add_parser("bench", help="benchmarks: decode step times, serving throughput")
@@ -70,8 +81,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise ConfigError("--max-queued-requests must be >= 0")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME")
     options = ServeOptions(args.host, args.port, args.api_key, args.served_model_name, args.max_queued_requests,
-                           engine_process=not args.engine_in_thread, log_level="warning" if args.quiet else "info")
+                           engine_process=not args.engine_in_thread, log_level="warning" if args.quiet else "info",
+                           tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+                           reasoning_parser=args.reasoning_parser)
     return serve(EngineConfig.create(**engine_overrides(args)), options)
 
 
@@ -93,8 +108,9 @@ def _stream(llm, prompt: Any, params) -> str:
     from ingot.engine.request import RequestError
 
     text = ""
+    outputs = llm.stream(prompt, params)  # an invalid request raises here, before anything is printed
     try:
-        for out in llm.stream(prompt, params):
+        for out in outputs:
             sys.stdout.write(out.delta)
             sys.stdout.flush()
             text = out.outputs[0].text
@@ -119,19 +135,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     params = _params(args)
     llm = _make_llm(args)
+    # piped input: no prompts, only the replies (one per line of input)
+    interactive = sys.stdin.isatty()
     history: list[dict[str, str]] = []
     if args.system:
         history.append({"role": "system", "content": args.system})
     while True:
         try:
-            line = input("you> ").strip()
+            line = (input("you> ") if interactive else _read_line()).strip()
         except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the prompt: leave
-            print()
+            if interactive:
+                print()
             break
         if not line:
             break
         history.append({"role": "user", "content": line})
-        sys.stdout.write("assistant> ")
+        if interactive:
+            sys.stdout.write("assistant> ")
         try:
             reply = _stream(llm, history, params)
         except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
@@ -144,6 +164,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         history.append({"role": "assistant", "content": reply})
     return 0
+
+
+def _read_line() -> str:
+    """One line of piped input (``input()`` without its prompt); EOFError at the end."""
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

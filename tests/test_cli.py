@@ -25,11 +25,30 @@ def test_generate_streams_the_same_text_as_the_api(tiny, capsys):
     assert capsys.readouterr().out == expected + "\n"
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_chat_reads_turns_until_empty_line(tiny, capsys, monkeypatch):
-    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nhow are you\n\n"))
+    monkeypatch.setattr("sys.stdin", _Terminal("hi\nhow are you\n\n"))
     assert main(["chat", "--model", tiny, "--device", "cpu", "--max-tokens", "3", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert out.count("assistant> ") == 2
+
+
+def test_chat_with_piped_input_prints_only_the_replies(tiny, capsys, monkeypatch):
+    """No `you>` / `assistant>` prompts when stdin is not a terminal: one reply per line."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nhow are you\n"))
+    assert main(["chat", "--model", tiny, "--device", "cpu", "--max-tokens", "3", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "you>" not in out and "assistant>" not in out and out.count("\n") == 2
+
+
+def test_generate_with_an_empty_prompt_prints_only_the_error(tiny, capfd):
+    assert main(["generate", "", "--model", tiny, "--device", "cpu", "--quiet"]) == 2
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err.strip() == "ingot: error: prompt is empty"
 
 
 @pytest.mark.parametrize(
@@ -84,7 +103,7 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_chat(tiny, capsys, monkeypatch):
         return inner
 
     monkeypatch.setattr(LLMClass, "stream", stream)
-    monkeypatch.setattr("sys.stdin", io.StringIO("first\nsecond \udcff\n\n"))
+    monkeypatch.setattr("sys.stdin", _Terminal("first\nsecond \udcff\n\n"))
     assert main(["chat", "--model", tiny, "--device", "cpu", "--max-tokens", "3", "--quiet"]) == 0
     captured = capsys.readouterr()
     assert "interrupted" in captured.err

@@ -10,10 +10,11 @@ which frees their KV blocks before the engine's next step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from fastapi import FastAPI, Request
@@ -22,9 +23,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 import ingot
 from ingot.engine.async_llm import AsyncLLM
 from ingot.engine.request import EngineRequest, RequestError
+from ingot.engine.stats import EngineStats
 from ingot.outputs import RequestOutput
 from ingot.sampling_params import SamplingError, SamplingParams
-from ingot.serve import responses
+from ingot.serve import responses, structured, tools
+from ingot.serve.chat import ChatRun
+from ingot.serve.completions import CompletionRun
 from ingot.serve.errors import APIError, error_body, install_handlers
 from ingot.serve.metrics import CONTENT_TYPE, ServerMetrics
 from ingot.serve.protocol import (
@@ -34,6 +38,7 @@ from ingot.serve.protocol import (
     TokenizeRequest,
     _SamplingFields,
 )
+from ingot.serve.reasoning import ReasoningParser
 
 
 @dataclass
@@ -41,6 +46,7 @@ class ServerSettings:
     model_name: str  # what /v1/models lists and requests must name (or leave out)
     api_key: Optional[str] = None
     max_queued_requests: Optional[int] = None  # beyond the running batch; None = no limit
+    tools: tools.ToolSettings = field(default_factory=tools.ToolSettings)  # parsers for tools and reasoning
 
 
 class _RequireApiKey:
@@ -67,10 +73,23 @@ class _State:
     def __init__(self, llm: AsyncLLM, settings: ServerSettings) -> None:
         self.llm = llm
         self.settings = settings
-        self.metrics = ServerMetrics(llm.stats, settings.model_name)
+        self.metrics = ServerMetrics(self.stats, settings.model_name)
         self.in_flight = 0  # engine requests submitted and not finished
         self.created = int(time.time())
         self.capacity = llm.info.max_num_seqs + (settings.max_queued_requests or 0)
+
+    def stats(self) -> EngineStats:
+        """The engine's stats; once it is gone nothing runs, waits or holds KV blocks (its
+        last report said otherwise), and its counters stay where they were."""
+        stats = self.llm.stats()
+        if self.llm.alive:
+            return stats
+        return dataclasses.replace(stats, num_running=0, num_waiting=0, kv_cache_usage=0.0)
+
+    def model_card(self) -> dict[str, Any]:
+        name = self.settings.model_name
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "ingot", "root": name,
+                "parent": None, "max_model_len": self.llm.max_model_len}
 
 
 def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
@@ -94,10 +113,18 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": settings.model_name, "object": "model", "created": state.created, "owned_by": "ingot",
-            "root": settings.model_name, "max_model_len": llm.max_model_len,
-        }]}
+        return {"object": "list", "data": [state.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != settings.model_name:
+            raise APIError(404, f"The model `{model_id}` does not exist.", "model", "model_not_found")
+        return state.model_card()
+
+    @app.post("/v1/embeddings")
+    async def embeddings() -> Response:
+        raise APIError(400, "/v1/embeddings is not supported: ingot serves text generation (completions and chat "
+                            "completions), not embedding models", "model")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -110,7 +137,9 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of 'prompt' and 'messages'", "prompt")
         if body.messages is not None:
-            text = _render(llm, [m.as_dict() for m in body.messages], add_generation_prompt=body.add_generation_prompt)
+            defs = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            text = _render(llm, [m.as_dict() for m in body.messages], add_generation_prompt=body.add_generation_prompt,
+                           tools=defs, **(body.chat_template_kwargs or {}))
             ids = tok.encode(text, add_special_tokens=False)
         else:
             ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
@@ -131,12 +160,15 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         if not prompts:
             raise APIError(400, "prompt must not be empty", "prompt")
         logprobs = body.logprobs
-        params_for = _params_factory(body, body.max_tokens, logprobs, logprobs if (body.echo and logprobs is not None) else None)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = [_engine_request(llm, p, params_for, f"{rid}-{i}", body.stream, chat=False, salt=body.cache_salt)
+        echoed = logprobs if (body.echo and logprobs is not None) else None
+        prompt_lp = max((v for v in (echoed, body.prompt_logprobs) if v is not None), default=None)
+        so_param, so = structured.requested(body)
+        params_for = _params_factory(body, body.max_tokens, logprobs, prompt_lp, so)
+        rid = _response_id("cmpl", body)
+        reqs = [_engine_request(llm, p, params_for, _engine_id(rid, body, f"-{i}"), body, chat=False, so_param=so_param)
                 for i, p in enumerate(prompts)]
         flight = _Flight(state, reqs)
-        run = _CompletionRun(rid, settings.model_name, body, reqs, llm.tokenizer)
+        run = CompletionRun(rid, settings.model_name, body, reqs, llm.tokenizer)
         if body.stream:
             return _sse(flight, run.chunks(flight))
         return JSONResponse(run.response(await _collect(flight, raw)))
@@ -144,16 +176,40 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, raw: Request) -> Response:
         _check_common(body, settings)
+        problem = body.problem()
+        if problem is not None:
+            raise APIError(400, problem[1], problem[0])
+        plan = tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls, settings.tools)
+        defs = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         text = _render(llm, [m.as_dict() for m in body.messages], add_generation_prompt=body.add_generation_prompt,
-                       continue_final_message=body.continue_final_message, chat_template=body.chat_template)
-        top = (body.top_logprobs or 0) if body.logprobs else None
+                       continue_final_message=body.continue_final_message, chat_template=body.chat_template,
+                       tools=defs, **body.template_kwargs())
+        so_param, so = structured.requested(body)
+        if plan is not None and plan.schema is not None:
+            if so is not None:
+                raise APIError(400, f"{so_param} cannot be combined with tool_choice {plan.choice!r}: the tool calls "
+                                    "have their own constraint", so_param)
+            so_param, so = "tools", structured.make_params({"json": plan.schema, "disable_any_whitespace": True}, "tools")
+        kind = settings.tools.reasoning_parser
+        if kind is not None and so is not None and not ReasoningParser(kind, text).reasoning_done_in_prompt:
+            raise APIError(400, f"{so_param} with the {kind} reasoning parser: ingot constrains a reply from its first "
+                                "token, so the constraint would apply to the reasoning too. Turn thinking off for this "
+                                'request (chat_template_kwargs {"enable_thinking": false}, which ends the reasoning '
+                                "in the prompt) or send no constraint", so_param)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-        params_for = _params_factory(body, body.requested_max_tokens, top, None)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        req = _engine_request(llm, text, params_for, rid, body.stream, chat=True, salt=body.cache_salt)
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        # a parser must see the tags of models that write them as special tokens (Mistral's
+        # [TOOL_CALLS]); the end-of-sequence token's text is then taken off the reply
+        special = plan is not None and plan.choice == "auto" and _special_markers(llm, plan.parser(settings.tools))
+        params_for = _params_factory(body, body.requested_max_tokens, top, body.prompt_logprobs, so,
+                                     skip_special_tokens=body.skip_special_tokens and not special)
+        rid = _response_id("chatcmpl", body)
+        req = _engine_request(llm, text, params_for, _engine_id(rid, body), body, chat=True, so_param=so_param)
+        make_stream = _stream_factory(body, plan, settings.tools, text)
         flight = _Flight(state, [req])
-        run = _ChatRun(rid, settings.model_name, body, req)
+        eos = {t: llm.tokenizer.token_text(t) for t in llm.tokenizer.eos_token_ids} if special else {}
+        run = ChatRun(rid, settings.model_name, body, req, make_stream, eos)
         if body.stream:
             return _sse(flight, run.chunks(flight))
         return JSONResponse(run.response(await _collect(flight, raw)))
@@ -171,9 +227,22 @@ def _check_model(model: Optional[str], settings: ServerSettings) -> None:
 
 def _check_common(body: _SamplingFields, settings: ServerSettings) -> None:
     _check_model(body.model, settings)
-    field = body.unsupported()
-    if field:
-        raise APIError(400, f"{field} is not supported by ingot", field)
+    found = body.refused()
+    if found is not None:
+        raise APIError(400, found[1], found[0])
+    if body.stream and body.prompt_logprobs is not None:
+        raise APIError(400, "prompt_logprobs cannot be streamed; send it without stream", "prompt_logprobs")
+
+
+def _response_id(prefix: str, body: _SamplingFields) -> str:
+    """``prefix-<hex>``, or vLLM's ``request_id`` when the client sent one (each engine
+    request still gets its own id, so two clients sending one id cannot collide)."""
+    return f"{prefix}-{body.request_id}" if body.request_id else f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _engine_id(rid: str, body: _SamplingFields, suffix: str = "") -> str:
+    """The engine's id of a request: unique even when clients reuse a ``request_id``."""
+    return f"{rid}{suffix}-{uuid.uuid4().hex[:12]}" if body.request_id else rid + suffix
 
 
 def _render(llm: AsyncLLM, messages: list[dict[str, Any]], **options: Any) -> str:
@@ -183,10 +252,38 @@ def _render(llm: AsyncLLM, messages: list[dict[str, Any]], **options: Any) -> st
         raise APIError(400, str(exc), "messages") from None
 
 
+def _special_markers(llm: AsyncLLM, parser: Any) -> bool:
+    """Is one of the parser's tags a special token of this vocabulary (dropped from text
+    with ``skip_special_tokens``)?"""
+    special = {t.content for t in llm.tokenizer.tok.get_added_tokens_decoder().values() if t.special}
+    return any(m in special for m in getattr(parser, "MARKERS", ()))
+
+
+def _stream_factory(body: ChatCompletionRequest, plan: Optional[tools.ToolPlan], settings: tools.ToolSettings,
+                    prompt: str) -> Callable[[], Optional[tools.ChoiceStream]]:
+    """A new ChoiceStream per choice, or None where the reply is plain text."""
+    kind = settings.reasoning_parser
+    has_tools = plan is not None and plan.choice != "none"
+    if kind is None and not has_tools:
+        return lambda: None
+
+    def make() -> tools.ChoiceStream:
+        return tools.ChoiceStream(ReasoningParser(kind, prompt) if kind else None,
+                                  plan.parser(settings) if plan is not None else None,
+                                  include_reasoning=body.include_reasoning, parallel=plan is None or plan.parallel,
+                                  id_style=settings.tool_call_parser)
+
+    return make
+
+
 def _params_factory(body: _SamplingFields, max_tokens: Optional[int], logprobs: Optional[int],
-                    prompt_logprobs: Optional[int]) -> Callable[[int], SamplingParams]:
+                    prompt_logprobs: Optional[int], structured_outputs: Any = None,
+                    **overrides: Any) -> Callable[[int, int], SamplingParams]:
     """SamplingParams for a prompt of a given length: an explicit ``max_tokens`` must fit
     the context with the prompt (400 naming both lengths); none means up to the context."""
+    extra = dict(overrides)
+    if structured_outputs is not None:
+        extra["structured_outputs"] = structured_outputs
 
     def make(prompt_len: int, max_model_len: int) -> SamplingParams:
         room = max_model_len - prompt_len
@@ -199,25 +296,55 @@ def _params_factory(body: _SamplingFields, max_tokens: Optional[int], logprobs: 
                 "max_tokens",
             )
         try:
-            return body.sampling_params(max_tokens if max_tokens is not None else max(1, room), logprobs, prompt_logprobs)
+            return body.sampling_params(max_tokens if max_tokens is not None else max(1, room), logprobs,
+                                        prompt_logprobs, **extra)
         except SamplingError as exc:
             raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None
 
-    return make  # type: ignore[return-value]
+    return make
 
 
-def _engine_request(llm: AsyncLLM, prompt: Union[str, list[int]], params_for: Callable, rid: str, stream: bool,
-                    chat: bool, salt: Optional[str] = None) -> EngineRequest:
+def _prompt_ids(llm: AsyncLLM, prompt: Union[str, list[int]], body: _SamplingFields, chat: bool) -> Union[str, list[int]]:
+    """The prompt as token ids when the request asks for other special tokens than the
+    default or for truncation (``truncate_prompt_tokens``: the last N, or with
+    ``truncation_side: "right"`` the first N; -1: as many as leave room for one token)."""
+    wants_special = body.add_special_tokens  # type: ignore[attr-defined]
+    n = body.truncate_prompt_tokens
+    if isinstance(prompt, str) and prompt and (wants_special == chat or n is not None):
+        try:
+            prompt = llm.tokenizer.encode(prompt, add_special_tokens=wants_special)
+        except Exception as exc:  # the tokenizer's own error, for this prompt alone
+            raise APIError(400, f"the tokenizer cannot encode this prompt: {exc}", "messages" if chat else "prompt") from None
+    if n is not None and not isinstance(prompt, str):
+        keep = llm.max_model_len - 1 if n == -1 else n
+        prompt = list(prompt[:keep] if body.truncation_side == "right" else prompt[-keep:])
+    return prompt
+
+
+def _engine_request(llm: AsyncLLM, prompt: Union[str, list[int]], params_for: Callable, rid: str, body: _SamplingFields,
+                    chat: bool, so_param: Optional[str] = None) -> EngineRequest:
+    what = "messages" if chat else "prompt"
     try:
-        req = llm.process(prompt, None, rid, chat=chat, stream=stream)
+        req = llm.process(_prompt_ids(llm, prompt, body, chat), None, rid, chat=chat, stream=bool(body.stream))
     except RequestError as exc:
         message = str(exc)
         if "max_model_len" in message:
             message = (f"This model's maximum context length is {llm.max_model_len} tokens; the prompt has "
                        f"{message.split(' tokens', 1)[0].rsplit(' ', 1)[-1]} tokens, which leaves no room for a completion.")
-        raise APIError(400, message, "messages" if chat else "prompt") from None
-    req.params = params_for(len(req.prompt_token_ids), llm.max_model_len)
-    req.cache_salt = salt
+        raise APIError(400, message, what) from None
+    params = params_for(len(req.prompt_token_ids), llm.max_model_len)
+    if getattr(params, "structured_outputs", None) is not None:
+        # processing again with the params compiles the grammar (a schema xgrammar cannot
+        # compile is this request's 400); the ids are already checked, the text kept
+        try:
+            final = llm.process(req.prompt_token_ids, params, rid, chat=chat, stream=bool(body.stream))
+        except RequestError as exc:
+            raise APIError(400, f"{so_param}: {exc}", so_param) from None
+        final.prompt = req.prompt
+        req = final
+    else:
+        req.params = params
+    req.cache_salt = body.cache_salt
     return req
 
 
@@ -293,111 +420,3 @@ def _sse(flight: _Flight, chunks: AsyncIterator[dict[str, Any]]) -> StreamingRes
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-# ---------------------------------------------------------------- completions
-
-
-class _CompletionRun:
-    def __init__(self, rid: str, model: str, body: CompletionRequest, reqs: list[EngineRequest], tokenizer: Any) -> None:
-        self.rid, self.model, self.body, self.reqs, self.tokenizer = rid, model, body, reqs, tokenizer
-        self.created = int(time.time())
-        self.index = {r.request_id: i for i, r in enumerate(reqs)}
-
-    def _head(self) -> dict[str, Any]:
-        return {"id": self.rid, "object": "text_completion", "created": self.created, "model": self.model}
-
-    def _echo(self, out: RequestOutput, builder: Optional[responses.LegacyLogprobs]) -> tuple[str, Optional[dict]]:
-        """The echoed prompt text and, with logprobs, the prompt tokens' logprobs."""
-        if not self.body.echo:
-            return "", None
-        text = out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
-        lp = None
-        if builder is not None:
-            lp = builder.block(out.prompt_token_ids, out.prompt_logprobs or [None] * len(out.prompt_token_ids))
-        return text, lp
-
-    def _builder(self) -> Optional[responses.LegacyLogprobs]:
-        return None if self.body.logprobs is None else responses.LegacyLogprobs(self.body.logprobs, self.tokenizer)
-
-    def response(self, finals: dict[str, RequestOutput]) -> dict[str, Any]:
-        outs = [finals[r.request_id] for r in self.reqs]
-        choices = []
-        for i, out in enumerate(outs):
-            for c in out.outputs:
-                builder = self._builder()
-                text, lp = self._echo(out, builder)
-                if builder is not None:
-                    lp = responses.LegacyLogprobs.merge(lp, builder.block(c.token_ids, c.logprobs or []))
-                choices.append({"index": i * self.body.n + c.index, "text": text + c.text, "logprobs": lp,
-                                "finish_reason": responses.finish_reason(c), "stop_reason": c.stop_reason})
-        return {**self._head(), "choices": choices, "usage": responses.usage(outs)}
-
-    async def chunks(self, flight: "_Flight") -> AsyncIterator[dict[str, Any]]:
-        builders: dict[int, Optional[responses.LegacyLogprobs]] = {}
-        finals: dict[str, RequestOutput] = {}
-        async for out in flight.outputs():
-            if out.error:
-                raise APIError(500, f"the request failed in the engine: {out.error}")
-            for c in out.outputs:
-                idx = self.index[out.request_id] * self.body.n + c.index
-                text, lp = "", None
-                if idx not in builders:  # this choice's first chunk
-                    builders[idx] = self._builder()
-                    text, lp = self._echo(out, builders[idx])
-                text += c.delta
-                builder = builders[idx]
-                if builder is not None and c.delta_token_ids:
-                    lp = responses.LegacyLogprobs.merge(lp, builder.block(c.delta_token_ids, responses.new_logprobs(c)))
-                reason = responses.finish_reason(c)
-                if text or lp is not None or reason is not None:
-                    yield {**self._head(), "choices": [{"index": idx, "text": text, "logprobs": lp,
-                                                        "finish_reason": reason, "stop_reason": c.stop_reason}]}
-            if out.finished:
-                finals[out.request_id] = out
-        if self.body.include_usage:
-            yield {**self._head(), "choices": [], "usage": responses.usage(list(finals.values()))}
-
-
-# ---------------------------------------------------------------- chat
-
-
-class _ChatRun:
-    def __init__(self, rid: str, model: str, body: ChatCompletionRequest, req: EngineRequest) -> None:
-        self.rid, self.model, self.body, self.req = rid, model, body, req
-        self.created = int(time.time())
-        self.top = body.top_logprobs or 0
-
-    def _head(self) -> dict[str, Any]:
-        return {"id": self.rid, "object": "chat.completion", "created": self.created, "model": self.model}
-
-    def response(self, finals: dict[str, RequestOutput]) -> dict[str, Any]:
-        out = finals[self.req.request_id]
-        choices = []
-        for c in out.outputs:
-            lp = responses.chat_logprobs(c.token_ids, c.logprobs or [], self.top) if self.body.logprobs else None
-            choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                            "logprobs": lp, "finish_reason": responses.finish_reason(c), "stop_reason": c.stop_reason})
-        return {**self._head(), "choices": choices, "usage": responses.usage([out])}
-
-    async def chunks(self, flight: _Flight) -> AsyncIterator[dict[str, Any]]:
-        head = {"id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
-        for i in range(self.body.n):
-            yield {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}]}
-        final = None
-        async for out in flight.outputs():
-            if out.error:
-                raise APIError(500, f"the request failed in the engine: {out.error}")
-            for c in out.outputs:
-                reason = responses.finish_reason(c)
-                if not c.delta and reason is None and not (self.body.logprobs and c.delta_token_ids):
-                    continue
-                lp = responses.chat_logprobs(c.delta_token_ids, responses.new_logprobs(c), self.top) if self.body.logprobs else None
-                delta = {"content": c.delta} if c.delta or reason is None else {}
-                yield {**head, "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
-                                            "finish_reason": reason, "stop_reason": c.stop_reason}]}
-            if out.finished:
-                final = out
-        if self.body.include_usage and final is not None:
-            yield {**head, "choices": [], "usage": responses.usage([final])}

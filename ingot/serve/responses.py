@@ -7,9 +7,15 @@ chat completions with ``logprobs.content[]``, usage with cached prompt tokens.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, AsyncIterator, Optional, Protocol, Sequence
 
 from ingot.outputs import CompletionOutput, Logprob, RequestOutput
+
+class Outputs(Protocol):
+    """A request's engine outputs in flight (``app._Flight``)."""
+
+    def outputs(self) -> AsyncIterator[RequestOutput]: ...
+
 
 OPENAI_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
 
@@ -18,8 +24,22 @@ def usage(outputs: Sequence[RequestOutput]) -> dict[str, Any]:
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(o.num_cached_tokens for o in outputs)
+    return usage_of(prompt, completion, cached)
+
+
+def usage_of(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def prompt_logprobs(positions: Optional[Sequence[Optional[dict[int, Logprob]]]]) -> Optional[list[Optional[dict]]]:
+    """vLLM's ``prompt_logprobs``: per prompt token (the first has none) its entries keyed
+    by token id, each ``{logprob, rank, decoded_token}``."""
+    if positions is None:
+        return None
+    return [None if pos is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+                                      for t, lp in pos.items()}
+            for pos in positions]
 
 
 def _sampled(position: dict[int, Logprob], token: int) -> Logprob:

@@ -22,6 +22,7 @@ from ingot.engine import event_loop
 from ingot.engine.async_llm import AsyncLLM
 from ingot.engine.heap import freeze_heap
 from ingot.serve.app import ServerSettings, build_app
+from ingot.serve.tools import ToolSettings
 
 log = logging.getLogger("ingot.serve")
 
@@ -39,6 +40,9 @@ class ServeOptions:
     # the engine in a child process (no GIL shared with the HTTP work) rather than a thread
     engine_process: bool = True
     log_level: str = "warning"  # uvicorn's own access/error logging
+    tool_call_parser: Optional[str] = None  # hermes | llama3_json | mistral: finds tool calls for "auto"
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: Optional[str] = None  # qwen3 | deepseek_r1: <think> text as reasoning_content
 
 
 def model_name(config: EngineConfig) -> str:
@@ -81,7 +85,8 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
     name = options.served_model_name or model_name(config)
     sock = bind(options.host, options.port)  # fail fast on a taken port, before loading the model
     llm = build_llm(config, options)
-    settings = ServerSettings(name, api_key, options.max_queued_requests)
+    tools = ToolSettings(options.tool_call_parser, options.enable_auto_tool_choice, options.reasoning_parser)
+    settings = ServerSettings(name, api_key, options.max_queued_requests, tools)
     app = build_app(llm, settings)
     uv_config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=_GRACE_S,
                                timeout_keep_alive=30, access_log=False)

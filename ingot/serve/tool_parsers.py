@@ -48,6 +48,7 @@ class Parsed:
 
 class ToolParser(Protocol):
     name: str
+    MARKERS: tuple[str, ...]  # the tags it looks for (special tokens in some vocabularies)
 
     def parse(self, text: str, final: bool) -> Parsed: ...
 
@@ -212,6 +213,7 @@ def _finish(text: str, parsed: Parsed, final: bool) -> Parsed:
 class HermesParser:
     name = "hermes"
     START, END = "<tool_call>", "</tool_call>"
+    MARKERS = (START, END)
 
     def parse(self, text: str, final: bool) -> Parsed:
         first = text.find(self.START)
@@ -240,6 +242,7 @@ class HermesParser:
 class Llama3JsonParser:
     name = "llama3_json"
     TAG = "<|python_tag|>"
+    MARKERS = (TAG,)
 
     def parse(self, text: str, final: bool) -> Parsed:
         s = text.lstrip()
@@ -272,6 +275,7 @@ class Llama3JsonParser:
 class MistralParser:
     name = "mistral"
     MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    MARKERS = (MARK, ARGS, "[CALL_ID]")
 
     def parse(self, text: str, final: bool) -> Parsed:
         first = text.find(self.MARK)
@@ -349,6 +353,7 @@ class RequiredParser:
     a JSON list of ``{"name", "parameters"}``."""
 
     name = "required"
+    MARKERS = ()
 
     def parse(self, text: str, final: bool) -> Parsed:
         calls = json_call_array(text, ("parameters",))
@@ -361,6 +366,7 @@ class NamedParser:
     """What a named ``tool_choice`` makes the model write: the function's arguments alone."""
 
     name = "named"
+    MARKERS = ()
 
     def __init__(self, function: str) -> None:
         self.function = function
