@@ -41,6 +41,7 @@ class HttpServeMetrics:
     metrics: ServeMetrics
     failed: int = 0
     errors: list[str] = field(default_factory=list)  # the first few
+    server: dict = field(default_factory=dict)  # what the server says of itself (server_info)
 
 
 async def discover_model(session, base: str, headers: dict) -> str:
@@ -51,6 +52,25 @@ async def discover_model(session, base: str, headers: dict) -> str:
     if not data:
         raise RuntimeError(f"{base}/v1/models lists no model")
     return data[0]["id"]
+
+
+async def server_info(session, base: str, headers: dict, model: Optional[str]) -> dict:
+    """What the server says of itself: the model's ``id`` and ``max_model_len`` (from ``GET
+    /v1/models``, where it lists them) and the server's ``version`` (``GET /version``, vLLM's
+    and ingot's route); what it does not say is left out."""
+    info: dict = {}
+    try:
+        async with session.get(base + "/v1/models", headers=headers) as r:
+            data = ((await r.json()).get("data") or []) if r.status == 200 else []
+        card = next((m for m in data if m.get("id") == model), data[0] if data else {})
+        info.update({k: card[k] for k in ("id", "max_model_len") if card.get(k) is not None})
+        async with session.get(base + "/version", headers=headers) as r:
+            version = (await r.json()).get("version") if r.status == 200 else None
+        if version:
+            info["version"] = version
+    except Exception:  # noqa: BLE001 - any server, any answer: the header just says less
+        pass
+    return info
 
 
 def parse_engine_stats(text: str) -> Optional[EngineStats]:
@@ -132,6 +152,7 @@ async def run_http(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         name = model or await discover_model(session, base, headers)
+        info = await server_info(session, base, headers, name)
         before = await scrape_engine_stats(session, base, headers)
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         start = clock()
@@ -159,4 +180,4 @@ async def run_http(
     metrics = compute_metrics(ok, start, end)
     if before is not None and after is not None:  # an ingot server: its engine's steps over the run
         add_engine_counters(metrics, before, after)
-    return HttpServeMetrics(metrics, len(failed), failed[:5])
+    return HttpServeMetrics(metrics, len(failed), failed[:5], info)

@@ -278,10 +278,11 @@ def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str
         console.print(f"[yellow]{out.failed} request(s) failed[/]; first: {out.errors[0]}")
     result = {"mode": "http", **dataclasses.asdict(out.metrics), "failed": out.failed,
               "errors": out.errors}
+    # what the server says of itself (/v1/models, /version); nothing is made up for the rest
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "ingot": ingot.__version__,
            "python": platform.python_version(), "platform": platform.platform(), "url": args.url,
-           "model": args.served_model_name or "(first of /v1/models)", "architecture": "-", "dtype": "-",
-           "max_model_len": "-", "max_num_seqs": "-", "device": "http", "device_name": args.url, "torch": "-",
+           "model": out.server.get("id") or args.served_model_name, "max_model_len": out.server.get("max_model_len"),
+           "server_version": out.server.get("version"), "device": "http", "device_name": args.url,
            "vocab_size": vocab, "max_concurrency": args.max_concurrency}
     return result, env
 
@@ -316,12 +317,19 @@ def header(workload, env: dict[str, Any]) -> str:
         what = f"{w.num_requests} conversations of {w.turns[0]}-{w.turns[1]} turns, user messages {w.input_len[0]}-{w.input_len[1]}"
     if w.shared_prefix_len:
         what += f" after a shared {w.shared_prefix_len}-token prefix"
+    if env.get("device") == "http":  # a server: only what it told about itself
+        known = [f"max_model_len {env['max_model_len']}" if env.get("max_model_len") else "",
+                 f"server version {env['server_version']}" if env.get("server_version") else ""]
+        details = ", ".join(k for k in known if k)
+        machine = f"{env.get('model') or 'model'}{f' ({details})' if details else ''} at {env['url']}, {env['date']}"
+    else:
+        machine = (f"{env['model']} ({env['architecture']}, {env['dtype']}, max_model_len {env['max_model_len']}, "
+                   f"max_num_seqs {env['max_num_seqs']}) on {env['device_name']} [{env['device']}], "
+                   f"torch {env['torch']}, {env['date']}")
     return (
         f"[bold]ingot bench serve[/]: {what}, "
         f"output {w.output_len[0]}-{w.output_len[1]} tokens, rate {format_rate(w.request_rate)} req/s, seed {w.seed}\n"
-        f"{env['model']} ({env['architecture']}, {env['dtype']}, max_model_len {env['max_model_len']}, "
-        f"max_num_seqs {env['max_num_seqs']}) on {env['device_name']} [{env['device']}], "
-        f"torch {env['torch']}, {env['date']}"
+        + machine
     )
 
 
@@ -331,7 +339,7 @@ def render_table(results: list[dict[str, Any]]):
     table = Table()
     table.add_column("metric")
     for r in results:
-        table.add_column(f"compile {r['mode']}", justify="right")
+        table.add_column("server" if r["mode"] == "http" else f"compile {r['mode']}", justify="right")
     rows: list[tuple[str, Any]] = [
         ("duration (s)", lambda r: _fmt(r["duration_s"], 2)),
         ("requests/s", lambda r: _fmt(r["request_throughput"], 2)),

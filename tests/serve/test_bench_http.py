@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+import ingot
+
 from ingot.bench.http_serve import parse_engine_stats
 from ingot.bench.serve import RequestRecord
 from ingot.cli import main
@@ -63,3 +65,6 @@ def test_bench_serve_over_http(tmp_path, capsys, where):
         assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"]
     table = capsys.readouterr().out
     assert "TPOT p99" in table and "output tokens/s" in table
+    # the header says only what the server told (/v1/models, /version): no placeholders
+    assert f"max_model_len 256, server version {ingot.__version__}) at {srv.url}" in table
+    assert " - " not in table.splitlines()[1] and "compile http" not in table and "server" in table
