@@ -25,12 +25,18 @@ Metrics (pure functions, tested on hand-made streams):
 Rounds: the same workload run several times on one engine (``ingot bench serve
 --repeat``) is summed up by its median round (``median_round``) and each round's
 headline numbers (``round_summary``).
+
+Structured outputs: with ``structured`` (``ingot bench serve --json-schema FILE``) every
+request's output is constrained by that JSON schema; a request ends when its JSON is
+complete (or at its output length), and the outputs that do not validate are counted
+(``schema_failures``: cut off by the length, or a grammar gap).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import math
 import random
 import time
@@ -38,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
 from ingot.engine.stats import EngineStats
-from ingot.sampling_params import SamplingParams
+from ingot.sampling_params import SamplingParams, StructuredOutputsParams
 
 # Prompt token ids are drawn from [SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN):
 # special tokens (bos, eos, pad, chat markers) usually sit at either end of the vocab.
@@ -257,6 +263,9 @@ class ServeMetrics:
     prefill_steps: int = 0
     decode_steps: int = 0
     mean_decode_batch: Optional[float] = None
+    # structured outputs (a JSON schema): outputs that do not validate, and the first one's problem
+    schema_failures: Optional[int] = None
+    schema_failure: Optional[str] = None
     requests: list[dict] = field(default_factory=list)  # per request: lengths, arrival, ttft, latency
 
 
@@ -313,8 +322,27 @@ def round_summary(m: ServeMetrics) -> dict:
 
 
 # ---------------------------------------------------------------- driving the engine
-def sampling_params(output_len: int) -> SamplingParams:
-    return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+def sampling_params(output_len: int, structured: Optional[StructuredOutputsParams] = None) -> SamplingParams:
+    return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0, structured_outputs=structured)
+
+
+def schema_failures(texts: Sequence[str], schema: dict) -> tuple[int, Optional[str]]:
+    """How many of ``texts`` are not JSON that ``schema`` accepts, and the first problem
+    (with jsonschema installed; without it, only that each parses as JSON)."""
+    try:
+        import jsonschema
+    except ImportError:  # the test extra has it
+        jsonschema = None
+    failures, first = 0, None
+    for text in texts:
+        try:
+            value = json.loads(text)
+            if jsonschema is not None:
+                jsonschema.validate(value, schema)
+        except Exception as exc:  # json's ValueError, jsonschema's ValidationError / SchemaError
+            failures += 1
+            first = first or f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return failures, first
 
 
 def check_fits(requests: Sequence[Request], max_model_len: int) -> None:
@@ -327,13 +355,14 @@ def check_fits(requests: Sequence[Request], max_model_len: int) -> None:
         )
 
 
-def warm_up(engine, num_prompt: int = 8, num_output: int = 8) -> float:
+def warm_up(engine, num_prompt: int = 8, num_output: int = 8, structured: Optional[StructuredOutputsParams] = None) -> float:
     """Run one small request to completion (and the engine to idle: no step left in
-    flight); returns its wall time in seconds."""
+    flight); returns its wall time in seconds. With ``structured``, constrained by it, so
+    xgrammar is loaded and the grammar compiled (and cached) before the run."""
     vocab = engine.model_config.vocab_size
     prompt = [SPECIAL_MARGIN + i % max(1, vocab - 2 * SPECIAL_MARGIN) for i in range(num_prompt)]
     t0 = time.perf_counter()
-    seq = engine.add_request(prompt, sampling_params(num_output), request_id="serve-warmup")
+    seq = engine.add_request(prompt, sampling_params(num_output, structured), request_id="serve-warmup")
     try:
         while not seq.finished or engine.has_unfinished():
             engine.step()
@@ -348,6 +377,7 @@ def run_workload(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     on_finish: Optional[Callable[[], None]] = None,
+    structured: Optional[StructuredOutputsParams] = None,
 ) -> ServeMetrics:
     """Send ``requests`` at their arrival times, step until all finish, measure.
 
@@ -355,6 +385,7 @@ def run_workload(
     as a step reports it finished; every turn is one request in the metrics.
     ``clock`` must be the clock the engine stamps token times with (time.monotonic).
     ``on_finish`` is called once per finished request (progress display).
+    ``structured``: every output is constrained by it; a JSON schema's failures are counted.
     """
     if engine.has_unfinished():
         raise RuntimeError("the engine has unfinished requests; run the benchmark on an idle engine")
@@ -373,7 +404,7 @@ def run_workload(
             now = clock()
             while pending and start + pending[0][0] <= now:
                 _, _, rid, req = heapq.heappop(pending)
-                seq = engine.add_request(req.prompt_token_ids, sampling_params(req.output_len), request_id=rid)
+                seq = engine.add_request(req.prompt_token_ids, sampling_params(req.output_len, structured), request_id=rid)
                 live.append((req, seq, start + req.arrival_s))
                 sent[rid] = (req, seq)
             if engine.has_unfinished():
@@ -402,6 +433,9 @@ def run_workload(
     ]
     metrics = compute_metrics(records, start, end)
     add_engine_counters(metrics, before, engine.stats())
+    if structured is not None and structured.json is not None:
+        schema = json.loads(structured.key[1])
+        metrics.schema_failures, metrics.schema_failure = schema_failures([seq.text for _, seq, _ in live], schema)
     return metrics
 
 

@@ -5,7 +5,9 @@ then ``--repeat`` rounds of the workload (see ingot/bench/serve.py), the prefix
 cache emptied before every round; the median round is reported. Print a table
 and optionally write every number, the workload and the environment as JSON. With ``--url``, the same workload goes
 over HTTP to a running OpenAI-compatible server (``ingot serve`` or any other;
-see ingot/bench/http_serve.py) instead.
+see ingot/bench/http_serve.py) instead. With ``--json-schema FILE`` every request's output
+is constrained by that JSON schema (structured outputs), and the outputs that do not
+validate are counted.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ def add_parser(subparsers) -> None:
                         "the conversation so far (previous prompt, the model's reply, a new user message of --input-len tokens) "
                         "once the previous turn has finished")
     w.add_argument("--turns", type=_range_arg, default=None, metavar="LOW-HIGH", help="turns per conversation, multi-turn only (default 2-6)")
+    w.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
+                   help="constrain every request's output to this JSON schema (structured outputs; a request ends when its "
+                        "JSON is complete) and count the outputs that do not validate; local engine only")
     g = p.add_argument_group("model and engine")
     add_model_args(g)
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="auto = bf16 on CUDA, fp32 on CPU")
@@ -211,11 +216,12 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int = 1,
-             warmup_rounds: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+             warmup_rounds: int = 0, structured: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build one engine for a compile mode, warm it up once, run ``warmup_rounds`` rounds
     that are not counted, then ``repeat`` rounds of the workload, the prefix cache emptied
     before every round (a round never hits an earlier round's prompts): (the result, its
-    median round; environment)."""
+    median round; environment). ``structured`` constrains every request (and the warm-up,
+    which so compiles the grammar before the timed rounds)."""
     from ingot.bench.serve import check_fits, make_requests, median_round, round_summary, run_workload, warm_up
     from ingot.engine.heap import freeze_heap, unfreeze_heap
 
@@ -230,7 +236,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int
             console.print(f"[yellow]note[/]: decode compile only applies on CUDA; on {device} decode runs uncompiled, as with off")
         requests = make_requests(workload, eng.model_config.vocab_size)
         check_fits(requests, eng.max_model_len)
-        warmup_s = warm_up(eng)
+        warmup_s = warm_up(eng, structured=structured)
         say(f"warm-up {warmup_s:.2f} s")
         freeze_heap()  # as the engine and server processes do once started (ingot/engine/heap.py)
         runs = []
@@ -240,7 +246,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int
             assert emptied, "the engine is idle between runs"
             rounds = f"round {r + 1}/{total}{' (warm-up)' if r < warmup_rounds else ''}: " if total > 1 else ""
             say(f"[bold]{rounds}[/]running {len(requests)} requests")
-            runs.append(_run_with_progress(eng, requests, args.quiet, console, run_workload))
+            runs.append(_run_with_progress(eng, requests, args.quiet, console, run_workload, structured))
         warm, counted = runs[:warmup_rounds], runs[warmup_rounds:]
         k = median_round(counted)
         result = {"mode": mode, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(counted[k])}
@@ -250,6 +256,8 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int
         if warm:
             result["warmup_rounds"] = [round_summary(m) for m in warm]
         env = environment(eng, args)
+        if structured is not None:
+            env["json_schema"] = str(args.json_schema)
     finally:
         unfreeze_heap()  # the engine's reference cycles must be reclaimable before the next one
         eng.close()
@@ -294,14 +302,14 @@ def _vocab_of(model) -> int:
     return open_tokenizer(model or "default").vocab_size
 
 
-def _run_with_progress(eng, requests, quiet: bool, console, run_workload):
+def _run_with_progress(eng, requests, quiet: bool, console, run_workload, structured: Any = None):
     if quiet:
-        return run_workload(eng, requests)
+        return run_workload(eng, requests, structured=structured)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("requests", total=sum(1 + len(r.next_turns) for r in requests))
-        return run_workload(eng, requests, on_finish=lambda: bar.advance(task))
+        return run_workload(eng, requests, on_finish=lambda: bar.advance(task), structured=structured)
 
 
 def _fmt(value: Any, digits: int) -> str:
@@ -317,6 +325,8 @@ def header(workload, env: dict[str, Any]) -> str:
         what = f"{w.num_requests} conversations of {w.turns[0]}-{w.turns[1]} turns, user messages {w.input_len[0]}-{w.input_len[1]}"
     if w.shared_prefix_len:
         what += f" after a shared {w.shared_prefix_len}-token prefix"
+    if env.get("json_schema"):
+        what += f", outputs constrained by the JSON schema {env['json_schema']}"
     if env.get("device") == "http":  # a server: only what it told about itself
         known = [f"max_model_len {env['max_model_len']}" if env.get("max_model_len") else "",
                  f"server version {env['server_version']}" if env.get("server_version") else ""]
@@ -359,6 +369,7 @@ def render_table(results: list[dict[str, Any]]):
         ("prefill / decode steps", lambda r: f"{r['prefill_steps']:,} / {r['decode_steps']:,}" if r.get("decode_steps") else "-"),
         ("mean decode batch", lambda r: _fmt(r.get("mean_decode_batch"), 1)),
         ("failed requests", lambda r: str(r.get("failed", 0))),
+        ("schema failures", lambda r: "-" if r.get("schema_failures") is None else str(r["schema_failures"])),
         ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}" if "load_s" in r else "-"),
     ]
     if any("rounds" in r for r in results):
@@ -375,6 +386,24 @@ def _rounds_cell(r: dict[str, Any]) -> str:
         return "1"
     durations = " / ".join(f"{x['duration_s']:.2f}" for x in rounds)
     return f"{len(rounds)} ({durations} s)"
+
+
+def _structured(args: argparse.Namespace) -> Any:
+    """``--json-schema``'s file as the constraint of every request (None without it)."""
+    from ingot.bench.serve import WorkloadError
+    from ingot.engine import structured
+    from ingot.sampling_params import StructuredOutputsParams
+
+    if args.json_schema is None:
+        return None
+    if args.url:
+        raise WorkloadError("--json-schema runs on a local engine only (not with --url)")
+    try:
+        spec = StructuredOutputsParams(json=args.json_schema.read_text())
+        structured.check(spec)  # what xgrammar rejects, before any engine is built
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"--json-schema {args.json_schema}: {exc}") from None
+    return spec
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -395,13 +424,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise WorkloadError("--repeat and --warmup-rounds run on a local engine only (not with --url): a server's prefix cache "
                                 "cannot be emptied between rounds, so later rounds would hit the first round's prompts")
         turns = (args.turns or (2, 6)) if multi else (1, 1)
+        structured = _structured(args)
         workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed,
                             shared_prefix_len=args.shared_prefix_len, kind=args.workload, turns=turns)
         if args.url:
             result, env = run_http_mode(args, workload, err)
             results.append(result)
         for mode in [] if args.url else args.compile_modes:
-            result, env = run_mode(args, workload, mode, err, args.repeat, args.warmup_rounds)
+            result, env = run_mode(args, workload, mode, err, args.repeat, args.warmup_rounds, structured)
             results.append(result)
     except WorkloadError as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)
