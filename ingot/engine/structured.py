@@ -98,9 +98,13 @@ def _structural_tag_args(xgr: Any, text: str) -> tuple:
     tag = json.loads(text)
     if "structures" not in tag:
         return (text,)
-    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
-             for s in tag["structures"]]
-    return items, tag["triggers"]
+    try:
+        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                 for s in tag["structures"]]
+        return items, list(tag["triggers"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"the legacy form needs 'structures' (each with begin, schema, end) and 'triggers': "
+                         f"missing {exc}") from None
 
 
 class SequenceGrammar:

@@ -281,10 +281,12 @@ def test_compilation_does_not_block_the_loop(path, monkeypatch):
 
     monkeypatch.setattr(structured.Grammars, "_compile_now", slow)
     held = eng.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=6, structured_outputs=so(regex="x+y")), "held")
+    gone = eng.add_request(PROMPTS[0], SamplingParams(max_tokens=6, structured_outputs=so(regex="z+")), "gone")
     plain = eng.add_request(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), "plain")
     while not plain.finished:
         eng.step()
-    assert eng.grammars.num_held == 1 and eng.stats().num_waiting == 1 and not held.output_token_ids
+    assert eng.grammars.num_held == 2 and eng.stats().num_waiting == 2 and not held.output_token_ids
+    assert eng.abort("gone").finished and gone.finish_reason == "abort" and eng.grammars.num_held == 1
     release.set()
     while eng.has_unfinished():
         eng.step()
@@ -360,3 +362,18 @@ def test_many_rows_fill_in_one_batch_call(path, monkeypatch):
     assert all(re.fullmatch("[a-z]{20,}", c.text) for c in out.outputs)
     assert len(alone) < n * 20 / 4  # the first sample's prefill and the last rows, one by one; the rest batched
     llm.shutdown()
+
+
+def test_xgrammar_is_imported_only_by_a_structured_request(path):
+    """Engine start-up and unconstrained requests never import xgrammar (nor transformers)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ingot import LLM, SamplingParams\n"
+        f"llm = LLM({path!r}, dtype='float32', device='cpu', show_progress=False)\n"
+        "llm.generate('hi', SamplingParams(max_tokens=3))\n"
+        "assert 'xgrammar' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
