@@ -77,6 +77,7 @@ class _State:
         self.in_flight = 0  # engine requests submitted and not finished
         self.created = int(time.time())
         self.capacity = llm.info.max_num_seqs + (settings.max_queued_requests or 0)
+        self.special_tokens = {t.content for t in llm.tokenizer.tok.get_added_tokens_decoder().values() if t.special}
 
     def stats(self) -> EngineStats:
         """The engine's stats; once it is gone nothing runs, waits or holds KV blocks (its
@@ -184,24 +185,13 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         text = _render(llm, [m.as_dict() for m in body.messages], add_generation_prompt=body.add_generation_prompt,
                        continue_final_message=body.continue_final_message, chat_template=body.chat_template,
                        tools=defs, **body.template_kwargs())
-        so_param, so = structured.requested(body)
-        if plan is not None and plan.schema is not None:
-            if so is not None:
-                raise APIError(400, f"{so_param} cannot be combined with tool_choice {plan.choice!r}: the tool calls "
-                                    "have their own constraint", so_param)
-            so_param, so = "tools", structured.make_params({"json": plan.schema, "disable_any_whitespace": True}, "tools")
-        kind = settings.tools.reasoning_parser
-        if kind is not None and so is not None and not ReasoningParser(kind, text).reasoning_done_in_prompt:
-            raise APIError(400, f"{so_param} with the {kind} reasoning parser: ingot constrains a reply from its first "
-                                "token, so the constraint would apply to the reasoning too. Turn thinking off for this "
-                                'request (chat_template_kwargs {"enable_thinking": false}, which ends the reasoning '
-                                "in the prompt) or send no constraint", so_param)
+        so_param, so = _chat_constraint(body, plan, settings.tools, text)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         top = (body.top_logprobs or 0) if body.logprobs else None
         # a parser must see the tags of models that write them as special tokens (Mistral's
         # [TOOL_CALLS]); the end-of-sequence token's text is then taken off the reply
-        special = plan is not None and plan.choice == "auto" and _special_markers(llm, plan.parser(settings.tools))
+        special = plan is not None and plan.choice == "auto" and _special_markers(state, plan.parser(settings.tools))
         params_for = _params_factory(body, body.requested_max_tokens, top, body.prompt_logprobs, so,
                                      skip_special_tokens=body.skip_special_tokens and not special)
         rid = _response_id("chatcmpl", body)
@@ -252,11 +242,31 @@ def _render(llm: AsyncLLM, messages: list[dict[str, Any]], **options: Any) -> st
         raise APIError(400, str(exc), "messages") from None
 
 
-def _special_markers(llm: AsyncLLM, parser: Any) -> bool:
+def _chat_constraint(body: ChatCompletionRequest, plan: Optional[tools.ToolPlan], settings: tools.ToolSettings,
+                     prompt: str) -> tuple[Optional[str], Any]:
+    """(the field that asked, StructuredOutputsParams) of a chat request: its structured-output
+    fields, or the constraint of a required / named tool choice (not both). With a reasoning
+    parser, only on a prompt that already closed the reasoning: the engine constrains a reply
+    from its first token."""
+    so_param, so = structured.requested(body)
+    if plan is not None and plan.schema is not None:
+        if so is not None:
+            raise APIError(400, f"{so_param} cannot be combined with tool_choice {plan.choice!r}: the tool calls "
+                                "have their own constraint", so_param)
+        so_param, so = "tools", structured.make_params({"json": plan.schema, "disable_any_whitespace": True}, "tools")
+    kind = settings.reasoning_parser
+    if kind is not None and so is not None and not ReasoningParser(kind, prompt).reasoning_done_in_prompt:
+        raise APIError(400, f"{so_param} with the {kind} reasoning parser: ingot constrains a reply from its first "
+                            "token, so the constraint would apply to the reasoning too. Turn thinking off for this "
+                            'request (chat_template_kwargs {"enable_thinking": false}, which ends the reasoning '
+                            "in the prompt) or send no constraint", so_param)
+    return so_param, so
+
+
+def _special_markers(state: _State, parser: Any) -> bool:
     """Is one of the parser's tags a special token of this vocabulary (dropped from text
     with ``skip_special_tokens``)?"""
-    special = {t.content for t in llm.tokenizer.tok.get_added_tokens_decoder().values() if t.special}
-    return any(m in special for m in getattr(parser, "MARKERS", ()))
+    return any(m in state.special_tokens for m in getattr(parser, "MARKERS", ()))
 
 
 def _stream_factory(body: ChatCompletionRequest, plan: Optional[tools.ToolPlan], settings: tools.ToolSettings,
@@ -310,6 +320,7 @@ def _prompt_ids(llm: AsyncLLM, prompt: Union[str, list[int]], body: _SamplingFie
     ``truncation_side: "right"`` the first N; -1: as many as leave room for one token)."""
     wants_special = body.add_special_tokens  # type: ignore[attr-defined]
     n = body.truncate_prompt_tokens
+    # the engine encodes text with special tokens unless it is a chat template's (which has its own)
     if isinstance(prompt, str) and prompt and (wants_special == chat or n is not None):
         try:
             prompt = llm.tokenizer.encode(prompt, add_special_tokens=wants_special)
