@@ -215,11 +215,18 @@ def _gate_up_kernel(
         if HAS_SCALE:
             acc_g *= row_scale
             acc_u *= row_scale
-        g = round_to(acc_g, dtype, BF16)
-        act = round_to(g / (1.0 + tl.exp(-g)), dtype, BF16)
-        a = round_to(act * round_to(acc_u, dtype, BF16), dtype, BF16)
-        tl.store(a_ptr + rows.to(tl.int64)[:, None] * I + offs_n[None, :], a.to(dtype),
-                 mask=row_mask[:, None] & n_mask[None, :])
+        _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, dtype, BF16)
+
+
+@triton.jit
+def _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, dtype: tl.constexpr, BF16: tl.constexpr):
+    """a[rows, offs_n] = silu(gate) * up from the fp32 sums, rounded where the reference rounds
+    (the gate/up epilogue of the dense and the quantized expert kernels)."""
+    g = round_to(acc_g, dtype, BF16)
+    act = round_to(g / (1.0 + tl.exp(-g)), dtype, BF16)
+    a = round_to(act * round_to(acc_u, dtype, BF16), dtype, BF16)
+    tl.store(a_ptr + rows.to(tl.int64)[:, None] * I + offs_n[None, :], a.to(dtype),
+             mask=row_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit

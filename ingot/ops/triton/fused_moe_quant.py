@@ -40,7 +40,7 @@ from ingot.ops import reference as ref
 from ingot.ops.triton import fused_moe as dense
 from ingot.ops.triton._common import capability, cdiv, cuda_kernel, next_pow2, split_counters
 from ingot.ops.triton.fp8_linear import _round_e4m3
-from ingot.ops.triton.fused_moe import _block_rows, _sum_kernel, _sum_token, _token_ids
+from ingot.ops.triton.fused_moe import _block_rows, _store_activation, _sum_kernel, _sum_token, _token_ids
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.quant_gemm import QuantWeight, _dequantize, _dot, _flags, _weight_args, _weight_tile, fits_tiles, group_tile
 from ingot.ops.triton.rounding import round_to
@@ -235,11 +235,7 @@ def _gate_up_kernel(
         if HAS_SCALE:
             acc_g *= row_scale
             acc_u *= row_scale
-        g = round_to(acc_g, dtype, BF16)
-        act = round_to(g / (1.0 + tl.exp(-g)), dtype, BF16)
-        a = round_to(act * round_to(acc_u, dtype, BF16), dtype, BF16)
-        tl.store(a_ptr + rows.to(tl.int64)[:, None] * I + offs_n[None, :], a.to(dtype),
-                 mask=row_mask[:, None] & n_mask[None, :])
+        _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, dtype, BF16)
 
 
 @triton.jit
