@@ -292,16 +292,32 @@ def _down_kernel(
             else:
                 acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
         release_dependents(PDL)  # the next kernel may launch while the token sums run
-        y = round_to(acc, dtype, BF16) * weight[:, None]
-        if ROUND_PRODUCT:
-            y = round_to(y, dtype, BF16)
-        tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
-        if SUM_HERE:  # its token's counter for this tile
-            counter = counter_ptr + t * tl.num_programs(1) + tl.program_id(1)
-            tl.debug_barrier()  # every thread's part of y is written before the release below
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
-                _sum_token(y_ptr, ids, out_ptr, t, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype, BF16, ROUND_PRODUCT)
+        if SUM_HERE:
+            _sum_when_last(counter_ptr, t, ids, y_ptr, out_ptr, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
+
+
+@triton.jit
+def _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype: tl.constexpr, BF16: tl.constexpr,
+                 ROUND_PRODUCT: tl.constexpr):
+    """y[rows, offs_n] = w_p * the pairs' fp32 sums, rounded where the reference rounds (the down
+    epilogue of the dense and the quantized expert kernels)."""
+    y = round_to(acc, dtype, BF16) * weight[:, None]
+    if ROUND_PRODUCT:
+        y = round_to(y, dtype, BF16)
+    tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _sum_when_last(counter_ptr, t, ids, y_ptr, out_ptr, offs_n, n_mask, H, TOP_K: tl.constexpr,
+                   K_POW2: tl.constexpr, BF16: tl.constexpr):
+    """Per pair: the last of token t's k programs on this N tile sums their rows into out and
+    resets the tile's counter (left zero for the next launch)."""
+    counter = counter_ptr + t * tl.num_programs(1) + tl.program_id(1)
+    tl.debug_barrier()  # every thread's part of y is written before the release below
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
+        _sum_token(y_ptr, ids, out_ptr, t, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

@@ -40,7 +40,7 @@ from ingot.ops import reference as ref
 from ingot.ops.triton import fused_moe as dense
 from ingot.ops.triton._common import capability, cdiv, cuda_kernel, next_pow2, split_counters
 from ingot.ops.triton.fp8_linear import _round_e4m3
-from ingot.ops.triton.fused_moe import _block_rows, _store_activation, _sum_kernel, _sum_token, _token_ids
+from ingot.ops.triton.fused_moe import _block_rows, _store_activation, _store_pairs, _sum_kernel, _sum_when_last, _token_ids
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.quant_gemm import QuantWeight, _dequantize, _dot, _flags, _weight_args, _weight_tile, fits_tiles, group_tile
 from ingot.ops.triton.rounding import round_to
@@ -270,16 +270,9 @@ def _down_kernel(
             FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, ACT_Q, PER_TOKEN, FP8_DOT, DOT_F32, IEEE, GROUPED, False,
             BLOCK_M, BLOCK_N, BLOCK_K, GS_TILE)
         release_dependents(PDL)  # the next kernel may launch while the token sums run
-        y = round_to(acc, dtype, BF16) * weight[:, None]
-        if ROUND_PRODUCT:
-            y = round_to(y, dtype, BF16)
-        tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
-        if SUM_HERE:  # its token's counter for this tile
-            counter = counter_ptr + t * tl.num_programs(1) + tl.program_id(1)
-            tl.debug_barrier()  # every thread's part of y is written before the release below
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
-                _sum_token(y_ptr, ids, out_ptr, t, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype, BF16, ROUND_PRODUCT)
+        if SUM_HERE:
+            _sum_when_last(counter_ptr, t, ids, y_ptr, out_ptr, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
 
 
 # ----------------------------------------------------------------------------- host
