@@ -40,7 +40,9 @@ from ingot.ops import reference as ref
 from ingot.ops.triton import fused_moe as dense
 from ingot.ops.triton._common import capability, cdiv, cuda_kernel, next_pow2, split_counters
 from ingot.ops.triton.fp8_linear import _round_e4m3
-from ingot.ops.triton.fused_moe import _block_rows, _store_activation, _store_pairs, _sum_kernel, _sum_when_last, _token_ids
+from ingot.ops.triton.fused_moe import (
+    _block_rows, _store_activation, _store_pairs, _sum_kernel, _sum_when_last, _token_ids,
+)
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.quant_gemm import QuantWeight, _dequantize, _dot, _flags, _weight_args, _weight_tile, fits_tiles, group_tile
 from ingot.ops.triton.rounding import round_to
