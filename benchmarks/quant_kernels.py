@@ -126,7 +126,7 @@ def run_sweep(formats: list, batches: list) -> list:
         fn, call, _ = make_call(fmt, n, k, m)
         table = (int_linear.launch_config(m, n, k, call[7], call[0].device) if fn is int_linear.int_linear
                  else fp8_linear.launch_config(m, n, k, *call[4:7], call[0].device))
-        grid = SWEEP_GEMV_1 if m == 1 else SWEEP_GEMV_16 if m <= 16 else SWEEP_GEMM
+        grid = SWEEP_GEMV_1 if m == 1 else SWEEP_GEMV_16 if table.gemv else SWEEP_GEMM
         timings = []
         for fields in grid:
             cfg = replace(table, **fields)

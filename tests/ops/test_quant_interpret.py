@@ -48,9 +48,12 @@ INT_CASES = [
     (5, 30, 96, 8, 32, False, True, False, {"splits": 1}),
     (4, 24, 192, 4, 64, False, True, True, {}),  # one group per K tile with mins: the dot's sums scaled
     (16, 24, 264, 4, 264, False, False, False, {}),  # channel, rows = 16
-    (20, 40, 256, 4, 128, False, False, True, {}),  # GEMM
-    (37, 33, 200, 4, 32, True, True, False, {"block_k": 64}),  # GEMM, two groups per K tile, tails
-    (40, 20, 136, 8, 136, True, False, True, {}),  # GEMM, int8 channel
+    (1, 40, 256, 4, 128, True, False, True, {"use_dot": True}),  # one row on tl.dot
+    (40, 40, 256, 4, 128, True, True, True, {}),  # GEMV, rows padded to 64
+    (20, 40, 256, 4, 128, False, False, True, {"gemv": False}),  # GEMM
+    (37, 33, 200, 4, 32, True, True, False, {"gemv": False, "block_k": 64}),  # GEMM, two groups per K tile, tails
+    (40, 20, 136, 8, 136, True, False, True, {"gemv": False}),  # GEMM, int8 channel
+    (65, 20, 136, 8, 136, True, False, True, {}),  # GEMM: the table's choice above 64 rows
 ]
 
 
@@ -156,7 +159,8 @@ def test_launch_tables(K):
     il, fl = K.int_linear, K.fp8_linear
     assert il.launch_config(1, 4608, 3584, 128, CPU).gemv and not il.launch_config(1, 4608, 3584, 128, CPU).use_dot
     assert il.launch_config(16, 4608, 3584, 128, CPU).use_dot
-    assert not il.launch_config(17, 4608, 3584, 128, CPU).gemv
+    assert il.launch_config(64, 4608, 3584, 128, CPU).gemv and not il.launch_config(65, 4608, 3584, 128, CPU).gemv
+    assert not il.launch_config(32, 37888, 3584, 128, CPU).gemv  # 296 GEMM tiles fill the SMs
     assert il.launch_config(8, 4608, 3584, 128, CPU, torch.float32).block_k == 32  # FMA dots: small tiles
     big = fl.launch_config(256, 4608, 3584, 128, 128, 128, CPU)
     assert not big.gemv and not big.fp8_dot and not big.fp8_native  # the interpreter: bit decoding, bf16 math

@@ -38,7 +38,7 @@ import triton.language as tl
 from ingot.ops import reference as ref
 from ingot.ops.triton._common import capability, cuda_kernel, last_dim_contiguous, next_pow2
 from ingot.ops.triton.pdl import pdl_supported
-from ingot.ops.triton.quant_gemm import MAX_GEMV_ROWS, QuantLaunch, QuantWeight, aligned_block_k, fits_tiles, run
+from ingot.ops.triton.quant_gemm import QuantLaunch, QuantWeight, aligned_block_k, fits_tiles, gemv_rows, run
 
 
 # ----------------------------------------------------------------------------- W8A8 activations
@@ -130,7 +130,8 @@ def launch_config(m: int, n: int, k: int, block_n: int, block_k: int, act_group:
 
     A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``): the GEMV
     tiles of int_linear (one row: 64 x 256, 16 KB of fp8 per iteration, 4.2 sm_90 instructions
-    a weight where 7 are spent at HBM bandwidth); W8A8 GEMMs on fp8 tensor cores with 128-wide
+    a weight where 7 are spent at HBM bandwidth; up to 64 rows as int_linear, except per-channel
+    W8A8, whose ``torch._scaled_mm`` beat the GEMV at 32 and 64 rows on the 7B shapes); W8A8 GEMMs on fp8 tensor cores with 128-wide
     K tiles (one 128-block per tile), rowwise layouts on sm_90+ by ``torch._scaled_mm``; W8A16
     GEMMs with 64-wide K tiles. None spills on sm_90. fp32 rows: small tiles (see int_linear).
     """
@@ -139,11 +140,16 @@ def launch_config(m: int, n: int, k: int, block_n: int, block_k: int, act_group:
     if m == 1:
         return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl, fp8_native=native)
     if dtype == torch.float32:
-        if m <= MAX_GEMV_ROWS:
+        if m <= 16:
             return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
         return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3, fp8_native=native)
-    if m <= MAX_GEMV_ROWS:
+    if m <= 16:
         return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
+    per_channel_w8a8 = act_group >= 0 and native and capability(device) >= (9, 0) and scaled_mm_fits(
+        n, k, block_n, block_k, act_group, dtype)
+    if gemv_rows(m, n, device) and not per_channel_w8a8:
+        return QuantLaunch(True, True, 16, 32, 128, num_warps=4, num_stages=3, waves=4 if m <= 32 else 2, pdl=pdl,
+                           fp8_native=native)
     block_m = 64 if m <= 64 else 128
     warps = 4 if block_m == 64 else 8
     if act_group >= 0 and native:

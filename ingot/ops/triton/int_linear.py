@@ -22,7 +22,7 @@ import torch
 from ingot.ops import reference as ref
 from ingot.ops.triton._common import cuda_kernel, last_dim_contiguous
 from ingot.ops.triton.pdl import pdl_supported
-from ingot.ops.triton.quant_gemm import MAX_GEMV_ROWS, QuantLaunch, QuantWeight, fits_tiles, run
+from ingot.ops.triton.quant_gemm import QuantLaunch, QuantWeight, fits_tiles, gemv_rows, run
 
 
 def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
@@ -33,21 +33,23 @@ def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
     counting the sm_90 instructions of the K loop per weight (the one-row int4 GEMV has
     about 3.5 to spend at HBM bandwidth): one row streams 64 x 256 tiles (8 KB of int4 per
     iteration, as skinny_gemm's bf16 tiles; 5.1 instructions a weight, 32 x 256 costs 6.8)
-    over 4 waves; up to 16 rows, 64 x 128 ``tl.dot`` tiles (6.2) over 2 waves; more rows a
-    tiled GEMM with 64-wide K tiles, its row tile growing with M. None spills on sm_90.
+    over 4 waves; up to 16 rows, 64 x 128 ``tl.dot`` tiles (6.2) over 2 waves; up to 64 rows
+    where the GEMM's tiles would not fill the GPU (``gemv_rows``), 32 x 128 (the sweep's best
+    at 32 and 64 rows); more rows a tiled GEMM with 64-wide K tiles, its row tile growing with
+    M. None spills on sm_90.
     fp32 rows: dots in IEEE fp32 run on FMA units, whose operands sit in registers: small tiles.
     """
     pdl = pdl_supported(device)
     if m == 1:
         return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
     if dtype == torch.float32:
-        if m <= MAX_GEMV_ROWS:
+        if m <= 16:
             return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl)
         return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3)
-    if m <= MAX_GEMV_ROWS:
+    if m <= 16:
         return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl)
-    if m <= 32:
-        return QuantLaunch(False, True, 32, 64, 64, num_warps=4, num_stages=4)
+    if gemv_rows(m, n, device):
+        return QuantLaunch(True, True, 16, 32, 128, num_warps=4, num_stages=3, waves=4 if m <= 32 else 2, pdl=pdl)
     if m <= 64:
         return QuantLaunch(False, True, 64, 128, 64, num_warps=4, num_stages=4)
     return QuantLaunch(False, True, 128, 128, 64, num_warps=8, num_stages=3)

@@ -46,7 +46,15 @@ import triton.language as tl
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 
-MAX_GEMV_ROWS = 16  # the M side of tl.dot
+MAX_GEMV_ROWS = 64  # rows the split-K GEMV takes (tl.dot on rows padded to 16, 32 or 64)
+
+
+def gemv_rows(m: int, n: int, device: torch.device) -> bool:
+    """Whether ``m`` rows of an [n, k] weight go to the split-K GEMV rather than the tiled GEMM.
+    Up to 16 rows always; up to 64 while the GEMM's 64 x 128 tiles would not fill the SMs
+    (H200, 7B shapes at 64 rows: qkv / o / down int8 24 / 19 / 76 us on the GEMV against
+    48 / 49 / 300 on the GEMM; gate_up, 296 tiles, 103 against 89)."""
+    return m <= 16 or (m <= MAX_GEMV_ROWS and cdiv(m, 64) * cdiv(n, 128) < num_sms(device))
 
 
 @dataclass(frozen=True)
@@ -448,4 +456,4 @@ def _gemm(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
     return y
 
 
-__all__ = ["QuantLaunch", "QuantWeight", "MAX_GEMV_ROWS", "run", "fits_tiles", "group_tile", "aligned_block_k"]
+__all__ = ["QuantLaunch", "QuantWeight", "MAX_GEMV_ROWS", "gemv_rows", "run", "fits_tiles", "group_tile", "aligned_block_k"]
