@@ -579,26 +579,3 @@ def test_fused_moe_alignment(MOE, t, e, k, bm):
     used = len(want_blocks)
     assert sorted_ids[: used * bm].tolist() == want_sorted
     assert block_expert.tolist() == want_blocks + [-1] * (blocks - used)
-
-
-@pytest.mark.parametrize("table", ["identity", "partial"])
-def test_rope_kernels_on_model_tables(K, table):
-    """SmolLM3's identity table (one row seen at every position: stride 0) and a partial-rotary
-    table (identity columns after the rotated ones) through the rotary and fused decode kernels."""
-    from ingot.layers.rotary import RotaryEmbedding
-
-    d, max_pos = 64, 64
-    rotary = RotaryEmbedding.identity(d, max_pos) if table == "identity" else RotaryEmbedding(d, max_pos, 1e4, None, 48)
-    cache = rotary.cos_sin_cache
-    gen = torch.Generator().manual_seed(11)
-    args = rope_decode_case([37, 1], 4, 2, d, 16, torch.bfloat16, gen)
-    args[4] = cache
-    check_rope_decode(K.decode_attention.decode_attention_rope, args)
-    q = torch.randn(5, 4, d, generator=gen).to(torch.bfloat16)
-    k = torch.randn(5, 2, d, generator=gen).to(torch.bfloat16)
-    positions = torch.randint(0, max_pos, (5,), generator=gen)
-    q_out, k_out = K.rotary.rotary_embedding(positions, q, k, cache)
-    q_exp, k_exp = ref.rotary_embedding(positions, q, k, cache)
-    assert torch.equal(q_out, q_exp) and torch.equal(k_out, k_exp)
-    if table == "identity":
-        assert torch.equal(q_out, q) and torch.equal(k_out, k)
