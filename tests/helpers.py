@@ -44,8 +44,18 @@ ARCHS = {
                     num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=None),
     "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", tie_word_embeddings=False,
                   num_experts=8, num_experts_per_tok=2, intermediate_size=32, clip_qkv=2.0, pad_token_id=0),
+    # dense variations: Phi-3 (fused qkv / gate_up tensors, partial rotary, LongRoPE over the first
+    # 64 positions), OLMo 2 (norms after the sublayers), SmolLM3 (layer 1 without rotary)
+    "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", tie_word_embeddings=False, pad_token_id=0,
+                 partial_rotary_factor=0.5, original_max_position_embeddings=64,
+                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.4],
+                               "long_factor": [1.7, 2.9, 4.4, 8.0]}),
+    "olmo2": dict(architectures=["Olmo2ForCausalLM"], model_type="olmo2", tie_word_embeddings=False, pad_token_id=0),
+    "smollm3": dict(architectures=["SmolLM3ForCausalLM"], model_type="smollm3", tie_word_embeddings=True, pad_token_id=0,
+                    num_hidden_layers=3, no_rope_layer_interval=2),
 }
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+DENSE_FAMILIES = ("phi3", "olmo2", "smollm3")
 
 
 def write_tokenizer(path: Path, vocab_size: int = 300) -> None:

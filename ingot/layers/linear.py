@@ -195,6 +195,23 @@ class MergedLinear(nn.Module):
             return (slice(None), slice(first, first + cols))
         return None
 
+    def split_stacked(self, param: str, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """A checkpoint tensor holding every shard's rows (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+        as the per-shard tensors ``load_shard`` takes (each cut to ``checkpoint_slice``)."""
+        total = sum(self.shard_sizes)
+        if (self.scheme is None or param == "bias") and tensor.shape[0] != total:
+            raise ValueError(f"{param}: expected {total} rows (the shards {self.shard_sizes} stacked), "
+                             f"got {tuple(tensor.shape)}")
+        parts = []
+        for index, size in enumerate(self.shard_sizes):
+            first = sum(self.shard_sizes[:index])
+            rows = (slice(first, first + size) if self.scheme is None or param == "bias"
+                    else quant_linear.output_rows(self.scheme, param, first, size, total))
+            part = tensor if rows is None else tensor[rows]
+            cut = self.checkpoint_slice(param, index)
+            parts.append(part if cut is None else part[cut])
+        return parts
+
     def load_shard(self, param: str, index: int, tensor: torch.Tensor) -> None:
         """Copy a checkpoint tensor (weight or bias of shard ``index``, already cut to
         ``checkpoint_slice``; or a quantized layer's parameter) into place."""

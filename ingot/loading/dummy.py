@@ -34,6 +34,12 @@ SHAPES: dict[str, dict[str, Any]] = {
     "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
                        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    "phi-4": dict(architectures=["Phi3ForCausalLM"], hidden_size=5120, intermediate_size=17920, num_hidden_layers=40,
+                  num_attention_heads=40, num_key_value_heads=10, vocab_size=100352, max_position_embeddings=16384,
+                  rms_norm_eps=1e-5, rope_theta=250000.0, tie_word_embeddings=False),
+    "olmo-2-7b": dict(architectures=["Olmo2ForCausalLM"], hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=100352, max_position_embeddings=4096,
+                      rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=False),
     # mixture of experts (random router weights route about uniformly)
     "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
                           num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,

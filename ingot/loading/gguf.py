@@ -56,6 +56,7 @@ _ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 # llama.cpp renormalises the top-k routing weights per architecture unless the file says
 # otherwise ({arch}.expert_weights_norm): Mixtral and Qwen3-MoE yes, Qwen2-MoE no
@@ -74,6 +75,9 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    # OLMo 2: norms on the sublayer outputs
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
     # mixture of experts: the router, each projection of all experts stacked [E, ...], the shared expert
     "ffn_gate_inp": "mlp.gate",
     "ffn_gate_exps": "mlp.experts.gate_proj",

@@ -1,5 +1,9 @@
 """ModelConfig: the architecture facts ingot needs, read from an HF config.json dict.
 
+Dense variations of the Llama block are flags: Phi-3 (partial rotary,
+LongRoPE), OLMo 2 (q/k norm over the whole projection; its norm placement is
+``models/olmo2.py``), SmolLM3 (layers without rotary).
+
 Mixture-of-experts fields (``num_experts`` > 0) follow the HF names of the four
 families ingot runs: Qwen3-MoE, Qwen2-MoE (a shared expert with a sigmoid
 gate), Mixtral (every layer sparse, ``intermediate_size`` is the expert width,
@@ -40,6 +44,8 @@ class ModelConfig:
     sliding_window: Optional[int] = None
     qk_norm_full_width: bool = False  # OLMoE: q_norm / k_norm over all heads of the projection at once
     clip_qkv: Optional[float] = None  # OLMoE: q, k (after their norms) and v clamped to +-clip_qkv
+    partial_rotary_factor: float = 1.0  # Phi-3/4: rotary on the first fraction of each head's dims
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: decoder layers that skip rotary
     # mixture of experts (num_experts == 0: a dense model)
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -63,6 +69,11 @@ class ModelConfig:
             raise CheckpointError(f"{prefix}: {', '.join(shards)} are quantized differently ({schemes}); ingot holds "
                                   "them as one projection")
         return schemes.pop()
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that rotate (HF: ``int(head_dim * partial_rotary_factor)``)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` has routed experts (HF's rule for the Qwen MoE families)."""
@@ -89,7 +100,7 @@ class ModelConfig:
         # transformers >= 5 keeps rope settings in `rope_parameters`
         rope = dict(cfg.get("rope_parameters") or {})
         theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        scaling = _rope_scaling(cfg, rope)
         eos = cfg.get("eos_token_id")
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype")
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
@@ -109,8 +120,10 @@ class ModelConfig:
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=_qkv_bias(arch, cfg),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"),
-            qk_norm_full_width=arch == "OlmoeForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Olmo2ForCausalLM"),
+            qk_norm_full_width=arch in ("OlmoeForCausalLM", "Olmo2ForCausalLM"),
+            partial_rotary_factor=float(cfg.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
+            nope_layers=_nope_layers(arch, cfg, layers),
             clip_qkv=float(cfg["clip_qkv"]) if cfg.get("clip_qkv") is not None else None,
             sliding_window=int(sliding) if sliding else None,
             torch_dtype=_DTYPES.get(str(dtype_name)) if dtype_name else None,
@@ -118,6 +131,35 @@ class ModelConfig:
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             **moe,
         )
+
+
+def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The rope scaling settings (None: plain rope). LongRoPE's (Phi-3 ``su`` / ``longrope``) gain
+    ``original_max_position_embeddings`` from the top level, where Phi-3 configs keep it, and
+    ``factor`` (HF's default: the ratio of the two context lengths)."""
+    scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if not scaling or scaling.get("rope_type", scaling.get("type")) not in ("su", "longrope"):
+        return scaling
+    scaling = dict(scaling)
+    original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+    if not original:
+        raise CheckpointError("LongRoPE scaling needs original_max_position_embeddings (rope_scaling or config.json)")
+    scaling["original_max_position_embeddings"] = int(original)
+    if scaling.get("factor") is None:
+        scaling["factor"] = int(cfg.get("max_position_embeddings", 4096)) / int(original)
+    return scaling
+
+
+def _nope_layers(arch: str, cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """SmolLM3's layers without rotary: ``no_rope_layers[i] == 0`` (1 means rotary), by default
+    every ``no_rope_layer_interval``-th layer (HF's rule)."""
+    if arch != "SmolLM3ForCausalLM":
+        return ()
+    interval = int(cfg.get("no_rope_layer_interval") or 4)
+    flags = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) != layers:
+        raise CheckpointError(f"no_rope_layers has {len(flags)} entries for num_hidden_layers={layers}")
+    return tuple(i for i, uses_rope in enumerate(flags) if not uses_rope)
 
 
 def _qkv_bias(arch: str, cfg: dict[str, Any]) -> bool:

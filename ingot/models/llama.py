@@ -1,4 +1,6 @@
-"""The Llama decoder family: Llama 2/3, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+"""The Llama decoder family: Llama 2/3, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
+Phi-3/4 (fused checkpoint projections, partial rotary, LongRoPE), SmolLM3 (layers
+without rotary); OLMo 2 swaps the decoder layer (``olmo2.py``).
 
 One implementation; the differences are flags on ModelConfig. The forward works
 on flattened tokens [T] and never looks at batch structure: that lives in
@@ -28,7 +30,7 @@ from ingot.layers.embedding import Embedding, LMHead
 from ingot.layers.linear import Linear, MergedLinear, norm_linear, silu_mul_linear
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
-from ingot.layers.rotary import RotaryEmbedding
+from ingot.layers.rotary import RotaryEmbedding, partial_rotary_order
 from ingot.loading.errors import CheckpointError
 from ingot.loading.model_config import ModelConfig
 
@@ -167,14 +169,21 @@ _FUSED = {
 
 class LlamaForCausalLM(nn.Module):
     tensor_parallel_error = staticmethod(tensor_parallel_error)
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer
 
     def __init__(self, cfg: ModelConfig, max_position: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.config = cfg
         self.tp = tp
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, tp)
-        rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, self.make_mlp(cfg, i), tp, i) for i in range(cfg.num_layers))
+        rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
+        unrotated = RotaryEmbedding.identity(cfg.head_dim, max_position) if cfg.nope_layers else None
+        self.layers = nn.ModuleList(
+            self.decoder_layer(cfg, unrotated if i in cfg.nope_layers else rotary, self.make_mlp(cfg, i), tp, i)
+            for i in range(cfg.num_layers))
+        # partial rotary: each head's q/k dims reordered at load (``partial_rotary_order``)
+        self.head_order = (partial_rotary_order(cfg.head_dim, cfg.rotary_dim) if cfg.rotary_dim < cfg.head_dim
+                           else None)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied, tp)
@@ -202,6 +211,8 @@ class LlamaForCausalLM(nn.Module):
 
     # HF checkpoint name -> (our module suffix, shard index) for fused projections
     FUSED = _FUSED
+    # checkpoint tensors that stack every shard of the projection of that name (Phi-3's)
+    STACKED = ("qkv_proj", "gate_up_proj")
 
     def _skipped(self, name: str) -> bool:
         """Checkpoint tensors (HF name without ``model.``) the model does not hold."""
@@ -231,16 +242,17 @@ class LlamaForCausalLM(nn.Module):
         """``checkpoint_slice`` of one tensor (HF name without ``model.``; the MoE models override it)."""
         _, module, pname, index = self._target(name)
         if isinstance(module, MergedLinear):
-            return module.checkpoint_slice(pname, index)
+            return None if index is None else module.checkpoint_slice(pname, index)
         if isinstance(module, (Embedding, LMHead)):
             return module.shard.checkpoint_slice()
         return None
 
-    def _target(self, name: str) -> tuple[str, nn.Module, str, int]:
-        """(module path, module, parameter name, shard index) of a tensor (HF name without ``model.``)."""
+    def _target(self, name: str) -> tuple[str, nn.Module, str, Optional[int]]:
+        """(module path, module, parameter name, shard index) of a tensor (HF name without ``model.``);
+        index None: the tensor stacks every shard of a merged projection (Phi-3's ``qkv_proj``)."""
         owner, _, pname = name.rpartition(".")
         head, _, proj = owner.rpartition(".")
-        index = 0
+        index: Optional[int] = 0
         if proj in self.FUSED:
             fused, index = self.FUSED[proj]
             owner = f"{head}.{fused}"
@@ -251,6 +263,8 @@ class LlamaForCausalLM(nn.Module):
             param = None
         if not isinstance(param, nn.Parameter):
             raise CheckpointError(f"checkpoint tensor {name!r} does not belong to {self.config.architecture}")
+        if proj in self.STACKED and isinstance(module, MergedLinear):
+            index = None
         return owner, module, pname, index
 
     def load_tensor(self, name: str, tensor: torch.Tensor) -> list[str]:
@@ -258,6 +272,11 @@ class LlamaForCausalLM(nn.Module):
         owner, module, pname, index = self._target(name)
         param = getattr(module, pname)
         try:
+            if isinstance(module, MergedLinear) and index is None:
+                for i, part in enumerate(module.split_stacked(pname, tensor)):
+                    module.load_shard(pname, i, self._head_layout(owner, i, pname, part))
+                return [f"{owner}.{pname}#{i}" for i in range(len(module.shard_sizes))]
+            tensor = self._head_layout(owner, index, pname, tensor)
             if isinstance(module, MergedLinear):
                 module.load_shard(pname, index, tensor)
             elif isinstance(module, (Embedding, LMHead)):
@@ -269,6 +288,19 @@ class LlamaForCausalLM(nn.Module):
         except ValueError as exc:
             raise CheckpointError(f"{name}: {exc}") from None
         return [f"{owner}.{pname}#{index}"]
+
+    def _head_layout(self, owner: str, index: int, pname: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Under partial rotary, the q and k rows (and q/k norm weights) of each head in the order
+        the rotary table expects (``head_order``); any other tensor as it is."""
+        order = self.head_order
+        is_qk = owner.endswith("self_attn.qkv_proj") and index in (0, 1)
+        if order is None or not (is_qk or owner.endswith(("self_attn.q_norm", "self_attn.k_norm"))):
+            return tensor
+        if is_qk and getattr(self.get_submodule(owner), "scheme", None) is not None and pname != "bias":
+            raise ValueError("partial rotary reorders the q/k rows of each head: quantized q/k projections "
+                             "are not supported")
+        heads = tensor.reshape(-1, order.numel(), *tensor.shape[1:])
+        return heads[:, order.to(tensor.device)].reshape(tensor.shape)
 
     def expected_keys(self) -> set[str]:
         keys = set()

@@ -8,6 +8,7 @@ from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
 from ingot.models.llama import LlamaForCausalLM
 from ingot.models.moe import MoEForCausalLM
+from ingot.models.olmo2 import Olmo2ForCausalLM
 from ingot.loading.model_config import ModelConfig
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -15,6 +16,9 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": LlamaForCausalLM,
+    "SmolLM3ForCausalLM": LlamaForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Qwen3MoeForCausalLM": MoEForCausalLM,
     "Qwen2MoeForCausalLM": MoEForCausalLM,
     "MixtralForCausalLM": MoEForCausalLM,

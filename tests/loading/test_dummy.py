@@ -67,3 +67,16 @@ def test_unknown_shape_and_format_are_clear_errors():
     with pytest.raises(CheckpointError, match="load_format must be one of"):
         open_checkpoint(None, load_format="pt")
     assert "qwen3-30b-a3b" in SHAPES and "mixtral-8x7b" in SHAPES
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_built_in_shape_builds_its_model(name):
+    """Each shape's configuration opens and its model (one layer, on the meta device) builds."""
+    from ingot.loading.dummy import shape_config
+    from ingot.loading.model_config import ModelConfig
+    from ingot.models.loader import build_model
+
+    cfg = ModelConfig.from_hf(shape_config(name, num_layers=1))
+    model = build_model(cfg, torch.bfloat16, torch.device("meta"), SHAPE_CONTEXT)
+    q_kv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    assert tuple(model.layers[0].self_attn.qkv_proj.weight.shape) == (q_kv, cfg.hidden_size)
