@@ -511,7 +511,7 @@ def test_prefill_attention_tile_configs(K, hq, hkv, d):
     configs = [K.prefill_attention.PrefillConfig(*tiles) for tiles in PREFILL_TILES[d]]
     assert K.prefill_attention.launch_config(d, args[0].device) in configs
     for cfg in configs:
-        out = K.prefill_attention.prefill_attention(*args, d**-0.5, cfg)
+        out = K.prefill_attention.prefill_attention(*args, d**-0.5, config=cfg)
         assert rel_err(out, expected) < TOL, cfg
         if K.prefill_dispatch.path_supported("flash", 232, 3, args[7].shape[1] * 16, hq, hkv, d, BF16, args[0].device):
             out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path="flash", config=cfg)
