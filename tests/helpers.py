@@ -44,6 +44,13 @@ ARCHS = {
                     num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=None),
     "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", tie_word_embeddings=False,
                   num_experts=8, num_experts_per_tok=2, intermediate_size=32, clip_qkv=2.0, pad_token_id=0),
+    # Gemma: tied embeddings, soft-caps (Gemma 2), q/k norms and two rope bases (Gemma 3); windows of 8
+    "gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", head_dim=16, sliding_window=8,
+                   query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+    "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=16, sliding_window=8,
+                   num_hidden_layers=3, sliding_window_pattern=3, query_pre_attn_scalar=24,
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}}),
 }
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 

@@ -125,7 +125,7 @@ class ModelConfig:
             rope_theta=theta,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in _GEMMA)),  # (Gemma's default: tied)
             qkv_bias=_qkv_bias(arch, cfg),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"),
             qk_norm_full_width=arch == "OlmoeForCausalLM",
@@ -143,13 +143,15 @@ class ModelConfig:
 # (Mistral, Mixtral: they never read the list), or by layer index
 _SLIDING_RULES = {
     "Gemma2ForCausalLM": lambda i, cfg: i % 2 == 0,
-    "Gemma3ForCausalLM": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern") or 6) != 0,
+    "Gemma3ForCausalLM": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+                                                      or 6) != 0,
     "Qwen2ForCausalLM": lambda i, cfg: i >= int(cfg.get("max_window_layers", 28)),
     "Qwen3ForCausalLM": lambda i, cfg: i >= int(cfg.get("max_window_layers", 28)),
     "Qwen2MoeForCausalLM": lambda i, cfg: i % 2 == 0 and i < int(cfg.get("max_window_layers", 28)),
 }
 _IGNORE_LAYER_TYPES = ("MistralForCausalLM", "MixtralForCausalLM")
-_ALWAYS_SLIDING = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")  # no `use_sliding_window` switch
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+_ALWAYS_SLIDING = _GEMMA  # no `use_sliding_window` switch
 
 
 def _layer_windows(arch: str, cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
@@ -172,7 +174,7 @@ def _gemma_fields(arch: str, cfg: dict[str, Any], rope: dict[str, Any]) -> dict[
     """The Gemma 2 / 3 fields of ModelConfig ({} for other families). Gemma 3's rope settings come
     per layer type (`rope_parameters` of transformers 5) or as `rope_theta` and
     `rope_local_base_freq` (older configs)."""
-    if arch not in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+    if arch not in _GEMMA:
         return {}
     fields: dict[str, Any] = dict(
         query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256),

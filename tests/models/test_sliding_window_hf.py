@@ -1,6 +1,7 @@
 """Sliding-window attention through the whole engine against HF transformers (fp32, CPU): tiny
-random Mistral (every layer windowed: blocks outside the window handed back) and Qwen2 (a
-global and a windowed layer) checkpoints, windows shorter than prompt + generation."""
+random Mistral (every layer windowed: blocks outside the window handed back), Qwen2 (a global
+and a windowed layer), Gemma 2 (alternating, soft-capped) and Gemma 3 (two local layers to a
+global one) checkpoints, windows of 8 tokens, shorter than prompt + generation."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from tests.helpers import hf_model, write_tiny_checkpoint
 
+# arch -> (config changes, each layer's window as ingot reads it)
 WINDOWED = {
-    "mistral": dict(sliding_window=8),
-    "qwen2": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),  # layer 0 global, layer 1 local
+    "mistral": (dict(sliding_window=8), (8, 8)),
+    "qwen2": (dict(use_sliding_window=True, sliding_window=8, max_window_layers=1), (0, 8)),
+    "gemma2": ({}, (8, 0)),
+    "gemma3": ({}, (8, 8, 0)),
 }
 PROMPTS = [torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (21, 17)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -33,7 +37,7 @@ def hf_greedy(path, prompts: list[list[int]], n: int) -> list[list[int]]:
 @pytest.fixture(scope="module", params=sorted(WINDOWED))
 def checkpoint(request, tmp_path_factory):
     arch = request.param
-    path = write_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch, seed=4, overrides=WINDOWED[arch])
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch, seed=4, overrides=WINDOWED[arch][0])
     return arch, path, hf_greedy(path, PROMPTS, GREEDY.max_tokens)
 
 
@@ -43,20 +47,19 @@ def test_greedy_tokens_match_hf(checkpoint):
     round takes the first's cached blocks (those handed back included, while not reused)."""
     arch, path, expected = checkpoint
     llm = LLM(str(path), dtype="float32", device="cpu", show_progress=False, block_size=4, max_num_batched_tokens=6)
-    assert llm.engine.model_config.layer_windows == ((8, 8) if arch == "mistral" else (0, 8))
+    assert llm.engine.model_config.layer_windows == WINDOWED[arch][1]
     for _ in range(2):
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == expected
     assert llm.engine.scheduler.stats.prefix_cache_hits > 0
 
 
+@pytest.mark.parametrize("checkpoint", ["mistral"], indirect=True)  # every layer windowed (a global layer keeps all)
 def test_blocks_outside_the_window_are_handed_back(checkpoint):
     """Every layer windowed (Mistral): a decoding sequence holds only the blocks its window
     touches, the rest of its table is the dummy block; the tokens still equal HF's, also when
     the pool is so small that handed-back blocks are taken again by the other sequence."""
-    arch, path, expected = checkpoint
-    if arch != "mistral":
-        pytest.skip("a global layer keeps every block")
+    _, path, expected = checkpoint
     engine = Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, block_size=4,
                                  num_kv_blocks=17, enable_prefix_caching=False))
     seqs = [engine.add_request(prompt, GREEDY) for prompt in PROMPTS]
