@@ -26,6 +26,11 @@ program masks that position out of its cache reads, so the store races with
 nothing. This replaces three launches per layer (rotary, store_kv, attention)
 with one.
 
+A sliding ``window`` (a local layer) starts the slices at the tile holding the first
+visible position (``seq_len - window``): tiles wholly before it are never read, so a
+local layer's decode reads its window whatever the context. ``softcap`` caps the
+logits (``softcap.py``).
+
 ``S`` comes from static shapes only (B, Hkv, the block table width and the SM
 count), so it is fixed for a captured graph; scratch sizes likewise. No host
 sync, no data-dependent allocation. fp32 softmax and accumulation; output in

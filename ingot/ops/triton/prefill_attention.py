@@ -21,6 +21,8 @@ tiles without a mask, then one bounds-masked tail), the fully visible
 new-token tiles before the query tile (no mask), and the diagonal tiles
 (causal mask).
 
+A sliding window starts the first two loops at its first visible tile (masked per row).
+
 ``merge_cached_context`` (the context kernel) does only the cached prefix, for
 a prefill whose new-token part someone else computed: it starts each query
 row's online softmax from that part's normalized output and log-sum-exp
@@ -119,8 +121,8 @@ def _fold_cached_prefix(
     query row sees all of them, so full tiles need no mask; one masked tail tile. The K
     and V caches share their strides (one row offset serves both). The block-id load that
     each tile's addresses wait for takes one of the loop's ``STAGES`` pipeline stages.
-    With a sliding WINDOW the tiles start at the first key the tile's first query (the
-    least of ``q_pos``) sees, and every one is masked (its rows see different keys)."""
+    With a sliding WINDOW the tiles start at the first key the first query (least ``q_pos``)
+    sees, every one masked (its rows see different keys)."""
     offs_n = tl.arange(0, BLOCK_N)
     lo = 0
     n_full = (prefix // BLOCK_N) * BLOCK_N
