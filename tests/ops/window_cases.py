@@ -12,7 +12,7 @@ def dense_attention(q, k, v, q_pos, window: int, scale: float, softcap: float = 
     hq, hkv = q.shape[1], k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float32)
     for i, p in enumerate(q_pos):
-        keys = [j for j in range(k.shape[0]) if j <= p and (window <= 0 or p - j < window)]
+        keys = slice(max(0, p - window + 1) if window > 0 else 0, p + 1)  # j <= p, p - j < window
         for h in range(hq):
             kh, vh = k[keys, h // (hq // hkv)].float(), v[keys, h // (hq // hkv)].float()
             logits = (kh @ q[i, h].float()) * scale
