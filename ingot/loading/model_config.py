@@ -157,9 +157,10 @@ _ALWAYS_SLIDING = _GEMMA  # no `use_sliding_window` switch
 def _layer_windows(arch: str, cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
     """Each decoder layer's sliding window (0: global), as HF decides it: the config's
     `layer_types` where the model reads them, else the architecture's rule; () for none.
-    Qwen configs slide only with `use_sliding_window` (their `sliding_window` is set regardless)."""
+    Qwen configs slide only with `use_sliding_window` (False unless set; their `sliding_window` is
+    set regardless); Mistral's and Mixtral's whenever `sliding_window` is."""
     window = cfg.get("sliding_window")
-    if not window or (arch not in _ALWAYS_SLIDING and cfg.get("use_sliding_window", True) is False):
+    if not window or (arch not in _ALWAYS_SLIDING and not cfg.get("use_sliding_window", not arch.startswith("Qwen"))):
         return ()
     types = cfg.get("layer_types")
     if types and arch not in _IGNORE_LAYER_TYPES:

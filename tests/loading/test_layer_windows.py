@@ -19,6 +19,7 @@ def test_rules_without_layer_types():
     assert windows("MistralForCausalLM", sliding_window=8, layer_types=["full_attention"] * 4) == (8, 8, 8, 8)
     assert windows("Qwen2ForCausalLM", sliding_window=8, use_sliding_window=True, max_window_layers=3) == (0, 0, 0, 8)
     assert windows("Qwen2ForCausalLM", sliding_window=32768, use_sliding_window=False, max_window_layers=3) == ()
+    assert windows("Qwen2ForCausalLM", sliding_window=32768, max_window_layers=3) == ()  # HF's default: off
     assert windows("Gemma2ForCausalLM", sliding_window=8) == (8, 0, 8, 0)
     assert windows("Gemma3ForCausalLM", sliding_window=8, sliding_window_pattern=2) == (8, 0, 8, 0)
 
