@@ -53,6 +53,13 @@ ARCHS = {
     "olmo2": dict(architectures=["Olmo2ForCausalLM"], model_type="olmo2", tie_word_embeddings=False, pad_token_id=0),
     "smollm3": dict(architectures=["SmolLM3ForCausalLM"], model_type="smollm3", tie_word_embeddings=True, pad_token_id=0,
                     num_hidden_layers=3, no_rope_layer_interval=2),
+    # Gemma: tied embeddings, soft-caps (Gemma 2), q/k norms and two rope bases (Gemma 3); windows of 8
+    "gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", head_dim=16, sliding_window=8,
+                   query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+    "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=16, sliding_window=8,
+                   num_hidden_layers=3, sliding_window_pattern=3, query_pre_attn_scalar=24,
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}}),
 }
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 DENSE_FAMILIES = ("phi3", "olmo2", "smollm3")

@@ -69,11 +69,10 @@ def test_missing_weights(tmp_path, tiny):
         make(bad)
 
 
-def test_sliding_window_refused(tmp_path, tiny):
-    bad = variant(tiny, tmp_path / "mistral", architectures=["MistralForCausalLM"], sliding_window=32)
-    with pytest.raises(ConfigError, match="sliding attention window"):
-        make(bad)
-    make(bad, max_model_len=32)  # within the window it is plain attention
+def test_a_sliding_window_shorter_than_the_context_is_served(tmp_path, tiny):
+    path = variant(tiny, tmp_path / "mistral", architectures=["MistralForCausalLM"], sliding_window=32)
+    engine = make(path)
+    assert engine.max_model_len > 32 and engine.scheduler.blocks.window == 32
 
 
 def test_max_model_len_beyond_cache(tiny):

@@ -25,6 +25,14 @@ block table holds it. With prefix caching on (``enable_prefix_caching``):
   recently used cached one (whose hash is then forgotten). Every operation is
   O(1) per block: a deque and an OrderedDict.
 
+With a sliding window on every layer (``window``, Mistral v0.1), a block wholly
+before the window of a sequence's next query is read by no layer again: the
+scheduler hands it back (``drop_outside_window``) and the sequence's table keeps
+the dummy block in its place, which the attention kernels never read (they start
+at the window) and the references read masked. A dropped block that was cached
+stays findable (its KV is intact until it is handed out again, when its hash is
+forgotten); one dropped before it was registered is never registered.
+
 With prefix caching off nothing is hashed and blocks go back to one free list,
 in the order they were freed. ``reset_cache`` forgets every hash (only while no
 block is held): a benchmark round, or a switch of the caching setting, then
@@ -63,11 +71,15 @@ def _int32s(n: int) -> struct.Struct:
 class BlockManager:
     """Reference-counted KV blocks (ids 1..num_blocks-1) and, optionally, the prefix cache."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 window: Optional[int] = None) -> None:
+        """``window``: the sliding window every layer attends within (None: some layer sees
+        the whole context, so no block is dropped before its sequence ends)."""
         assert num_blocks >= 2, "need at least one usable block besides the dummy"
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caching = enable_prefix_caching
+        self.window = window
         self.ref_counts = [0] * num_blocks
         self.free_blocks: deque[int] = deque(range(DUMMY_BLOCK + 1, num_blocks))  # held by no one, not cached
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no one: least recently used first
@@ -110,18 +122,37 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s hold on its blocks; cached ones stay findable until evicted."""
         ids = seq.block_ids
-        refs = self.ref_counts
         # caching: the last blocks of a sequence go to the evictable pool first, so they are
         # evicted before its first ones (a prefix is worthless without its first blocks)
         for block in reversed(ids) if self.caching else ids:
-            refs[block] -= 1
-            if refs[block] == 0:
-                if self.hash_of[block] is None:
-                    self.free_blocks.append(block)
-                else:
-                    self.evictable[block] = None
+            if block != DUMMY_BLOCK:  # (dropped outside the window)
+                self._release(block)
         del ids[:]
         seq.num_cached_blocks = 0
+        seq.num_dropped_blocks = 0
+
+    def _release(self, block: int) -> None:
+        """One hold fewer on ``block``; held by no one, it is free (or evictable, if cached)."""
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if self.hash_of[block] is None:
+                self.free_blocks.append(block)
+            else:
+                self.evictable[block] = None
+
+    def drop_outside_window(self, seq: Sequence, first_query: int) -> None:
+        """Hand back ``seq``'s blocks that no query from position ``first_query`` on can see
+        (every layer windowed: wholly before ``first_query - window + 1``); their table entries
+        become the dummy block. A step still reading them was queued before any step that
+        could write them again (one stream), so this is safe at scheduling time."""
+        if self.window is None:
+            return
+        ids = seq.block_ids
+        end = min(max(0, first_query - self.window + 1) // self.block_size, len(ids))
+        for i in range(seq.num_dropped_blocks, end):
+            self._release(ids[i])
+            ids[i] = DUMMY_BLOCK
+        seq.num_dropped_blocks = max(seq.num_dropped_blocks, end)
 
     # ------------------------------------------------------------------ prefix cache
     def reset_cache(self) -> bool:
@@ -184,9 +215,11 @@ class BlockManager:
         """
         full = (seq.num_computed_tokens if computed is None else computed) // self.block_size
         for i in range(seq.num_cached_blocks, full):
+            block = seq.block_ids[i]
+            if block == DUMMY_BLOCK:  # dropped outside the window before this step was read back
+                continue
             h = self._hash(seq, i)
             if h not in self.cached:
-                block = seq.block_ids[i]
                 self.cached[h] = block
                 self.hash_of[block] = h
         seq.num_cached_blocks = full

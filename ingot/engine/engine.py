@@ -53,11 +53,6 @@ class Engine:
         ckpt = open_model(config)
         mcfg = ckpt.config
         max_model_len = config.max_model_len or ckpt.max_model_len or mcfg.max_position_embeddings
-        if mcfg.sliding_window is not None and mcfg.sliding_window < max_model_len:
-            raise ConfigError(
-                f"{mcfg.architecture} uses a sliding attention window of {mcfg.sliding_window} tokens, "
-                f"which ingot does not implement yet; pass max_model_len={mcfg.sliding_window} (or less)"
-            )
         self.executor: Executor = create_executor(config, ckpt, max_model_len)
         try:
             self._start(self.executor.config, mcfg, ckpt.tokenizer, max_model_len)
@@ -72,7 +67,7 @@ class Engine:
         self.eos_token_ids = tuple(dict.fromkeys([*model_config.eos_token_ids, *tokenizer.eos_token_ids]))
         num_blocks = self.executor.num_kv_blocks()
         self.executor.allocate_kv_cache(num_blocks)
-        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, model_config.kv_window)
         if max_model_len > blocks.capacity_tokens:
             if config.max_model_len is not None:
                 raise ConfigError(

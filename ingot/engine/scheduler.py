@@ -17,6 +17,9 @@ Policy (one step is either all-prefill or all-decode):
    preempted: its blocks are freed and it goes back to the front of the queue,
    to be recomputed later (never dropped).
 
+When every layer attends within a sliding window (``BlockManager.window``), each
+scheduled sequence first hands back the blocks its next query can no longer see.
+
 After each step the engine calls ``on_step_done``: it counts the computed
 tokens and registers the blocks that became full in the prefix cache.
 """
@@ -95,6 +98,7 @@ class Scheduler:
             if seq.status is not Status.RUNNING:  # preempted to make room for an older one
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            self.blocks.drop_outside_window(seq, seq.num_computed_tokens)
             if not self._make_room(seq, seq.num_computed_tokens + n):
                 continue
             batch.seqs.append(seq)
@@ -122,6 +126,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.blocks.admit(seq, hits, cached + n)
+            self.blocks.drop_outside_window(seq, cached)
             reserved += self.blocks.extra_blocks(seq, seq.num_tokens)
             seq.num_computed_tokens = cached
             if seq.num_preemptions == 0 and self.blocks.caching:
@@ -184,12 +189,15 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch([], False)
         block_size = self.blocks.block_size
+        windowed = self.blocks.window is not None
         for seq in list(self.running):
             n = len(seq.prompt_token_ids) + len(seq.output_token_ids) + seq.num_pending  # seq.num_tokens, inlined
             if seq.status is not Status.RUNNING or seq.num_computed_tokens < n - 1:  # preempted, or prefill
                 continue
             if seq.num_pending and seq.done_after_pending:  # its pending token ends it (overlap)
                 continue
+            if windowed:
+                self.blocks.drop_outside_window(seq, n - 1)
             # most steps the new token still fits the last block: no allocation to try
             if n > len(seq.block_ids) * block_size and not self._make_room(seq, n):
                 continue  # seq itself was preempted

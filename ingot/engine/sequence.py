@@ -71,6 +71,7 @@ class Sequence:
         self.num_pending = 0
         self.done_after_pending = False  # the pending token is its last (max_tokens, context)
         self.num_cached_blocks = 0  # leading block_ids that are in the prefix cache (hit or registered)
+        self.num_dropped_blocks = 0  # leading block_ids handed back outside a sliding window (now the dummy)
         self.status = Status.WAITING
         self.arrival_time = time.monotonic()
         self.first_token_time: Optional[float] = None

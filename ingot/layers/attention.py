@@ -36,14 +36,19 @@ class AttentionMetadata:
 
 
 class Attention(nn.Module):
-    """Holds a view of its layer's KV cache (set by the model runner)."""
+    """Holds a view of its layer's KV cache (set by the model runner). ``window`` > 0: a query
+    sees only the last ``window`` tokens (itself included); ``softcap`` > 0: logits are
+    soft-capped (Gemma 2)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int = 0,
+                 softcap: float = 0.0) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.window = window
+        self.softcap = softcap
         self.k_cache: Optional[torch.Tensor] = None
         self.v_cache: Optional[torch.Tensor] = None
 
@@ -67,6 +72,7 @@ class Attention(nn.Module):
             return torch.ops.ingot.decode_attention_rope(
                 q, k, v, positions, rotary.cos_sin_cache, self.k_cache, self.v_cache,
                 meta.slot_mapping, meta.block_tables, meta.seq_lens, self.scale, **norms,
+                window=self.window, softcap=self.softcap,
             )
         if qk_norm is not None:
             q, k = qk_norm[0](q, None, policy), qk_norm[1](k, None, policy)
@@ -75,8 +81,8 @@ class Attention(nn.Module):
         if meta.is_prefill:
             return torch.ops.ingot.prefill_attention(
                 q, k, v, self.k_cache, self.v_cache, meta.cu_seqlens_q,
-                meta.seq_lens, meta.block_tables, self.scale,
+                meta.seq_lens, meta.block_tables, self.scale, self.window, self.softcap,
             )
         return torch.ops.ingot.decode_attention(
-            q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens, self.scale
+            q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens, self.scale, self.window, self.softcap
         )

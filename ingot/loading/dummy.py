@@ -55,6 +55,18 @@ SHAPES: dict[str, dict[str, Any]] = {
                          num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
                          vocab_size=32000, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
                          tie_word_embeddings=False),
+    # sliding-window attention (alternating local and global layers), soft-caps, (1 + w) norms
+    "gemma-2-9b": dict(architectures=["Gemma2ForCausalLM"], hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=256, vocab_size=256000,
+                       max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096,
+                       query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       tie_word_embeddings=True),
+    "gemma-3-12b": dict(architectures=["Gemma3ForCausalLM"], hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+                        num_attention_heads=16, num_key_value_heads=8, head_dim=256, vocab_size=262208,
+                        max_position_embeddings=131072, rms_norm_eps=1e-6, sliding_window=1024, sliding_window_pattern=6,
+                        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                        query_pre_attn_scalar=256, tie_word_embeddings=True),
 }
 DEFAULT_SHAPE = "qwen2.5-1.5b"
 # the context of a built-in shape served with no max_model_len: the bench workloads (prompts up

@@ -41,7 +41,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
-    sliding_window: Optional[int] = None
+    # per decoder layer: the sliding attention window it attends within (0: global attention); () none
+    layer_windows: tuple[int, ...] = ()
     qk_norm_full_width: bool = False  # OLMoE: q_norm / k_norm over all heads of the projection at once
     clip_qkv: Optional[float] = None  # OLMoE: q, k (after their norms) and v clamped to +-clip_qkv
     partial_rotary_factor: float = 1.0  # Phi-3/4: rotary on the first fraction of each head's dims
@@ -58,6 +59,23 @@ class ModelConfig:
     bos_token_id: Optional[int] = None
     eos_token_ids: list[int] = field(default_factory=list)
     quant: Optional[QuantConfig] = None  # how the linear layers are held (None: in the model dtype)
+    # Gemma 2 / 3 (0 or None: not used)
+    query_pre_attn_scalar: Optional[float] = None  # the attention scale is its inverse square root (else head_dim's)
+    attn_logit_softcap: float = 0.0  # attention logits -> cap * tanh(logits / cap)
+    final_logit_softcap: float = 0.0  # output logits, likewise
+    local_rope_theta: Optional[float] = None  # Gemma 3: the rope base of sliding-window layers (unscaled)
+
+    def layer_window(self, index: int) -> int:
+        """Decoder layer ``index``'s sliding window (0: it attends to the whole context)."""
+        return self.layer_windows[index] if self.layer_windows else 0
+
+    @property
+    def kv_window(self) -> Optional[int]:
+        """The widest window when every layer has one (a sequence's KV blocks wholly before it
+        are read by no layer again), else None (some layer attends to the whole context)."""
+        if self.layer_windows and all(self.layer_windows):
+            return max(self.layer_windows)
+        return None
 
     def linear_scheme(self, prefix: str, shards: tuple[str, ...]) -> Optional[LinearScheme]:
         """The quantization of the (merged) linear module whose checkpoint modules are
@@ -98,12 +116,12 @@ class ModelConfig:
         if heads % kv_heads:
             raise CheckpointError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
         # transformers >= 5 keeps rope settings in `rope_parameters`
-        rope = dict(cfg.get("rope_parameters") or {})
-        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        per_type = dict(cfg.get("rope_parameters") or {})
+        rope = per_type.get("full_attention") or per_type  # Gemma 3: one set per layer type
+        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or (1e6 if arch == "Gemma3ForCausalLM" else 10000.0))
         scaling = _rope_scaling(cfg, rope)
         eos = cfg.get("eos_token_id")
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype")
-        sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
         moe = _moe_fields(arch, cfg, inter)
         return cls(
             architecture=arch,
@@ -118,18 +136,19 @@ class ModelConfig:
             rope_theta=theta,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in _GEMMA)),  # (Gemma's default: tied)
             qkv_bias=_qkv_bias(arch, cfg),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Olmo2ForCausalLM"),
             qk_norm_full_width=arch in ("OlmoeForCausalLM", "Olmo2ForCausalLM"),
             partial_rotary_factor=float(cfg.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
             nope_layers=_nope_layers(arch, cfg, layers),
             clip_qkv=float(cfg["clip_qkv"]) if cfg.get("clip_qkv") is not None else None,
-            sliding_window=int(sliding) if sliding else None,
+            layer_windows=_layer_windows(arch, cfg, layers),
             torch_dtype=_DTYPES.get(str(dtype_name)) if dtype_name else None,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             **moe,
+            **_gemma_fields(arch, cfg, per_type),
         )
 
 
@@ -160,6 +179,55 @@ def _nope_layers(arch: str, cfg: dict[str, Any], layers: int) -> tuple[int, ...]
     if len(flags) != layers:
         raise CheckpointError(f"no_rope_layers has {len(flags)} entries for num_hidden_layers={layers}")
     return tuple(i for i, uses_rope in enumerate(flags) if not uses_rope)
+
+
+# HF's rule for which layers slide when the config has no `layer_types` list: every layer
+# (Mistral, Mixtral: they never read the list), or by layer index
+_SLIDING_RULES = {
+    "Gemma2ForCausalLM": lambda i, cfg: i % 2 == 0,
+    "Gemma3ForCausalLM": lambda i, cfg: (i + 1) % int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+                                                      or 6) != 0,
+    "Qwen2ForCausalLM": lambda i, cfg: i >= int(cfg.get("max_window_layers", 28)),
+    "Qwen3ForCausalLM": lambda i, cfg: i >= int(cfg.get("max_window_layers", 28)),
+    "Qwen2MoeForCausalLM": lambda i, cfg: i % 2 == 0 and i < int(cfg.get("max_window_layers", 28)),
+}
+_IGNORE_LAYER_TYPES = ("MistralForCausalLM", "MixtralForCausalLM")
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+_ALWAYS_SLIDING = _GEMMA  # no `use_sliding_window` switch
+
+
+def _layer_windows(arch: str, cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """Each decoder layer's sliding window (0: global), as HF decides it: the config's
+    `layer_types` where the model reads them, else the architecture's rule; () for none.
+    Qwen configs slide only with `use_sliding_window` (False unless set; their `sliding_window` is
+    set regardless); Mistral's and Mixtral's whenever `sliding_window` is."""
+    window = cfg.get("sliding_window")
+    if not window or (arch not in _ALWAYS_SLIDING and not cfg.get("use_sliding_window", not arch.startswith("Qwen"))):
+        return ()
+    types = cfg.get("layer_types")
+    if types and arch not in _IGNORE_LAYER_TYPES:
+        slides = [t == "sliding_attention" for t in types[:layers]]
+    else:
+        rule = _SLIDING_RULES.get(arch, lambda i, cfg: True)
+        slides = [rule(i, cfg) for i in range(layers)]
+    return tuple(int(window) if s else 0 for s in slides) if any(slides) else ()
+
+
+def _gemma_fields(arch: str, cfg: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
+    """The Gemma 2 / 3 fields of ModelConfig ({} for other families). Gemma 3's rope settings come
+    per layer type (`rope_parameters` of transformers 5) or as `rope_theta` and
+    `rope_local_base_freq` (older configs)."""
+    if arch not in _GEMMA:
+        return {}
+    fields: dict[str, Any] = dict(
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256),
+        attn_logit_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+    )
+    if arch == "Gemma3ForCausalLM":
+        local = rope.get("sliding_attention") or {}
+        fields["local_rope_theta"] = float(local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10000.0)
+    return fields
 
 
 def _qkv_bias(arch: str, cfg: dict[str, Any]) -> bool:

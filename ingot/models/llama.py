@@ -57,9 +57,10 @@ def local_heads(cfg: ModelConfig, tp: TensorParallel) -> tuple[int, int]:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE, prefix: str = "") -> None:
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE, prefix: str = "",
+                 index: int = 0) -> None:
         """``prefix``: the module's checkpoint name (``layers.N.self_attn``), which names the
-        quantization of its projections."""
+        quantization of its projections; ``index``: the layer's, which picks its sliding window."""
         super().__init__()
         self.head_dim = cfg.head_dim
         self.num_heads, self.num_kv_heads = local_heads(cfg, tp)
@@ -75,7 +76,9 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.clip_qkv = cfg.clip_qkv
         self.rotary = rotary  # one table shared by every layer
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        scale = (cfg.query_pre_attn_scalar or self.head_dim) ** -0.5
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, scale, cfg.layer_window(index),
+                              cfg.attn_logit_softcap)
         self.splits = self.qkv_proj.local_sizes
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy) -> torch.Tensor:
@@ -136,7 +139,7 @@ class LlamaDecoderLayer(nn.Module):
                  index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary, tp, f"layers.{index}.self_attn")
+        self.self_attn = LlamaAttention(cfg, rotary, tp, f"layers.{index}.self_attn", index)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # anything with norm_forward(x, proj, residual, norm, policy): LlamaMLP, moe.MoEBlock
 

@@ -6,6 +6,7 @@ from torch import nn
 
 from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
+from ingot.models.gemma import GemmaForCausalLM
 from ingot.models.llama import LlamaForCausalLM
 from ingot.models.moe import MoEForCausalLM
 from ingot.models.olmo2 import Olmo2ForCausalLM
@@ -23,6 +24,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Qwen2MoeForCausalLM": MoEForCausalLM,
     "MixtralForCausalLM": MoEForCausalLM,
     "OlmoeForCausalLM": MoEForCausalLM,
+    "Gemma2ForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": GemmaForCausalLM,
 }
 
 

@@ -137,59 +137,57 @@ def _gather_context(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Te
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float = 0.0
 ) -> torch.Tensor:
-    """q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], mask [B, Tq, Tk] -> [B, Tq, Hq, D] (fp32 math)."""
+    """q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], mask [B, Tq, Tk] -> [B, Tq, Hq, D] (fp32 math).
+    ``softcap`` > 0: logits become ``softcap * tanh(logits / softcap)`` before the mask (Gemma 2)."""
     b, tq, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
     qf = q.float().view(b, tq, hkv, g, d)
     scores = torch.einsum("bqhgd,bkhd->bhgqk", qf, k.float()) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask[:, None, None, :, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.float())
     return out.reshape(b, tq, hq, d).to(q.dtype)
 
 
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """Causal visibility of keys at ``k_pos`` to queries at ``q_pos`` (broadcast): ``k <= q``, and
+    with ``window`` > 0 also ``q - k < window`` (HF's sliding window: a query sees itself and
+    the ``window - 1`` tokens before it)."""
+    mask = k_pos <= q_pos
+    return mask & (q_pos - k_pos < window) if window > 0 else mask
+
+
 @op(fake=lambda q, *_: _like(q))
 def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+    scale: float, window: int = 0, softcap: float = 0.0,
 ) -> torch.Tensor:
-    """One query per row: q [B, Hq, D] over the first ``seq_lens[b]`` cached tokens.
+    """One query per row: q [B, Hq, D] over the first ``seq_lens[b]`` cached tokens, the last
+    ``window`` of them when ``window`` > 0; logits soft-capped when ``softcap`` > 0.
 
     Static shapes only (no host sync), so it can be captured in a CUDA graph.
     """
     k = _gather_context(k_cache, block_tables)
     v = _gather_context(v_cache, block_tables)
     pos = torch.arange(k.shape[1], device=q.device)
-    mask = (pos[None, :] < seq_lens[:, None].to(pos.dtype)).unsqueeze(1)
-    return _attend(q.unsqueeze(1), k, v, mask, scale).squeeze(1)
+    mask = visible(seq_lens[:, None].to(pos.dtype) - 1, pos[None, :], window).unsqueeze(1)
+    return _attend(q.unsqueeze(1), k, v, mask, scale, softcap).squeeze(1)
 
 
 @op(fake=lambda q, *_: _like(q), mutates_args=("k_cache", "v_cache"))
 def decode_attention_rope(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    q_norm_weight: Optional[torch.Tensor] = None,
-    k_norm_weight: Optional[torch.Tensor] = None,
-    norm_eps: float = 0.0,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, q_norm_weight: Optional[torch.Tensor] = None,
+    k_norm_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0, window: int = 0, softcap: float = 0.0,
 ) -> torch.Tensor:
     """A decode step's attention from its unrotated q, k, v: (per-head RMSNorm of q and k,
-    as Qwen3 has,) rotary, KV store, attention.
+    as Qwen3 has,) rotary, KV store, attention (``window``, ``softcap``: decode_attention's).
 
     Exactly the reference ops in sequence (the fused kernel's ground truth).
     """
@@ -199,22 +197,16 @@ def decode_attention_rope(
         k = rms_norm(k, k_norm_weight, norm_eps)
     q, k = rotary_embedding(positions, q, k, cos_sin_cache)
     store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap)
 
 
 @op(fake=lambda q, *_: _like(q))
 def prefill_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+    window: int = 0, softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Causal attention for packed new tokens q [T, Hq, D].
+    """Causal attention for packed new tokens q [T, Hq, D] (``window``, ``softcap``: decode_attention's).
 
     Row b owns queries ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``, the last of its
     ``seq_lens[b]`` tokens; earlier context (chunked prefill) is read from the
@@ -233,8 +225,8 @@ def prefill_attention(
         vc = _gather_context(v_cache, table)[:, :total]
         qpos = torch.arange(total - nq, total, device=q.device)
         kpos = torch.arange(total, device=q.device)
-        mask = (kpos[None, :] <= qpos[:, None]).unsqueeze(0)
-        out[s:e] = _attend(q[s:e].unsqueeze(0), kc, vc, mask, scale).squeeze(0)
+        mask = visible(qpos[:, None], kpos[None, :], window).unsqueeze(0)
+        out[s:e] = _attend(q[s:e].unsqueeze(0), kc, vc, mask, scale, softcap).squeeze(0)
     return out
 
 

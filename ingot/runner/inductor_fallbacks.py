@@ -47,8 +47,9 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
     out = [ops.rms_norm(x, w, 1e-6), *ops.add_rms_norm(x, x, w, 1e-6), ops.silu_and_mul(x2)]
     out += [*ops.rotary_embedding(positions, q, k, cos_sin)]
     ops.store_kv(k, v, k_cache, v_cache, slots)
-    out.append(ops.decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0))
-    out.append(ops.decode_attention_rope(q, k, v, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, 1.0))
+    out.append(ops.decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0, 2, 30.0))
+    out.append(ops.decode_attention_rope(q, k, v, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, 1.0,
+                                         None, None, 0.0, 2, 30.0))
     out += [ops.skinny_linear(x, weight, None), *ops.rms_norm_linear(x, x, w, 1e-6, weight, None)]
     out += [*ops.rms_norm_linear_scaled(x, x, w, 1e-6, weight, None)]
     out += [*ops.linear_norm_linear_scaled(x, w_gate_up[0], None, x, w, 1e-6, weight)]

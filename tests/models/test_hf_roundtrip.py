@@ -1,4 +1,4 @@
-"""ingot vs HF transformers on small random Llama / Qwen2 / Qwen3 / Mistral checkpoints."""
+"""ingot vs HF transformers on small random Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 checkpoints."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ingot.engine.engine import Engine
 from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"])
 def test_logits_match_hf(tmp_path, arch):
     path = write_tiny_checkpoint(tmp_path / arch, arch)
     assert (path / "model.safetensors.index.json").exists(), "checkpoint should be sharded"

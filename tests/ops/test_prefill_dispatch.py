@@ -242,6 +242,17 @@ def test_flash_bounds_cover_every_sequence(monkeypatch):
     assert seen["max_q"] == min(503, args[7].shape[1] * 16)
 
 
+def test_a_window_or_softcap_takes_the_fused_kernel(everything_supported):
+    """Only the fused kernel masks a sliding window and caps logits: the rule sends those
+    prefills there, and asking for another path with them is an error."""
+    assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, BF16, CUDA) == "cudnn"
+    assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, BF16, CUDA, window=1024) == "triton"
+    assert pd.choose_prefill_path(4096, 1, 4096, 28, 4, 128, BF16, CUDA, softcap=50.0) == "triton"
+    args = prefill_case([3], [3], 2, 2, 16, 16, torch.Generator().manual_seed(1), BF16)
+    with pytest.raises(ValueError, match="only 'triton'"):
+        pd.prefill_attention(*args, 0.25, 8, 0.0, path="flash")
+
+
 def test_unknown_path_raises():
     gen = torch.Generator().manual_seed(1)
     args = prefill_case([3], [3], 2, 2, 16, 16, gen, BF16)

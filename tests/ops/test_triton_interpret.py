@@ -20,7 +20,7 @@ ENABLED = os.environ.get("INGOT_TEST_TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 
 KERNEL_MODULES = (
-    "rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "prefill_dispatch", "rms_norm", "rotary",
+    "softcap", "rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "prefill_dispatch", "rms_norm", "rotary",
     "skinny_gemm", "quant_gemm", "int_linear", "fp8_linear", "fused_moe_quant",
 )
 
@@ -250,6 +250,62 @@ def test_choose_num_splits(K):
     assert 1 < f(64, 2, 128, 16, 64, cpu) <= 8
 
 
+# ----------------------------------------------------------------------------- sliding window, soft-cap
+from tests.ops.window_cases import decode_window_case, prefill_window_case  # noqa: E402
+
+
+def _poison_outside_window(cache_pair, table, first_queries, window, page):
+    """NaN into every block wholly before each row's window: a kernel that reads one fails."""
+    for b, first in enumerate(first_queries):
+        for i in range(max(0, first - window + 1) // page):
+            for cache in cache_pair:
+                cache[int(table[b, i])] = float("nan")
+
+
+@pytest.mark.parametrize("lens,page,window,softcap,splits", [
+    ([1, 40, 70], 16, 24, 0.0, 3),  # the window starts mid-tile; slices over the window only
+    ([70, 9], 8, 8, 0.0, None),
+    ([50, 33], 16, 17, 2.0, 2),
+    ([64, 20], 16, 0, 3.0, 1),  # soft-cap alone, direct write
+])
+def test_decode_attention_window(K, lens, page, window, softcap, splits):
+    gen = torch.Generator().manual_seed(sum(lens) + window)
+    args, expected = decode_window_case(lens, 4, 2, 32, page, gen)
+    if window:
+        _poison_outside_window(args[1:3], args[3], [n - 1 for n in lens], window, page)
+    out = K.decode_attention.decode_attention(*args, 0.2, window, softcap, num_splits=splits)
+    assert rel_err(out, expected(window, 0.2, softcap)) < 1e-4
+
+
+def test_decode_attention_rope_window(K):
+    gen = torch.Generator().manual_seed(21)
+    args = rope_decode_case([70, 33, 1], 4, 2, 32, 16, torch.bfloat16, gen)
+    check_rope_decode(lambda *a: K.decode_attention.decode_attention_rope(*a, num_splits=3), [*args, None, None, 0.0, 20, 5.0])
+
+
+def test_choose_num_splits_within_a_window(K):
+    f = K.decode_attention.choose_num_splits
+    assert f(1, 2, 256, 16, 64, torch.device("cpu"), window=100) == 3  # the tiles 100 tokens can touch
+
+
+@pytest.mark.parametrize("q_lens,totals,page,window,softcap", [
+    ([5, 1, 12, 9], [21, 14, 12, 30], 4, 6, 0.0),  # chunks straddling the window's edge
+    ([40, 20], [100, 20], 8, 24, 0.0),  # the window skips cached and new-token tiles
+    ([33, 7], [80, 50], 8, 10, 1.5),
+    ([30], [30], 8, 0, 2.0),  # soft-cap alone
+])
+def test_prefill_attention_window(K, q_lens, totals, page, window, softcap):
+    gen = torch.Generator().manual_seed(sum(totals) + window)
+    args, expected = prefill_window_case(q_lens, totals, 4, 2, 32, page, gen)
+    if window:
+        _poison_outside_window(args[3:5], args[7], [n - m for m, n in zip(q_lens, totals)], window, page)
+    cfg = K.prefill_attention.PrefillConfig(16, 16, 4, 2)  # several query and key tiles per sequence
+    out = K.prefill_attention.prefill_attention(*args, 0.2, window, softcap, cfg)
+    assert rel_err(out, expected(window, 0.2, softcap)) < 1e-4
+    out = K.prefill_dispatch.prefill_attention(*args, 0.2, window, softcap, config=cfg)  # the dispatch: this kernel
+    assert rel_err(out, expected(window, 0.2, softcap)) < 1e-4
+
+
 def test_store_kv(K):
     check_store_kv(K.kv_store.store_kv, t=9, hkv=2, d=64, page=16, nb=6, gen=torch.Generator().manual_seed(2))
 
@@ -365,7 +421,7 @@ def test_prefill_attention_square_tiles(K):
     gen = torch.Generator().manual_seed(12)
     args = _prefill_case([150, 20], [170, 20], 2, 1, 32, 16, gen)
     cfg = K.prefill_attention.PrefillConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
-    out = K.prefill_attention.prefill_attention(*args, 32**-0.5, cfg)
+    out = K.prefill_attention.prefill_attention(*args, 32**-0.5, config=cfg)
     expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
     assert rel_err(out, expected) < 1e-2
 
@@ -378,7 +434,7 @@ def test_prefill_attention_wide_context_tiles(K):
     expected = ref.prefill_attention(*[a.float() if a.is_floating_point() else a for a in args], 32**-0.5)
     for cfg in (K.prefill_attention.PrefillConfig(64, 32, 4, 2, block_n_ctx=128),
                 K.prefill_attention.PrefillConfig(64, 64, 4, 2, block_n_ctx=16, ctx_stages=5)):
-        out = K.prefill_attention.prefill_attention(*args, 32**-0.5, cfg)
+        out = K.prefill_attention.prefill_attention(*args, 32**-0.5, config=cfg)
         assert rel_err(out, expected) < 1e-2, cfg
 
 

@@ -511,7 +511,7 @@ def test_prefill_attention_tile_configs(K, hq, hkv, d):
     configs = [K.prefill_attention.PrefillConfig(*tiles) for tiles in PREFILL_TILES[d]]
     assert K.prefill_attention.launch_config(d, args[0].device) in configs
     for cfg in configs:
-        out = K.prefill_attention.prefill_attention(*args, d**-0.5, cfg)
+        out = K.prefill_attention.prefill_attention(*args, d**-0.5, config=cfg)
         assert rel_err(out, expected) < TOL, cfg
         if K.prefill_dispatch.path_supported("flash", 232, 3, args[7].shape[1] * 16, hq, hkv, d, BF16, args[0].device):
             out = K.prefill_dispatch.prefill_attention(*args, d**-0.5, path="flash", config=cfg)
@@ -679,3 +679,21 @@ def test_ops_dispatch_to_triton(K):
 
     args = rope_decode_case([70, 33, 1], 8, 2, 64, 16, BF16, gen, device="cuda")
     check_rope_decode(lambda *a: ran_triton(lambda: ops.decode_attention_rope(*a)), args)
+
+
+# ----------------------------------------------------------------------------- sliding window, soft-cap
+@gpu
+@pytest.mark.parametrize("d,window,softcap", [(128, 1024, 0.0), (256, 512, 50.0), (256, 0, 50.0)])
+def test_window_softcap_kernels(K, d, window, softcap):
+    """Mistral's and Gemma's head dims and windows in bf16: decode at batch 1 and 8, a chunked
+    prefill straddling the window; against the dense masked softmax (window_cases.py)."""
+    from tests.ops.window_cases import decode_window_case, prefill_window_case
+
+    gen = torch.Generator().manual_seed(d + window)
+    for lens in ([3000], [3000, 300, 1025, 1, 2000, 1100, 64, 2500]):
+        args, expected = decode_window_case(lens, 16, 8, d, 16, gen, BF16)
+        out = K.decode_attention.decode_attention(*[a.cuda() for a in args], d**-0.5, window, softcap)
+        assert rel_err(out.cpu(), expected(window, d**-0.5, softcap)) < TOL
+    args, expected = prefill_window_case([300, 100], [2300, 100], 16, 8, d, 16, gen, BF16)
+    out = K.prefill_dispatch.prefill_attention(*[a.cuda() for a in args], d**-0.5, window, softcap)
+    assert rel_err(out.cpu(), expected(window, d**-0.5, softcap)) < TOL

@@ -26,6 +26,11 @@ program masks that position out of its cache reads, so the store races with
 nothing. This replaces three launches per layer (rotary, store_kv, attention)
 with one.
 
+A sliding ``window`` (a local layer) starts the slices at the tile holding the first
+visible position (``seq_len - window``): tiles wholly before it are never read, so a
+local layer's decode reads its window whatever the context. ``softcap`` caps the
+logits (``softcap.py``).
+
 ``S`` comes from static shapes only (B, Hkv, the block table width and the SM
 count), so it is fixed for a captured graph; scratch sizes likewise. No host
 sync, no data-dependent allocation. fp32 softmax and accumulation; output in
@@ -44,6 +49,7 @@ import triton.language as tl
 from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
+from ingot.ops.triton.softcap import scaled_logits
 
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -129,13 +135,13 @@ def _head_rms_norm(x1, x2, w1, w2, eps, HEAD_DIM: tl.constexpr):
     return y1.to(x1.dtype), y2.to(x2.dtype)
 
 
-# the block table's width varies between eager steps: not specialized
-@triton.jit(do_not_specialize=["stride_bt"])
+# the block table's width varies between eager steps, the window between layers: not specialized
+@triton.jit(do_not_specialize=["stride_bt", "window"])
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
     k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
-    scale_log2, norm_eps,
+    scale_log2, norm_eps, window, cap_log2,
     num_splits,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -148,7 +154,7 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -174,8 +180,11 @@ def _decode_kernel(
             qn1, qn2 = _norm_weights(q_norm_ptr, offs_h, h_mask, HALF)
             kn1, kn2 = _norm_weights(k_norm_ptr, offs_h, h_mask, HALF)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    tile_lo = split * tiles_per_split
+    # a sliding window: the slices cover only the tiles from the first visible position on
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    tile0 = first // BLOCK_N
+    tiles_per_split = tl.cdiv(num_tiles - tile0, num_splits)
+    tile_lo = tile0 + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
     wait_for_producer(PDL)  # q, k and v come from the previous kernel
 
@@ -200,7 +209,7 @@ def _decode_kernel(
         q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
         # the new token: rotated k and v from registers, stored by its owner program
         kv_limit = seq_len - 1
-        owner = (seq_len > 0) & (split == (num_tiles - 1) // tiles_per_split)
+        owner = (seq_len > 0) & (split == (num_tiles - 1 - tile0) // tiles_per_split)
         k1, k2 = rope_pair(k1, k2, cos, sin, BF16)
         store = owner & (slot >= 0)
         k_dst = k_cache_ptr + (slot // PAGE) * stride_kb + (slot % PAGE) * stride_ks + kvh * stride_kh
@@ -210,7 +219,7 @@ def _decode_kernel(
         tl.store(v_dst + offs_d, v_new.to(v_cache_ptr.dtype.element_ty), mask=d_mask & store)
         s_new = tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
         s_new += tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)
-        m_i = tl.where(owner, s_new * scale_log2, m_i)
+        m_i = tl.where(owner, scaled_logits(s_new, scale_log2, cap_log2, SOFTCAP), m_i)
         l_i = tl.where(owner, 1.0, l_i)
         acc = tl.where(owner, acc + v_new.to(tl.float32)[None, :], acc)
     if DOT_F32:
@@ -223,7 +232,7 @@ def _decode_kernel(
 
     for tile in range(tile_lo, tile_hi):
         pos_n = tile * BLOCK_N + offs_n
-        n_mask = pos_n < kv_limit
+        n_mask = (pos_n < kv_limit) & (pos_n >= first)
         if PAGE % BLOCK_N == 0:
             # the whole tile lies in one cache block
             blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE).to(tl.int64)
@@ -237,7 +246,7 @@ def _decode_kernel(
         if DOT_F32:
             k1t = k1t.to(tl.float32)
             k2t = k2t.to(tl.float32)
-        s = (tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t))) * scale_log2  # log2 domain
+        s = scaled_logits(tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t)), scale_log2, cap_log2, SOFTCAP)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token
@@ -273,7 +282,7 @@ def _decode_kernel(
             if done == num_splits - 1:
                 # slices past the last tile hold nothing: a captured graph's S is sized for the
                 # widest block table, so at short contexts most of them are empty
-                num_used = tl.cdiv(num_tiles, tiles_per_split)
+                num_used = tl.cdiv(num_tiles - tile0, tiles_per_split)
                 _merge_splits(
                     mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, num_used, stride_ob, stride_oh,
                     NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S,
@@ -314,16 +323,20 @@ def launch_config(head_dim: int, programs: int, device: torch.device) -> DecodeC
 
 
 def choose_num_splits(
-    batch: int, num_kv_heads: int, max_blocks: int, page: int, block_n: int, device: torch.device, waves: int = 1
+    batch: int, num_kv_heads: int, max_blocks: int, page: int, block_n: int, device: torch.device, waves: int = 1,
+    window: int = 0,
 ) -> int:
     """Context slices per (sequence, KV head), from static shapes only.
 
     Enough programs for ``waves`` programs per SM, never more than the tiles of
-    the longest context the block table can hold, at most MAX_SPLITS.
+    the longest context the block table can hold (or a sliding ``window`` spans),
+    at most MAX_SPLITS.
     """
     programs = batch * num_kv_heads
     want = cdiv(waves * num_sms(device), max(programs, 1))
     max_tiles = max(1, cdiv(max_blocks * page, block_n))
+    if window > 0:  # a window starting mid-tile touches one tile more than it fills
+        max_tiles = min(max_tiles, cdiv(window, block_n) + 1)
     return int(max(1, min(want, max_tiles, MAX_SPLITS)))
 
 
@@ -338,6 +351,8 @@ def _launch(
     rope: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     config: Optional[DecodeConfig],
     qk_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -357,7 +372,8 @@ def _launch(
     block_half = max(16, next_pow2(head_dim // 2))
     cfg = config or launch_config(head_dim, batch * num_kv_heads, q.device)
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1], page, cfg.block_n, q.device, cfg.waves)
+        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1], page, cfg.block_n, q.device, cfg.waves,
+                                       window)
     direct = num_splits == 1
     block_s = max(2, min(next_pow2(num_splits), 4096 // (block_gm * block_d)))
     counters = None
@@ -389,7 +405,7 @@ def _launch(
         q, k_cache, v_cache, block_tables, seq_lens,
         out, mid_o, mid_lse, counters if merge_here else seq_lens,
         k_new, v_new, positions, cos_sin, slots, q_norm, k_norm,
-        float(scale) * _LOG2E, float(norm_eps),
+        float(scale) * _LOG2E, float(norm_eps), max(int(window), 0), float(softcap) * _LOG2E,
         num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -402,7 +418,7 @@ def _launch(
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
-        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl, SOFTCAP=softcap > 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     if not direct and not merge_here:
@@ -423,12 +439,14 @@ def decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
     num_splits: Optional[int] = None,
     config: Optional[DecodeConfig] = None,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.decode_attention`` (see reference.py);
     ``num_splits`` and ``config`` override ``choose_num_splits`` and ``launch_config``."""
-    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None, config)
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None, config, None, window, softcap)
 
 
 @cuda_kernel
@@ -447,6 +465,8 @@ def decode_attention_rope(
     q_norm_weight: Optional[torch.Tensor] = None,
     k_norm_weight: Optional[torch.Tensor] = None,
     norm_eps: float = 0.0,
+    window: int = 0,
+    softcap: float = 0.0,
     num_splits: Optional[int] = None,
     config: Optional[DecodeConfig] = None,
 ) -> torch.Tensor:
@@ -458,7 +478,7 @@ def decode_attention_rope(
         raise ValueError("decode_attention_rope folds q and k norms together: pass both weights or neither")
     qk_norm = None if q_norm_weight is None else (q_norm_weight, k_norm_weight, norm_eps)
     return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
-                   (k, v, positions, cos_sin_cache, slot_mapping), config, qk_norm)
+                   (k, v, positions, cos_sin_cache, slot_mapping), config, qk_norm, window, softcap)
 
 
 __all__ = ["decode_attention", "decode_attention_rope", "choose_num_splits", "launch_config", "DecodeConfig", "MAX_SPLITS"]

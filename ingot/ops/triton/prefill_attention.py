@@ -21,6 +21,8 @@ tiles without a mask, then one bounds-masked tail), the fully visible
 new-token tiles before the query tile (no mask), and the diagonal tiles
 (causal mask).
 
+A sliding window starts the first two loops at its first visible tile (masked per row).
+
 ``merge_cached_context`` (the context kernel) does only the cached prefix, for
 a prefill whose new-token part someone else computed: it starts each query
 row's online softmax from that part's normalized output and log-sum-exp
@@ -42,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import capability, cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms
+from ingot.ops.triton.softcap import scaled_logits
 
 _LOG2E = 1.4426950408889634
 
@@ -83,15 +86,24 @@ def _tile_starts_kernel(cu_ptr, out_ptr, num_seqs, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, MASKED: tl.constexpr):
+def _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, cap_log2, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+                 EMPTY_ROWS: tl.constexpr):
     """One K/V tile of flash attention (base-2 online softmax); ``valid`` [BM, BN] is used
-    when MASKED. The scale is applied with the max subtraction (one fused multiply-add)."""
+    when MASKED. The scale is applied with the max subtraction (one fused multiply-add),
+    or first, inside the soft-cap. EMPTY_ROWS: a row may have seen no visible key yet (a
+    sliding window), its max still -inf, which must not turn into NaN."""
     s = tl.dot(q, tl.trans(k))
+    if SOFTCAP:
+        s = scaled_logits(s, scale_log2, cap_log2, True)
+        scale = 1.0
+    else:
+        scale = scale_log2
     if MASKED:
         s = tl.where(valid, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
-    p = tl.exp2(s * scale_log2 - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new) if EMPTY_ROWS else m_new
+    p = tl.exp2(s * scale - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
@@ -100,16 +112,23 @@ def _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, MASKED: tl.constexpr
 
 @triton.jit
 def _fold_cached_prefix(
-    q, m_i, l_i, acc, kc_head, vc_head, bt_row, prefix, stride_cb, stride_cs, scale_log2,
+    q, m_i, l_i, acc, kc_head, vc_head, bt_row, prefix, stride_cb, stride_cs, scale_log2, cap_log2, q_pos, window,
     offs_d, d_mask,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr, DOT_F32: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Attend to a sequence's first ``prefix`` tokens, read from the paged cache: every
     query row sees all of them, so full tiles need no mask; one masked tail tile. The K
     and V caches share their strides (one row offset serves both). The block-id load that
-    each tile's addresses wait for takes one of the loop's ``STAGES`` pipeline stages."""
+    each tile's addresses wait for takes one of the loop's ``STAGES`` pipeline stages.
+    With a sliding WINDOW the tiles start at the first key the first query (least ``q_pos``)
+    sees, every one masked (its rows see different keys)."""
     offs_n = tl.arange(0, BLOCK_N)
+    lo = 0
     n_full = (prefix // BLOCK_N) * BLOCK_N
+    if WINDOW:
+        lo = tl.maximum(tl.min(q_pos, 0) - window + 1, 0)
+        n_full = 0
     for n0 in tl.range(0, n_full, BLOCK_N, num_stages=STAGES):
         pos = n0 + offs_n
         blk = tl.load(bt_row + pos // PAGE).to(tl.int64)
@@ -123,10 +142,11 @@ def _fold_cached_prefix(
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, None, scale_log2, False)
-    if n_full < prefix:
-        pos = n_full + offs_n
-        n_mask = pos < prefix
+        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, None, scale_log2, cap_log2, False, SOFTCAP, False)
+    # the tail tile, or every windowed tile
+    for n0 in range(tl.maximum(n_full, (lo // BLOCK_N) * BLOCK_N), prefix, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = (pos < prefix) & (pos >= lo)
         blk = tl.load(bt_row + pos // PAGE, mask=n_mask, other=0).to(tl.int64)
         rows = blk * stride_cb + (pos % PAGE) * stride_cs
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -135,7 +155,10 @@ def _fold_cached_prefix(
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, n_mask[None, :], scale_log2, True)
+        valid = n_mask[None, :]
+        if WINDOW:
+            valid = valid & (q_pos[:, None] - pos[None, :] < window)
+        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, cap_log2, True, SOFTCAP, WINDOW)
     return m_i, l_i, acc
 
 
@@ -153,18 +176,18 @@ def _load_rows(ptrs, row_mask, d_mask, EVEN_D: tl.constexpr):
 
 
 # runtime sizes that vary per step: not specialized (no recompiles mid-serving)
-@triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_tiles_ub", "stride_bt"])
+@triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_tiles_ub", "stride_bt", "window"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr,
     cu_q_ptr, seq_lens_ptr, block_tables_ptr, tile_starts_ptr, out_ptr,
-    scale_log2,
+    scale_log2, cap_log2, window,
     num_seqs, search_steps, num_tiles_ub,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_CTX: tl.constexpr,
-    CTX_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
+    CTX_STAGES: tl.constexpr, DOT_F32: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     h = tl.program_id(0)
@@ -200,24 +223,28 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-        # 1) the cached prefix (earlier chunks): every query sees all of it
+        # 1) the cached prefix (earlier chunks): every query sees all of it (within its window)
+        q_pos = prefix + offs_m  # the queries' positions in the sequence
         m_i, l_i, acc = _fold_cached_prefix(
             q, m_i, l_i, acc, k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch,
-            block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2,
-            offs_d, d_mask, PAGE, BLOCK_N_CTX, CTX_STAGES, EVEN_D, DOT_F32,
+            block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2, cap_log2,
+            q_pos, window, offs_d, d_mask, PAGE, BLOCK_N_CTX, CTX_STAGES, EVEN_D, DOT_F32, WINDOW, SOFTCAP,
         )
 
-        # 2) new tokens before this query tile: fully visible (BLOCK_M % BLOCK_N == 0)
+        # 2) new tokens before this query tile: fully visible (BLOCK_M % BLOCK_N == 0); with a
+        # window, from the tile of the first key the tile's first query sees, masked
         k_head = k_ptr + kvh * stride_kh
         v_head = v_ptr + kvh * stride_vh
-        for n0 in range(0, m0, BLOCK_N):
+        n_lo = (tl.maximum(m0 - window + 1, 0) // BLOCK_N) * BLOCK_N if WINDOW else 0
+        for n0 in range(n_lo, m0, BLOCK_N):
             rows = (q_start + n0 + offs_n).to(tl.int64)
             k = _load_rows(k_head + rows[:, None] * stride_kt + offs_d[None, :], None, d_mask, EVEN_D)
             v = _load_rows(v_head + rows[:, None] * stride_vt + offs_d[None, :], None, d_mask, EVEN_D)
             if DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, None, scale_log2, False)
+            valid = offs_m[:, None] - (n0 + offs_n)[None, :] < window
+            m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, cap_log2, WINDOW, SOFTCAP, WINDOW)
 
         # 3) the diagonal: causal mask
         n_end = tl.minimum(m0 + BLOCK_M, q_len)
@@ -231,7 +258,9 @@ def _prefill_kernel(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             valid = (pos[None, :] <= offs_m[:, None]) & n_mask[None, :]
-            m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, True)
+            if WINDOW:
+                valid = valid & (offs_m[:, None] - pos[None, :] < window)
+            m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, cap_log2, True, SOFTCAP, WINDOW)
 
         o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
@@ -270,10 +299,10 @@ def _context_tile(
                   mask=m_mask, other=0.0)
     m_i = lse * 1.4426950408889634
     l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-    m_i, l_i, acc = _fold_cached_prefix(
+    m_i, l_i, acc = _fold_cached_prefix(  # (no window, no soft-cap: the dispatch sends those to the fused kernel)
         q, m_i, l_i, acc, k_cache_ptr + kvh * stride_ch, v_cache_ptr + kvh * stride_ch,
-        block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2,
-        offs_d, d_mask, PAGE, BLOCK_N, CTX_STAGES, EVEN_D, DOT_F32,
+        block_tables_ptr + b.to(tl.int64) * stride_bt, prefix, stride_cb, stride_cs, scale_log2, 0.0,
+        offs_m, 0, offs_d, d_mask, PAGE, BLOCK_N, CTX_STAGES, EVEN_D, DOT_F32, False, False,
     )
     o = acc / l_i[:, None]
     tl.store(out_rows[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -352,6 +381,8 @@ def prefill_attention(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
     config: Optional[PrefillConfig] = None,
 ) -> torch.Tensor:
     """The fused Triton kernel for ``torch.ops.ingot.prefill_attention`` (see reference.py)."""
@@ -385,14 +416,15 @@ def prefill_attention(
     _prefill_kernel[grid](
         q, k, v, k_cache, v_cache,
         cu_seqlens_q, seq_lens, block_tables, tile_starts, out,
-        float(scale) * _LOG2E,
+        float(scale) * _LOG2E, float(softcap) * _LOG2E, max(int(window), 0),
         num_seqs, search_steps, num_tiles_ub,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_N_CTX=cfg.ctx_tile,
-        CTX_STAGES=cfg.ctx_pipeline, DOT_F32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        CTX_STAGES=cfg.ctx_pipeline, DOT_F32=interpreting(), WINDOW=window > 0, SOFTCAP=softcap > 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
