@@ -97,6 +97,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         self.layers = nn.ModuleList(
             GemmaDecoderLayer(cfg, local if cfg.layer_window(i) else rotary, tp, i) for i in range(cfg.num_layers)
         )
+        self.head_order = None  # full rotary: q/k rows load as stored
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, self.embed_tokens if cfg.tie_word_embeddings else None, tp)
 
