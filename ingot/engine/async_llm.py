@@ -119,13 +119,43 @@ class ThreadBackend:
         self.loop.shutdown()
 
 
+class _Outbox:
+    """Where the engine's outputs for one reader pile up: ``put_nowait`` from the event loop,
+    ``take`` everything at once. An asyncio.Queue without what a single reader that always
+    empties it never uses (a bound, putters, task counting): a server puts and takes once
+    per request per step."""
+
+    def __init__(self) -> None:
+        self._items: list[RequestOutput] = []
+        self._waiter: Optional[asyncio.Future] = None
+
+    def put_nowait(self, item: RequestOutput) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def take(self) -> list[RequestOutput]:
+        """Every output put since the last take; waits for one if there is none."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
 class RequestGroup:
     """Requests submitted together (the prompts of one HTTP request): their outputs share
-    one queue. Iterate ``outputs()``; leaving it early, or ``abort()``, aborts the rest."""
+    one outbox. Iterate ``outputs()``; leaving it early, or ``abort()``, aborts the rest."""
 
     def __init__(self, backend: Backend, request_ids: list[str]) -> None:
         self._backend = backend
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()  # the engine's compact outputs
+        self.queue = _Outbox()  # the engine's compact outputs
         self._totals = Accumulator()
         self.unfinished = set(request_ids)
 
@@ -134,9 +164,7 @@ class RequestGroup:
         engine gets one output per request for several steps (its ``delta`` spans them)."""
         try:
             while self.unfinished:
-                piled = [await self.queue.get()]
-                while not self.queue.empty():  # behind the engine: take what piled up at once
-                    piled.append(self.queue.get_nowait())
+                piled = await self.queue.take()  # behind the engine: what piled up, at once
                 for out in self._totals.add_all(piled):
                     if out.finished:
                         self.unfinished.discard(out.request_id)

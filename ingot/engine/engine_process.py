@@ -4,9 +4,10 @@ The child builds the engine, runs an ``EngineLoop`` in it, reads commands
 (add, abort, abort all, shut down) from one pipe and writes, once per engine
 step, every output of that step, encoded compactly (``wire.py``), to another.
 The client (``EngineProcessClient``, in the server's process) tokenizes and
-validates requests itself, sends them, and reads the outputs on its asyncio
-event loop (``add_reader``: no thread), decoding them back into the engine's
-compact RequestOutputs (its caller adds them up). The child exits when the client closes its pipe (so it never
+validates requests itself and sends them, every command of one event-loop turn
+as one message written without blocking (``_CommandWriter``); it reads the
+outputs on its asyncio event loop (``add_reader``: no thread), decoding them
+back into the engine's compact RequestOutputs (its caller adds them up). The child exits when the client closes its pipe (so it never
 outlives the server, even one that was killed); the client fails every request
 in flight if the child dies.
 """
@@ -18,8 +19,10 @@ import logging
 import multiprocessing
 import os
 import pickle
+import struct
 import threading
 import traceback
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Optional
 
 from ingot.config import EngineConfig
@@ -86,19 +89,7 @@ def child_main(config: EngineConfig, commands: Any, outputs: Any) -> None:
                 msg = commands.recv()
             except (EOFError, OSError):  # the client is gone
                 break
-            kind = msg[0]
-            if kind == "add":
-                for request in msg[1]:
-                    try:
-                        loop.submit(request, sink)
-                    except EngineDeadError as exc:
-                        sink.put_wire(error_wire(request.request_id, request.params.n, str(exc)))
-                        sink.flush()
-            elif kind == "abort":
-                loop.abort(msg[1])
-            elif kind == "abort_all":
-                loop.abort_all()
-            elif kind == "shutdown":
+            if not _apply(loop, sink, msg[1] if msg[0] == "batch" else [msg]):
                 break
     finally:
         loop.shutdown()
@@ -109,17 +100,119 @@ def child_main(config: EngineConfig, commands: Any, outputs: Any) -> None:
             pass
 
 
+def _apply(loop: EngineLoop, sink: _PipeSink, commands: list[tuple]) -> bool:
+    """Carry out the client's commands in order (the requests of consecutive adds are
+    submitted together); False once told to shut down."""
+    adds: list[EngineRequest] = []
+    for msg in commands:
+        kind = msg[0]
+        if kind == "add":
+            adds += msg[1]
+            continue
+        _submit(loop, sink, adds)
+        adds = []
+        if kind == "abort":
+            loop.abort(msg[1])
+        elif kind == "abort_all":
+            loop.abort_all()
+        elif kind == "shutdown":
+            return False
+    _submit(loop, sink, adds)
+    return True
+
+
+def _submit(loop: EngineLoop, sink: _PipeSink, requests: list[EngineRequest]) -> None:
+    if not requests:
+        return
+    try:
+        loop.submit_all(requests, sink)
+    except EngineDeadError as exc:
+        for request in requests:
+            sink.put_wire(error_wire(request.request_id, request.params.n, str(exc)))
+        sink.flush()
+
+
 # ---------------------------------------------------------------- the client
+
+
+class _CommandWriter:
+    """The client's end of the commands pipe. The commands of one event-loop turn go as one
+    message (the engine process reads it at once: one wake-up of its command thread, which
+    shares a GIL with the busy engine loop, instead of one per HTTP request), and the event
+    loop never blocks on a full pipe: what does not fit waits here and is written when the
+    pipe drains (``add_writer``). Message framing is ``Connection.send_bytes``'s."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.fd = conn.fileno()
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self._pending: list[tuple] = []
+        self._buf = bytearray()
+        self._waiting = False  # add_writer registered
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        os.set_blocking(self.fd, False)
+
+    def send(self, command: tuple, threadsafe: bool = False) -> None:
+        """Queue ``command``; written at the end of this event-loop turn (at once without a loop)."""
+        if self.loop is None or self.loop.is_closed():
+            self.send_now(command)
+            return
+        self._pending.append(command)
+        if len(self._pending) == 1:
+            (self.loop.call_soon_threadsafe if threadsafe else self.loop.call_soon)(self._flush)
+
+    def send_now(self, command: tuple) -> None:
+        """Write everything queued and ``command``, blocking until the pipe took it (shutdown)."""
+        self._pending.append(command)
+        self._frame()
+        if self._waiting and self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_writer(self.fd)
+        self._waiting = False
+        os.set_blocking(self.fd, True)
+        view, self._buf = memoryview(bytes(self._buf)), bytearray()
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def _frame(self) -> None:
+        if not self._pending:
+            return
+        commands, self._pending = self._pending, []
+        data = ForkingPickler.dumps(("batch", commands))
+        self._buf += struct.pack("!i", len(data))
+        self._buf += data
+
+    def _flush(self) -> None:
+        self._frame()
+        self._write()
+
+    def _write(self) -> None:
+        try:
+            sent = os.write(self.fd, self._buf) if self._buf else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the engine process is gone; the outputs pipe reports it
+            sent = len(self._buf)
+        del self._buf[:sent]
+        if self._buf and not self._waiting:
+            self.loop.add_writer(self.fd, self._write)
+            self._waiting = True
+        elif not self._buf and self._waiting:
+            self.loop.remove_writer(self.fd)
+            self._waiting = False
+
 
 PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size for unprivileged processes
 
 
 def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
-    """Grow the outputs pipe from Linux's 64 KiB to ``size`` where the OS allows; returns the new
-    size (0: unchanged). A step of 256 streaming outputs pickles to tens of KiB, so at 64 KiB
+    """Grow a pipe from Linux's 64 KiB to ``size`` where the OS allows; returns the new
+    size (0: unchanged). Outputs: a step of 256 streaming outputs pickles to tens of KiB, so at 64 KiB
     the engine's write blocks after a few steps whenever the server is busy writing HTTP
     chunks; with room for dozens of steps the engine keeps stepping and the server reads
-    the backlog at once, merging each request's outputs (``_on_readable``)."""
+    the backlog at once, merging each request's outputs (``_on_readable``). Commands: a burst of
+    requests (hundreds of prompts of a thousand token ids) fits without waiting on the engine."""
     try:
         import fcntl
 
@@ -136,6 +229,8 @@ class EngineProcessClient:
         cmd_recv, self._cmd = ctx.Pipe(duplex=False)
         self._out, out_send = ctx.Pipe(duplex=False)
         widen_pipe(out_send.fileno())
+        widen_pipe(self._cmd.fileno())
+        self._commands = _CommandWriter(self._cmd)
         self.proc = ctx.Process(target=child_main, args=(config, cmd_recv, out_send), name="ingot-engine",
                                 daemon=True)
         self.proc.start()
@@ -160,6 +255,7 @@ class EngineProcessClient:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
+            self._commands.attach(loop)
             loop.add_reader(self._out.fileno(), self._on_readable)
             # uvloop (libuv) makes a polled fd non-blocking; a message is read whole once
             # poll() sees its start, so the pipe stays blocking (else recv_bytes can raise
@@ -175,15 +271,15 @@ class EngineProcessClient:
         self._attach()
         for r in requests:
             self._sinks[r.request_id] = deliver
-        self._cmd.send(("add", requests))
+        self._commands.send(("add", requests))
 
     def abort(self, request_id: str) -> None:
         if self._dead is None and request_id in self._sinks:
-            self._cmd.send(("abort", request_id))
+            self._commands.send(("abort", request_id))
 
     def abort_all(self) -> None:
-        if self._dead is None:
-            self._cmd.send(("abort_all",))
+        if self._dead is None:  # also from a signal handler
+            self._commands.send(("abort_all",), threadsafe=True)
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -201,7 +297,7 @@ class EngineProcessClient:
                 pass
         if self._dead is None:
             try:
-                self._cmd.send(("shutdown",))
+                self._commands.send_now(("shutdown",))
             except OSError:
                 pass
         self._dead = self._dead or "shut down"

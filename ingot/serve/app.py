@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 import ingot
 from ingot.engine.async_llm import AsyncLLM
@@ -39,6 +38,7 @@ from ingot.serve.protocol import (
     _SamplingFields,
 )
 from ingot.serve.reasoning import ReasoningParser
+from ingot.serve.sse import EventStream
 
 
 @dataclass
@@ -171,7 +171,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         flight = _Flight(state, reqs)
         run = CompletionRun(rid, settings.model_name, body, reqs, llm.tokenizer)
         if body.stream:
-            return _sse(flight, run.chunks(flight))
+            return EventStream(flight, run.chunks(flight))
         return JSONResponse(run.response(await _collect(flight, raw)))
 
     @app.post("/v1/chat/completions")
@@ -201,7 +201,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         eos = {t: llm.tokenizer.token_text(t) for t in llm.tokenizer.eos_token_ids} if special else {}
         run = ChatRun(rid, settings.model_name, body, req, make_stream, eos)
         if body.stream:
-            return _sse(flight, run.chunks(flight))
+            return EventStream(flight, run.chunks(flight))
         return JSONResponse(run.response(await _collect(flight, raw)))
 
     return app
@@ -417,17 +417,3 @@ async def _disconnected(raw: Request) -> None:
         message = await raw.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def _sse(flight: _Flight, chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks:
-                yield b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-        except APIError as exc:
-            yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
-        finally:
-            flight.close()  # a client that went away ends here too (the generator is closed)
-        yield b"data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

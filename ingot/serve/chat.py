@@ -10,13 +10,14 @@ itself ends with ``finish_reason: "tool_calls"``.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from ingot.engine.request import EngineRequest
 from ingot.outputs import CompletionOutput, RequestOutput
 from ingot.serve import responses
 from ingot.serve.errors import APIError
 from ingot.serve.protocol import ChatCompletionRequest
+from ingot.serve.sse import TextChunks
 from ingot.serve.tools import ChoiceStream
 
 
@@ -56,9 +57,11 @@ class ChatRun:
             body["prompt_logprobs"] = responses.prompt_logprobs(out.prompt_logprobs)
         return body
 
-    async def chunks(self, flight: responses.Outputs) -> AsyncIterator[dict[str, Any]]:
+    async def chunks(self, flight: responses.Outputs) -> AsyncIterator[Union[dict[str, Any], bytes]]:
+        """The stream's chunks: dicts, or plain-text chunks already encoded (``sse.TextChunks``)."""
         head = self._head("chat.completion.chunk")
         continuous = self.body.continuous_usage
+        plain = None if continuous or self.body.logprobs else TextChunks(head, "delta")
         streams = [self.make_stream() for _ in range(self.body.n)]
         for i in range(self.body.n):
             first = {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -76,6 +79,9 @@ class ChatRun:
                     continue
                 stream = streams[c.index]
                 lp = responses.chat_logprobs(c.delta_token_ids, responses.new_logprobs(c), self.top) if self.body.logprobs else None
+                if stream is None and plain is not None:
+                    yield plain.delta(c.index, c.delta if c.delta or reason is None else None, reason, c.stop_reason)
+                    continue
                 if stream is None:
                     delta: dict[str, Any] = {"content": c.delta} if c.delta or reason is None else {}
                 else:

@@ -4,13 +4,14 @@ prompt logprobs, usage)."""
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Union
 
 from ingot.engine.request import EngineRequest
 from ingot.outputs import RequestOutput
 from ingot.serve import responses
 from ingot.serve.errors import APIError
 from ingot.serve.protocol import CompletionRequest
+from ingot.serve.sse import TextChunks
 
 
 class CompletionRun:
@@ -51,8 +52,10 @@ class CompletionRun:
                 choices.append(choice)
         return {**self._head(), "choices": choices, "usage": responses.usage(outs)}
 
-    async def chunks(self, flight: responses.Outputs) -> AsyncIterator[dict[str, Any]]:
+    async def chunks(self, flight: responses.Outputs) -> AsyncIterator[Union[dict[str, Any], bytes]]:
+        """The stream's chunks: dicts, or plain-text chunks already encoded (``sse.TextChunks``)."""
         builders: dict[int, Optional[responses.LegacyLogprobs]] = {}
+        plain = None if self.body.continuous_usage else TextChunks(self._head(), "text")
         finals: dict[str, RequestOutput] = {}
         async for out in flight.outputs():
             if out.error:
@@ -68,7 +71,9 @@ class CompletionRun:
                 if builder is not None and c.delta_token_ids:
                     lp = responses.LegacyLogprobs.merge(lp, builder.block(c.delta_token_ids, responses.new_logprobs(c)))
                 reason = responses.finish_reason(c)
-                if text or lp is not None or reason is not None:
+                if lp is None and plain is not None and (text or reason is not None):
+                    yield plain.text(idx, text, reason, c.stop_reason)
+                elif text or lp is not None or reason is not None:
                     chunk = {**self._head(), "choices": [{"index": idx, "text": text, "logprobs": lp,
                                                           "finish_reason": reason, "stop_reason": c.stop_reason}]}
                     if self.body.continuous_usage:
