@@ -51,8 +51,7 @@ INT_CASES = [
     ("per_pair", 256, 128, 4, 128, True, False, F32, False),  # AWQ-like g128: two groups of gate/up's K
     ("grouped", 256, 128, 4, 128, True, False, BF16, False),
     ("per_pair", 64, 32, 4, 32, False, True, BF16, True),
-    ("per_pair", 64, 32, 8, 16, False, False, F32, True),  # GGUF Q6_K-like: int8 groups of 16, a zero point
-    ("grouped", 64, 32, 8, 16, False, True, F32, False),  # a Q4_K_M layer's experts in their common form
+    ("grouped", 64, 32, 8, 16, False, True, F32, True),  # a Q4_K_M layer's experts in their common form: int8 g16
 ]
 
 
