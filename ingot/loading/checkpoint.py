@@ -226,9 +226,8 @@ def _open_gguf(path: Path, dequantize_on_load: bool = True) -> _Opened:
         eos_token_ids=config.eos_token_ids,
         prepend_bos=g.add_bos_token,
     )
-    shapes, quant = g.tensor_shapes, g.quant
-    method = quant.method if quant is not None else None
-    if dequantize_on_load or quant is None:  # every tensor dense, as it always was
+    shapes, method = g.tensor_shapes, "gguf" if g.has_quantized else None
+    if dequantize_on_load or method is None:  # every tensor dense, as it always was
         return Checkpoint(str(path), config, tok, g.weights, g.tensor_count(True)), shapes, method
     return Checkpoint(str(path), config, tok, lambda dtype, select=None: g.weights(dtype, select, False),
-                      g.tensor_count(False), quant=quant), shapes, method
+                      g.tensor_count(False), quant=g.quant), shapes, method

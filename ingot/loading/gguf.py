@@ -5,9 +5,9 @@ file, all named the llama.cpp way. ``load_gguf`` maps them to an HF-style
 config dict, a ``tokenizers.Tokenizer`` and a lazy iterator of HF-named tensors,
 so the model code never sees the format. Tensors are dequantized with
 ``gguf.quants``, except with ``weights(..., dequantize=False)``, where the
-projections stored as Q8_0, Q4_0 or Q4_1 come out in the canonical int form
-(``gguf_quant``, described by ``quant``; experts stacked in one tensor split into
-per-expert modules).
+projections stored quantized come out in the canonical int form (``gguf_quant``,
+described by ``quant``; experts stacked in one tensor split into per-expert
+modules; the shards of one projection ingot holds as one in one form).
 
 This module owns the llama.cpp -> HF mapping (architectures, metadata keys,
 tensor names, q/k row order); the container is read by ``gguf_file`` and the
@@ -40,10 +40,10 @@ from ingot.loading.gguf_file import (
     read_raw_blocks,
     read_tensor,
 )
-from ingot.loading.gguf_quant import blocks_to_canonical, native_scheme
+from ingot.loading.gguf_quant import NATIVE_FORMS, Form, blocks_to_canonical, common_form, native_form
 from ingot.loading.gguf_tokenizer import build_tokenizer, default_add_bos
 from ingot.loading.quant_pack import canonical_names
-from ingot.loading.quant_scheme import IntWeights, LinearScheme, QuantConfig
+from ingot.loading.quant_scheme import LinearScheme, QuantConfig
 from ingot.loading.weights import WeightSelector, select as select_part
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,14 @@ _PER_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight
 # config["rope_scaling"]; attn_rot_embd is an old precomputed rotary table.
 _SKIPPED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-# the projections (last part of the HF module name) whose Q8_0 / Q4_0 / Q4_1 blocks stay quantized
+# the projections (last part of the HF module name) whose blocks stay quantized
 _PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+# the projection tensors the models hold as one (one scheme): q/k/v, gate/up, all routed experts of a layer
+_HELD_AS_ONE = (
+    (re.compile(r"^(.*\.experts)\.(?:\d+\.)?(?:gate|up|down)_proj\.weight$"), r"\1"),
+    (re.compile(r"^(.*)\.[qkv]_proj\.weight$"), r"\1.qkv_proj"),
+    (re.compile(r"^(.*)\.(?:gate|up)_proj\.weight$"), r"\1.gate_up_proj"),
+)
 
 
 @dataclass
@@ -116,14 +122,42 @@ class GGUFCheckpoint:
     def quant(self) -> Optional[QuantConfig]:
         """The projections served in the canonical int form (per module), None when none is."""
         per_module: dict[str, Optional[LinearScheme]] = {}
+        forms = self._forms()
         for hf_name, info, _ in self._tensors:
             if _is_projection(hf_name):
-                scheme = _native(hf_name, info)
+                form = forms.get(hf_name)
                 for module in _modules(hf_name, info):
-                    per_module[module] = scheme
+                    per_module[module] = None if form is None else form.scheme
         if not any(s is not None for s in per_module.values()):
             return None
         return QuantConfig("gguf", None, ("lm_head",), per_module)
+
+    @property
+    def has_quantized(self) -> bool:
+        """Whether some projection is stored in a type served quantized (``quant`` is not None, or raises)."""
+        return any(_quantizable(hf_name, info) and native_form(info.qtype) for hf_name, info, _ in self._tensors)
+
+    def _forms(self) -> dict[str, Form]:
+        """HF tensor name -> the form it is served in, for the projections served quantized: its
+        type's own, or, where the shards of a projection held as one differ, ``common_form``'s.
+        Raises CheckpointError where such a projection mixes types served quantized and others."""
+        groups: dict[str, list[tuple[str, TensorInfo]]] = {}
+        for hf_name, info, _ in self._tensors:
+            if _quantizable(hf_name, info):
+                groups.setdefault(_held_as_one(hf_name), []).append((hf_name, info))
+        forms: dict[str, Form] = {}
+        for group, members in groups.items():
+            form = common_form({info.qtype for _, info in members})
+            quantized = [info for _, info in members if native_form(info.qtype)]
+            if form is None and quantized:
+                other = next(info for _, info in members if not native_form(info.qtype))
+                raise CheckpointError(
+                    f"tensor {other.name!r} is {other.qtype.name} but {quantized[0].name!r} is "
+                    f"{quantized[0].qtype.name}: ingot holds {group.removeprefix('model.')} as one projection, served "
+                    f"quantized only when every part is one of {', '.join(t.name for t in NATIVE_FORMS)} (load it "
+                    "dequantized instead)")
+            forms.update((hf_name, form) for hf_name, _ in members if form is not None)
+        return forms
 
     @property
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -136,22 +170,23 @@ class GGUFCheckpoint:
 
     def tensor_count(self, dequantize: bool = True) -> int:
         """The tensors ``weights`` yields (``dequantize``: one per file tensor)."""
-        total = 0
+        total, forms = 0, {} if dequantize else self._forms()
         for hf_name, info, _ in self._tensors:
-            scheme = None if dequantize else _native(hf_name, info)
-            total += 1 if scheme is None else len(canonical_names(scheme)) * len(_modules(hf_name, info))
+            form = forms.get(hf_name)
+            total += 1 if form is None else len(canonical_names(form.scheme)) * len(_modules(hf_name, info))
         return total
 
     def weights(self, dtype: torch.dtype, select: Optional[WeightSelector] = None,
                 dequantize: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) one at a time, so peak memory stays at one tensor; with ``select``,
         each tensor is read whole, then cut to the part it names. Every tensor comes in
-        ``dtype``, except, without ``dequantize``, the projections stored as Q8_0 / Q4_0 /
-        Q4_1: their canonical int tensors (``quant``)."""
+        ``dtype``, except, without ``dequantize``, the projections served quantized: their
+        canonical int tensors (``quant``)."""
+        forms = {} if dequantize else self._forms()
         for hf_name, info, heads in self._tensors:
-            scheme = None if dequantize else _native(hf_name, info)
-            if scheme is not None:
-                yield from self._canonical(hf_name, info, heads, select)
+            form = forms.get(hf_name)
+            if form is not None:
+                yield from self._canonical(hf_name, info, heads, select, form)
                 continue
             tensor = read_tensor(self._buf, info)
             if heads:
@@ -160,12 +195,12 @@ class GGUFCheckpoint:
                 tensor = tensor[None]  # llama.cpp may store the [1, H] gate as [H]
             yield hf_name, select_part(tensor, hf_name, select).to(dtype)
 
-    def _canonical(self, hf_name: str, info: TensorInfo, heads: int,
-                   select: Optional[WeightSelector]) -> Iterator[tuple[str, torch.Tensor]]:
+    def _canonical(self, hf_name: str, info: TensorInfo, heads: int, select: Optional[WeightSelector],
+                   form: Form) -> Iterator[tuple[str, torch.Tensor]]:
         raw = read_raw_blocks(self._buf, info)
         experts = raw if raw.dim() == 3 else raw[None]
         for module, blocks in zip(_modules(hf_name, info), experts):
-            for part, tensor in blocks_to_canonical(blocks, info.qtype).items():
+            for part, tensor in blocks_to_canonical(blocks, info.qtype, form).items():
                 if heads:
                     tensor = _unpermute_rows(tensor, heads)
                 name = f"{module}.{part}"
@@ -258,9 +293,17 @@ def _is_projection(hf_name: str) -> bool:
     return kind == "weight" and module.rpartition(".")[2] in _PROJECTIONS
 
 
-def _native(hf_name: str, info: TensorInfo) -> Optional[IntWeights]:
-    """The canonical scheme a projection's tensor is served in (None: dequantized)."""
-    return native_scheme(info.qtype) if _is_projection(hf_name) and len(info.shape) in (2, 3) else None
+def _quantizable(hf_name: str, info: TensorInfo) -> bool:
+    """Whether the tensor is a projection's weight (one, or stacked experts), which may be served quantized."""
+    return _is_projection(hf_name) and len(info.shape) in (2, 3)
+
+
+def _held_as_one(hf_name: str) -> str:
+    """The projection the models hold a projection tensor in (several tensors share some)."""
+    for pattern, group in _HELD_AS_ONE:
+        if pattern.match(hf_name):
+            return pattern.sub(group, hf_name)
+    return hf_name.rpartition(".")[0]
 
 
 def _modules(hf_name: str, info: TensorInfo) -> list[str]:

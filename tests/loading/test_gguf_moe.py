@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -64,7 +65,7 @@ def to_gguf_tensors(sd: dict[str, torch.Tensor], cfg: dict, arch: str) -> dict[s
             gname = f"{MOE_TO_GGUF[stem]}.{kind}"
         if gname.endswith("ffn_gate_inp_shexp.weight"):
             w = w[0]  # stored 1-D, as llama.cpp reads it
-        if GGUF_ARCH[arch] == "llama" and ("attn_q." in gname or "attn_k." in gname):
+        if GGUF_ARCH.get(arch, arch) == "llama" and ("attn_q." in gname or "attn_k." in gname):
             w = llama_cpp_permute(w, cfg["num_attention_heads"] if "attn_q." in gname else cfg["num_key_value_heads"])
         out[gname] = w
     for (layer, proj), per_expert in experts.items():
@@ -72,12 +73,15 @@ def to_gguf_tensors(sd: dict[str, torch.Tensor], cfg: dict, arch: str) -> dict[s
     return out
 
 
-def write_moe_gguf(hf_dir: Path, out: Path, arch: str, quantize: dict[str, QT] | None = None) -> Path:
+def write_moe_gguf(hf_dir: Path, out: Path, arch: str, quantize: dict[str, QT] | None = None,
+                   blocks: Callable[[np.ndarray, QT], np.ndarray] = gguf.quants.quantize) -> Path:
+    """The GGUF of an HF checkpoint of ``arch`` (an MoE one of GGUF_ARCH, or llama / qwen2), with the
+    tensors named in ``quantize`` turned into that type's blocks by ``blocks``."""
     cfg = json.loads((hf_dir / "config.json").read_text())
-    g = GGUF_ARCH[arch]
+    g = GGUF_ARCH.get(arch, arch)
     tensors: dict = to_gguf_tensors(hf_state_dict(hf_dir), cfg, arch)
     for name, qtype in (quantize or {}).items():
-        tensors[name] = (gguf.quants.quantize(tensors[name], qtype), qtype)
+        tensors[name] = (blocks(tensors[name], qtype), qtype)
 
     def meta(w: gguf.GGUFWriter) -> None:
         heads = cfg["num_attention_heads"]
@@ -90,6 +94,8 @@ def write_moe_gguf(hf_dir: Path, out: Path, arch: str, quantize: dict[str, QT] |
         w.add_uint32(f"{g}.attention.key_length", cfg.get("head_dim") or cfg["hidden_size"] // heads)
         w.add_float32(f"{g}.rope.freq_base", cfg["rope_parameters"]["rope_theta"])
         w.add_float32(f"{g}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+        if arch not in GGUF_ARCH:
+            return
         w.add_uint32(f"{g}.expert_count", cfg.get("num_experts") or cfg["num_local_experts"])
         w.add_uint32(f"{g}.expert_used_count", cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:

@@ -4,8 +4,9 @@ A tiny MoE checkpoint quantized online, or a GGUF whose experts are Q4_0 / Q4_1 
 with its experts quantized gives exactly the logits of the same weights dequantized at load
 (fp32 on CPU: the references' math is the dense path's); fp8 W8A8 also rounds activations, so
 it is compared once with its activations kept (W8A16, exact) and once as served (close).
-Tensor-parallel slices of quantized experts add up to the whole layer; mixed schemes, groups a
-rank's features straddle and act-order experts are refused clearly; random weights
+Tensor-parallel slices of quantized experts add up to the whole layer; GGUF experts in several
+types are held in one form; mixed schemes, groups a rank's features straddle and act-order
+experts are refused clearly; random weights
 (``load_format="dummy"``) quantize the experts too.
 """
 
@@ -114,17 +115,25 @@ def test_gguf_quantized_experts_load_quantized(tmp_path, qtype):
     torch.testing.assert_close(_logits(model, IDS), _logits(load(open_checkpoint(path)), IDS), rtol=0, atol=0)
 
 
-def test_gguf_experts_quantized_differently_are_refused(tmp_path):
+def test_gguf_experts_in_several_types_are_held_in_one_form(tmp_path):
+    """Q4_0 gate/up with Q8_0 down: every expert projection restated exactly as int8, zero points
+    folded into fp32 mins; a float part among them is refused, naming the tensors and types."""
     from gguf import GGMLQuantizationType as QT
 
     from tests.loading.test_gguf_moe import write_moe_gguf
 
     hf_dir = write_tiny_checkpoint(tmp_path / "hf", "qwen3_moe")
-    path = write_moe_gguf(hf_dir, tmp_path / "moe.gguf", "qwen3_moe",
-                          {"blk.0.ffn_gate_exps.weight": QT.Q4_0, "blk.0.ffn_up_exps.weight": QT.Q4_0,
-                           "blk.0.ffn_down_exps.weight": QT.Q8_0})
-    with pytest.raises(CheckpointError, match="layers.0.mlp: experts.0.gate_proj is held as .* in one scheme"):
-        load(open_checkpoint(str(path), dequantize_on_load=False))
+    types = {f"blk.{layer}.ffn_{p}_exps.weight": QT.Q8_0 if p == "down" else QT.Q4_0 for layer in (0, 2)
+             for p in ("gate", "up", "down")}
+    path = str(write_moe_gguf(hf_dir, tmp_path / "moe.gguf", "qwen3_moe", types))
+    model = load(open_checkpoint(path, dequantize_on_load=False))
+    assert experts(model)[0].scheme == IntWeights(bits=8, group_size=32, zero_point=0, has_mins=True)
+    assert experts(model)[0].w_down_mins.dtype == torch.float32
+    torch.testing.assert_close(_logits(model, IDS), _logits(load(open_checkpoint(path)), IDS), rtol=0, atol=0)
+    bad = write_moe_gguf(hf_dir, tmp_path / "bad.gguf", "qwen3_moe", {**types, "blk.0.ffn_down_exps.weight": QT.F16})
+    with pytest.raises(CheckpointError, match=r"'blk\.0\.ffn_down_exps\.weight' is F16 but 'blk\.0\.ffn_gate_exps\.weight' "
+                                              r"is Q4_0: ingot holds layers\.0\.mlp\.experts as one projection"):
+        open_checkpoint(str(bad), dequantize_on_load=False)
 
 
 # (scheme, canonical parts of one [n, k] weight)

@@ -3,7 +3,7 @@
 Gated like tests/ops/test_triton_interpret.py (``INGOT_TEST_TRITON_INTERPRET=1``), whose fixture
 ``K`` (the kernel modules imported afresh, allocations poisoned) this file reuses. Both paths
 (per pair, grouped) at small shapes: int4 / int8 with and without zero points and mins, groups
-of 32, 128 and the whole row; fp8 per tensor, per row and in blocks, W8A16 and W8A8 per token /
+of 16, 32, 128 and the whole row; fp8 per tensor, per row and in blocks, W8A16 and W8A8 per token /
 per 128 columns, with the activations rounded in registers and on the fp8 dot; row scales; the
 launch table's own choices. Mostly fp32 activations, where the kernels must match the reference
 to 1e-5 (tests/ops/moe_quant_cases.py), a few bf16.
@@ -51,6 +51,7 @@ INT_CASES = [
     ("per_pair", 256, 128, 4, 128, True, False, F32, False),  # AWQ-like g128: two groups of gate/up's K
     ("grouped", 256, 128, 4, 128, True, False, BF16, False),
     ("per_pair", 64, 32, 4, 32, False, True, BF16, True),
+    ("grouped", 64, 32, 8, 16, False, True, F32, True),  # a Q4_K_M layer's experts in their common form: int8 g16
 ]
 
 

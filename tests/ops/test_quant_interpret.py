@@ -3,7 +3,7 @@
 Gated like tests/ops/test_triton_interpret.py (``INGOT_TEST_TRITON_INTERPRET=1``), whose
 fixture ``K`` (the kernel modules imported afresh, allocations poisoned) this file reuses.
 Every path at small shapes: the one-row GEMV, the tl.dot GEMV, the tiled GEMM; int4 and
-int8 with groups of 32, 128 and the whole row, zero points and mins on and off, bias, K
+int8 with groups of 16, 32, 128 and the whole row (fp16 or fp32 scales), zero points and mins on and off, bias, K
 not a multiple of the tile; fp8 per tensor, per channel and in 128 x 128 blocks, W8A16 and
 W8A8 (per token, per 128 columns) by every W8A8 route (rounding in registers, the fp8 dot
 GEMM, torch._scaled_mm). Against the fp32 reference (tests/ops/quant_cases.py).
@@ -54,6 +54,9 @@ INT_CASES = [
     (37, 33, 200, 4, 32, True, True, False, {"gemv": False, "block_k": 64}),  # GEMM, two groups per K tile, tails
     (40, 20, 136, 8, 136, True, False, True, {"gemv": False}),  # GEMM, int8 channel
     (65, 20, 136, 8, 136, True, False, True, {}),  # GEMM: the table's choice above 64 rows
+    (1, 24, 160, 8, 16, False, False, False, {}),  # GGUF Q6_K: int8 groups of 16, a zero point, K tail
+    (5, 30, 96, 8, 16, False, True, False, {"splits": 1}),  # a Q4_K_M q/k/v's common form: int8 g16, mins
+    (37, 33, 160, 8, 16, True, False, False, {"gemv": False, "block_k": 64}),  # GEMM, four groups per K tile
 ]
 
 
@@ -71,6 +74,15 @@ def test_int_linear_fp32(K, m):
     args = int_case(m, 24, 128, 4, 32, True, False, True, torch.float32, torch.Generator().manual_seed(m),
                     scale_dtype=BF16)
     check_int_linear(lambda *a: K.int_linear.int_linear(*a, config=int_config(K, m, 24, 128, 32)), args)
+
+
+@pytest.mark.parametrize("m,bits,group,mins", [(1, 8, 16, False), (4, 4, 32, True), (20, 8, 16, True)])
+def test_int_linear_fp32_scales(K, m, bits, group, mins):
+    """GGUF K-quants' forms: fp32 scales and mins (their d * sc products), groups of 16 and 32, in
+    the launch table's own tiles (256 columns: sixteen groups of 16 per tile)."""
+    args = int_case(m, 24, 512, bits, group, False, mins, False, BF16, torch.Generator().manual_seed(m + group),
+                    scale_dtype=torch.float32)
+    check_int_linear(K.int_linear.int_linear, args)
 
 
 def test_int_linear_defaults_and_empty(K):
