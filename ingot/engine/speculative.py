@@ -61,7 +61,8 @@ class Speculator:
     def _state(self, seq: Sequence) -> SpecState:
         st = seq.spec
         if st is None:
-            st = seq.spec = SpecState(_allowed(seq))
+            c = self.config
+            st = seq.spec = SpecState(_allowed(seq), c.prompt_lookup_min, c.prompt_lookup_max)
         return st
 
     def _budget(self, seq: Sequence) -> int:
@@ -87,7 +88,6 @@ class Speculator:
     def propose(self, running: list[Sequence], active: bool) -> None:
         """Set every running sequence's ``draft_token_ids`` for the next schedule (empty
         unless ``active`` and it may speculate); count down the backoffs."""
-        c = self.config
         for seq in running:
             st = self._state(seq)
             if st.skip:
@@ -102,7 +102,7 @@ class Speculator:
             index = st.index
             if index.num_tokens < seq.num_tokens:
                 index.extend(seq.tokens(index.num_tokens, seq.num_tokens))
-            seq.draft_token_ids = index.propose(k, c.prompt_lookup_min, c.prompt_lookup_max)
+            seq.draft_token_ids = index.propose(k)
             if not seq.draft_token_ids:
                 st.record(0, 0)
 
