@@ -9,6 +9,7 @@ variable. Precedence: defaults < environment < explicit arguments.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import types
 import typing
@@ -31,6 +32,70 @@ class ConfigError(ValueError):
     def __init__(self, message: str, field: Optional[str] = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+SPEC_METHODS = ("ngram",)
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's ``speculative_config`` fields): each decode step a sequence
+    proposes up to ``num_speculative_tokens`` tokens and one forward verifies them all.
+
+    ``ngram``: the proposals are the tokens that followed the latest ``prompt_lookup_min`` ..
+    ``prompt_lookup_max`` tokens where they occurred earlier in the request's own prompt and
+    output (prompt lookup). ``disable_by_batch_size``: no sequence proposes while more than
+    this many run (a large batch is compute-bound: verifying drafts costs more than it saves).
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+    disable_by_batch_size: int = 32
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any]) -> "SpeculativeConfig":
+        """Validate vLLM's dict form; ``ConfigError`` (field ``speculative_config``) naming what is wrong.
+        A lone ``prompt_lookup_min`` or ``prompt_lookup_max`` sets both (vLLM's rule)."""
+        if not isinstance(spec, Mapping):
+            raise _spec_error(f"must be a dict (or JSON object), got {type(spec).__name__}")
+        if spec.get("model") is not None:
+            raise _spec_error(f"'model' ({spec['model']!r}): a draft-model proposer is not supported yet; "
+                              f"use method 'ngram' (prompt lookup)")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(spec) - names - {"model"})
+        if unknown:
+            raise _spec_error(f"unknown field(s) {unknown}; known: {sorted(names)}")
+        missing = [name for name in ("method", "num_speculative_tokens") if spec.get(name) is None]
+        if missing:
+            raise _spec_error(f"missing field(s) {missing}")
+        values = {k: v for k, v in spec.items() if k != "model" and v is not None}
+        lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
+        if lo is None and hi is not None:
+            values["prompt_lookup_min"] = hi
+        elif hi is None and lo is not None:
+            values["prompt_lookup_max"] = lo
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise _spec_error(f"method must be one of {SPEC_METHODS}, got {self.method!r}")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise _spec_error(f"{name} must be a positive integer, got {value!r}")
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise _spec_error(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, "
+                              f"got {self.num_speculative_tokens}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise _spec_error(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                              f"({self.prompt_lookup_max})")
+
+
+def _spec_error(message: str) -> ConfigError:
+    return ConfigError(f"speculative_config: {message}", "speculative_config")
 
 
 @dataclass
@@ -85,6 +150,9 @@ class EngineConfig:
     # the others); heads, MLP and vocabulary split across them (docs/architecture.md).
     # On CPU the ranks talk over gloo (tests); on CUDA over NCCL.
     tensor_parallel_size: int = 1
+    # Speculative decoding (n-gram prompt lookup; docs/speculative.md): a ``SpeculativeConfig`` or
+    # vLLM's dict form, e.g. {"method": "ngram", "num_speculative_tokens": 4}; None: off.
+    speculative_config: Optional[SpeculativeConfig] = None
     # UX
     show_progress: bool = True
 
@@ -145,6 +213,8 @@ class EngineConfig:
         bad = [op for op in self.compile_native_ops if op not in FUSIBLE_OPS]
         if bad:
             raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}", "compile_native_ops")
+        if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -205,6 +275,8 @@ def parse_value(text: str, tp: Any, name: str) -> Any:
         except ConfigError:
             raise ConfigError(f"{name}={text!r}: use 1/0, true/false, on/off or auto") from None
     try:
+        if base is SpeculativeConfig:
+            return SpeculativeConfig.from_dict(json.loads(text))
         if base is bool:
             return parse_bool(text, name)
         if base is int:

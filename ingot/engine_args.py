@@ -8,6 +8,7 @@ EngineConfig field of the same meaning (defaults < ``INGOT_*`` < these).
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from ingot.config import DTYPES, LOAD_FORMATS, QUANTIZATIONS, ConfigError
@@ -68,6 +69,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "per batch bucket, only where measured faster without drift (see docs/decode-compile.md)")
     g.add_argument("--tensor-parallel-size", "--tp", dest="tensor_parallel_size", type=int, default=None, metavar="N",
                    help="split the model over N GPUs (cuda:0 ..), one process each (default 1)")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s JSON form: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (docs/speculative.md)')
     g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
 
 
@@ -92,8 +96,21 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         extra["decode_compile"] = {"on": True, "off": False, "auto": "auto"}[args.decode_compile]
     if args.tensor_parallel_size is not None:
         extra["tensor_parallel_size"] = args.tensor_parallel_size
+    if args.speculative_config is not None:
+        extra["speculative_config"] = speculative_config_arg(args.speculative_config)
     if args.quiet:
         extra["show_progress"] = False
     if getattr(args, "max_num_seqs", None) is not None:
         extra["max_num_seqs"] = args.max_num_seqs
     return extra
+
+
+def speculative_config_arg(text: str) -> dict[str, Any]:
+    """``--speculative-config``'s JSON object (validated by EngineConfig)."""
+    try:
+        spec = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--speculative-config: not JSON ({exc}): {text!r}", "speculative_config") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"--speculative-config: must be a JSON object, got {text!r}", "speculative_config")
+    return spec

@@ -39,7 +39,6 @@ _UNSUPPORTED = {
     "enable_lora": "LoRA adapters are not supported",
     "max_loras": "LoRA adapters are not supported",
     "max_lora_rank": "LoRA adapters are not supported",
-    "speculative_config": "speculative decoding is not supported",
     "pipeline_parallel_size": "pipeline parallelism is not supported",
 }
 # how long an interrupted call waits for the engine to confirm its aborts

@@ -51,10 +51,25 @@ class RequestMetrics:
     last_token_time: Optional[float] = None
     finished_time: Optional[float] = None
     num_preemptions: int = 0
+    # speculative decoding, over the request's samples: verify steps with drafts, drafted
+    # tokens, and the drafted tokens kept
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
     @property
     def time_in_queue(self) -> Optional[float]:
         return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def spec_acceptance_rate(self) -> Optional[float]:
+        """Drafted tokens kept / drafted (None without drafts)."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else None
+
+    @property
+    def spec_mean_accepted_length(self) -> Optional[float]:
+        """Drafted tokens kept per draft (None without drafts); each verify step also emits one more."""
+        return self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else None
 
 
 @dataclass(slots=True)

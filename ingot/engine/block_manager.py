@@ -131,6 +131,14 @@ class BlockManager:
         seq.num_cached_blocks = 0
         seq.num_dropped_blocks = 0
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Hand back ``seq``'s blocks past those ``num_tokens`` tokens need: speculative
+        decoding grew it for drafts that were rejected (never registered: not computed)."""
+        ids = seq.block_ids
+        keep = blocks_for(num_tokens, self.block_size)
+        while len(ids) > keep:
+            self._release(ids.pop())
+
     def _release(self, block: int) -> None:
         """One hold fewer on ``block``; held by no one, it is free (or evictable, if cached)."""
         self.ref_counts[block] -= 1

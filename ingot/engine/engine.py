@@ -21,10 +21,11 @@ import torch
 
 from ingot.config import ConfigError, EngineConfig
 from ingot.engine.block_manager import BlockManager
-from ingot.engine.outputs import RequestState, build_output
+from ingot.engine.outputs import RequestState, build_output, record_prompt_logprobs
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestError
 from ingot.engine.scheduler import Scheduler
-from ingot.engine.sequence import Sequence
+from ingot.engine.sequence import Sequence, needs_history
+from ingot.engine.speculative import Speculator
 from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.engine.structured import Grammars, advance
 from ingot.loading.model_config import ModelConfig
@@ -77,6 +78,8 @@ class Engine:
             log.warning("max_model_len lowered from %d to the KV cache capacity %d", max_model_len, blocks.capacity_tokens)
             max_model_len = blocks.capacity_tokens
         self.max_model_len = max_model_len
+        spec = config.speculative_config
+        self.spec = Speculator(spec, max_model_len) if spec is not None else None
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
@@ -172,6 +175,7 @@ class Engine:
             prefill_steps=sched.stats.prefill_steps,
             decode_steps=sched.stats.decode_steps,
             decode_rows=sched.stats.decode_rows,
+            **(self.spec.counters() if self.spec is not None else {}),
         )
 
     def _finish_request(self, state: RequestState, reason: str, error: Optional[str] = None) -> RequestOutput:
@@ -205,11 +209,15 @@ class Engine:
         """
         outputs = self.grammars.admit(self.scheduler.add, self._finish_request) if self.grammars.num_held else []
         prev, self._inflight = self._inflight, None
+        running = self.scheduler.running
+        speculate = self.spec is not None and self.spec.wanted(running)
         # read back first (before scheduling: a sequence it stops must not be scheduled) when
-        # the sampling of a sequence with a pending token reads the output so far
-        if prev is not None and _needs_history(self.scheduler.running):
+        # the sampling of a sequence with a pending token reads the output so far, or to propose
+        if prev is not None and (speculate or needs_history(running)):
             outputs += self._finish(prev)
             prev = None
+        if self.spec is not None:
+            self.spec.propose(running, speculate)
         batch = self.scheduler.schedule()
         if prev is not None and (batch is None or not self.config.overlap_scheduling):
             outputs += self._finish(prev)
@@ -223,7 +231,7 @@ class Engine:
             outputs += self._finish(prev)
         if isinstance(flight, list):  # the launch failed: those requests' outputs
             return outputs + flight
-        if self.config.overlap_scheduling and flight.step.sample is not None:
+        if self.config.overlap_scheduling and flight.step.sample is not None and batch.draft_tokens is None:
             self._inflight = flight
         else:
             outputs += self._finish(flight)
@@ -276,7 +284,8 @@ class Engine:
             batch.token_mask = None  # (it holds the previous step)
         computed = self.scheduler.on_step_launched(batch)
         sampled = [batch.seqs[row] for row in step.rows]
-        pending = self.config.overlap_scheduling  # serially nothing is ever scheduled with a token pending
+        # serially (and around verify steps) nothing is ever scheduled with a token pending
+        pending = self.config.overlap_scheduling and batch.draft_tokens is None
         if pending:
             max_len = self.max_model_len
             for seq in sampled:
@@ -288,6 +297,8 @@ class Engine:
 
     def _finish(self, flight: "_InFlight") -> list[RequestOutput]:
         """Read a launched step back: its tokens, stop rules, outputs."""
+        if flight.batch.draft_tokens is not None and self.spec is not None:
+            return self.spec.finish(self, flight)
         batch, touched = flight.batch, flight.sampled
         if flight.pending:
             for seq in touched:
@@ -298,18 +309,23 @@ class Engine:
             log.exception("reading back a step of %d sequences failed", len(batch.seqs))
             return self._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
         if out.prompt_logprobs:
-            _record_prompt_logprobs(batch, out.prompt_logprobs, flight.computed)
+            record_prompt_logprobs(batch, out.prompt_logprobs, flight.computed)
         self.scheduler.on_step_done(batch, flight.computed)
         self.generation_tokens += len(touched)
         errors = out.errors or [None] * len(touched)
         if flight.grammar_rows:
             flight.advance_grammars()
             errors = [e or (s.grammar.error if s.grammar is not None else None) for e, s in zip(errors, touched)]
+        return self._outputs(self._apply(touched, out.token_ids, out.logprobs, errors).values())
+
+    def _apply(self, touched: list[Sequence], tokens: list[int], lps: list, errors: list) -> dict[str, RequestState]:
+        """One token per sequence: detokenize, record, stop rules (or fail the sequence with
+        its error); the requests changed."""
         ok = [k for k, e in enumerate(errors) if e is None and not touched[k].finished]
-        self._detokenize([touched[k] for k in ok], [out.token_ids[k] for k in ok], errors, ok)
+        self._detokenize([touched[k] for k in ok], [tokens[k] for k in ok], errors, ok)
         now = time.monotonic()
         changed: dict[str, RequestState] = {}
-        for seq, token, logprobs, error in zip(touched, out.token_ids, out.logprobs, errors):
+        for seq, token, logprobs, error in zip(touched, tokens, lps, errors):
             state = self.requests.get(seq.request_id)
             if state is None or seq.finished:
                 continue
@@ -324,7 +340,7 @@ class Engine:
             seq.error = error
             seq.finish_reason = "error"
             self.scheduler.finish(seq)
-        return self._outputs(changed.values())
+        return changed
 
     def _detokenize(self, seqs: list[Sequence], tokens: list[int], errors: list, rows: list[int]) -> None:
         """This step's tokens into each sequence's detokenizer: one batched decode for the
@@ -460,28 +476,6 @@ class _InFlight:
     def row_of(self) -> dict[int, int]:
         """Sequence (by id) -> its index in the step's sampled tokens (read when overlapping)."""
         return {id(seq): i for i, seq in enumerate(self.sampled)}
-
-
-def _needs_history(seqs: list[Sequence]) -> bool:
-    """Does sampling any of ``seqs`` need tokens still pending on the device (penalties read
-    the output so far, ``min_tokens`` its length)?"""
-    for seq in seqs:
-        if seq.num_pending:
-            p = seq.params
-            if p.min_tokens or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-                return True
-    return False
-
-
-def _record_prompt_logprobs(batch: ScheduledBatch, by_row: dict, computed: list[int]) -> None:
-    """Append each row's new prompt-token entries (a chunk recomputed after a preemption
-    repeats positions already recorded: those are skipped). ``computed``: each row's
-    computed tokens once the step was launched."""
-    for row, entries in by_row.items():
-        seq = batch.seqs[row]
-        done = len(seq.prompt_logprobs)  # prompt tokens covered so far (the first is None)
-        first = computed[row] - batch.num_new_tokens[row] + 1  # the prompt token the chunk's first entry is for
-        seq.prompt_logprobs.extend(entries[max(0, done - first):])
 
 
 def _find_stop(text: str, stops: list[str], already: int) -> Optional[tuple[int, str]]:

@@ -8,7 +8,9 @@ from typing import Iterable, Optional
 
 from ingot.engine.request import EngineRequest
 from ingot.engine.sequence import Sequence, Status
+from ingot.engine.speculative import spec_metrics
 from ingot.loading.tokenizer import Tokenizer
+from ingot.runner.batch import ScheduledBatch
 from ingot.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 
@@ -176,6 +178,7 @@ def _metrics(state: RequestState) -> RequestMetrics:
         last_token_time=wall(max(lasts)) if lasts else None,
         finished_time=time.time() if state.finished else None,
         num_preemptions=sum(s.num_preemptions for s in seqs),
+        **spec_metrics(seqs),
     )
 
 
@@ -189,3 +192,14 @@ def failed_output(request_id: str, prompt: Optional[str], prompt_token_ids: list
         finished=True,
         error=message,
     )
+
+
+def record_prompt_logprobs(batch: ScheduledBatch, by_row: dict, computed: list[int]) -> None:
+    """Append each row's new prompt-token entries (a chunk recomputed after a preemption
+    repeats positions already recorded: those are skipped). ``computed``: each row's
+    computed tokens once the step was launched."""
+    for row, entries in by_row.items():
+        seq = batch.seqs[row]
+        done = len(seq.prompt_logprobs)  # prompt tokens covered so far (the first is None)
+        first = computed[row] - batch.num_new_tokens[row] + 1  # the prompt token the chunk's first entry is for
+        seq.prompt_logprobs.extend(entries[max(0, done - first):])

@@ -198,11 +198,22 @@ class Scheduler:
                 continue
             if windowed:
                 self.blocks.drop_outside_window(seq, n - 1)
+            draft = seq.draft_token_ids
+            if draft:  # speculative decoding: room for the drafts too, or no drafts (never a preemption)
+                seq.draft_token_ids = []
+                if seq.num_pending or not self.blocks.can_grow(seq, n + len(draft)):
+                    draft = []
+                else:
+                    self.blocks.grow(seq, n + len(draft))
+                    if batch.draft_tokens is None:
+                        batch.draft_tokens = [[] for _ in batch.seqs]
             # most steps the new token still fits the last block: no allocation to try
             if n > len(seq.block_ids) * block_size and not self._make_room(seq, n):
                 continue  # seq itself was preempted
             batch.seqs.append(seq)
-            batch.num_new_tokens.append(1)
+            batch.num_new_tokens.append(1 + len(draft))
+            if batch.draft_tokens is not None:
+                batch.draft_tokens.append(draft)
         return batch
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:

@@ -14,6 +14,7 @@ from ingot.loading.tokenizer import IncrementalDetokenizer
 from ingot.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from ingot.engine.ngram import SpecState
     from ingot.engine.structured import SequenceGrammar
 
 _ids = itertools.count()
@@ -96,6 +97,10 @@ class Sequence:
         self.lazy_text = False
         # structured outputs: its grammar matcher (set when the request's grammar is compiled)
         self.grammar: Optional["SequenceGrammar"] = None
+        # speculative decoding: the tokens proposed for its next step (read by the scheduler),
+        # and its proposer's state and acceptance counts (``engine/speculative.py``)
+        self.draft_token_ids: list[int] = []
+        self.spec: Optional["SpecState"] = None
 
     @property
     def num_tokens(self) -> int:
@@ -125,3 +130,14 @@ class Sequence:
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Sequence({self.request_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, {self.status.value})"
+
+
+def needs_history(seqs: list[Sequence]) -> bool:
+    """Does sampling any of ``seqs`` need tokens still pending on the device (penalties read
+    the output so far, ``min_tokens`` its length)?"""
+    for seq in seqs:
+        if seq.num_pending:
+            p = seq.params
+            if p.min_tokens or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                return True
+    return False

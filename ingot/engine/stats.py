@@ -18,6 +18,10 @@ class EngineStats:
     prefill_steps: int = 0  # steps that computed prompt tokens, since start
     decode_steps: int = 0  # one-token-per-sequence steps, since start
     decode_rows: int = 0  # sequences in those steps, summed (their mean batch: decode_rows / decode_steps)
+    # speculative decoding (vLLM's names): verify-step drafts, their tokens, and the tokens kept
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ def _dec_positions(positions: Optional[list]) -> Optional[list]:
 def encode(out: RequestOutput) -> Wire:
     m = out.metrics
     metrics = None if m is None else (m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time,
-                                      m.finished_time, m.num_preemptions)
+                                      m.finished_time, m.num_preemptions, m.spec_num_drafts, m.spec_num_draft_tokens,
+                                      m.spec_num_accepted_tokens)
     seqs = [(c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.cumulative_logprob,
              _enc_positions(c.logprobs)) for c in out.outputs]
     return (out.request_id, out.finished, out.error, out.num_cached_tokens, out.prompt, out.prompt_token_ids,

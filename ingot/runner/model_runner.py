@@ -27,6 +27,7 @@ from ingot.layers.attention import AttentionMetadata
 from ingot.layers.policy import OpPolicy
 from ingot.loading.model_config import ModelConfig
 from ingot.runner.prompt_logprobs import prompt_spans, span_entries
+from ingot.runner.spec_verify import DeviceVerify, verify_drafts
 from ingot.runner.step_inputs import StepInputs, build_step_inputs, last_token_indices
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class LaunchedStep:
     """A step queued on the device: which batch rows sampled, and their samples on the way
     to the host (``collect`` waits for them)."""
 
-    def __init__(self, rows: list[int], sample: Optional[DeviceSample] = None, prompt_logprobs: Optional[dict] = None,
+    def __init__(self, rows: list[int], sample: Optional[DeviceSample | DeviceVerify] = None, prompt_logprobs: Optional[dict] = None,
                  ready: Optional[SamplerOutput] = None) -> None:
         self.rows = rows
         self.sample = sample  # None when nothing sampled or the output is already on the host
@@ -230,6 +231,8 @@ class ModelRunner:
             for r in inputs.sample_rows
         ]
         mask = batch.token_mask(inputs.sample_rows) if batch.token_mask is not None else None
+        if batch.draft_tokens is not None:  # speculative decoding: keep each row's accepted drafts
+            return LaunchedStep(inputs.sample_rows, sample=verify_drafts(self.sampler, logits, rows, batch.draft_tokens, mask))
         try:
             sample = self.sampler.sample(logits, rows, mask)
         except Exception:  # find the rows that fail, so that they fail alone

@@ -244,6 +244,31 @@ class Sampler:
 
     def _sample(self, x: torch.Tensor, rows: List[SamplingRow], which: List[int]) -> torch.Tensor:
         """Sample one token per row of ``x`` (already restricted to ``which``)."""
+        probs = self.probs(x, rows, which)
+        device = probs.device
+        n, vocab = probs.shape
+        noise = torch.empty_like(probs)
+        unseeded = [j for j, i in enumerate(which) if rows[i].generator is None]
+        if len(unseeded) == n:
+            noise.exponential_(generator=self.generator)
+        else:
+            for j, i in enumerate(which):
+                gen = rows[i].generator
+                if gen is not None:
+                    noise[j].exponential_(generator=gen)
+            if unseeded:
+                idx = _h2d(unseeded, device)
+                noise[idx] = torch.empty(len(unseeded), vocab, device=device).exponential_(
+                    generator=self.generator)
+        # exponential_ may return exactly 0; keep 0/0 (NaN) away from argmax.
+        noise.clamp_min_(torch.finfo(torch.float32).tiny)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def probs(x: torch.Tensor, rows: List[SamplingRow], which: List[int]) -> torch.Tensor:
+        """The distribution each row of ``x`` (rows ``which`` of the batch, processed logits)
+        samples from: temperature, top-k, top-p, then min-p. Speculative verification
+        (``spec_verify.py``) tests drafts against these same probabilities."""
         device = x.device
         n, vocab = x.shape
         ps = [rows[i].params for i in which]
@@ -279,23 +304,7 @@ class Sampler:
         if use_min_p:
             floor = knobs[:, 3:4] * probs.amax(dim=-1, keepdim=True)
             probs = probs.masked_fill(probs < floor, 0.0)
-
-        noise = torch.empty_like(probs)
-        unseeded = [j for j, i in enumerate(which) if rows[i].generator is None]
-        if len(unseeded) == n:
-            noise.exponential_(generator=self.generator)
-        else:
-            for j, i in enumerate(which):
-                gen = rows[i].generator
-                if gen is not None:
-                    noise[j].exponential_(generator=gen)
-            if unseeded:
-                idx = _h2d(unseeded, device)
-                noise[idx] = torch.empty(len(unseeded), vocab, device=device).exponential_(
-                    generator=self.generator)
-        # exponential_ may return exactly 0; keep 0/0 (NaN) away from argmax.
-        noise.clamp_min_(torch.finfo(torch.float32).tiny)
-        return (probs / noise).argmax(dim=-1)
+        return probs
 
     @staticmethod
     def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor,

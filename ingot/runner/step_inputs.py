@@ -42,10 +42,14 @@ class HostStep:
 
 
 def host_step(batch: ScheduledBatch, block_size: int) -> HostStep:
-    fields = _prefill_fields(batch, block_size) if batch.is_prefill else _decode_fields(batch, block_size)
+    if batch.draft_tokens is not None:
+        fields = _verify_fields(batch, block_size)
+    else:
+        fields = _prefill_fields(batch, block_size) if batch.is_prefill else _decode_fields(batch, block_size)
     ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = fields
     rows, width, table = padded_block_rows([seq.block_ids for seq in batch.seqs])
-    return HostStep(batch.is_prefill, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width, table)
+    multi = batch.is_prefill or batch.draft_tokens is not None  # attention over several query tokens per row
+    return HostStep(multi, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width, table)
 
 
 def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
@@ -100,6 +104,28 @@ def _prefill_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], 
             logits_indices.append(cu[-1] - 1)
             sample_rows.append(row)
     return ids, positions, slots, seq_lens, cu, logits_indices, sample_rows
+
+
+def _verify_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:
+    """The fields of a verify step (speculative decoding): each row's last token and its
+    drafts as one query over its cached context, with logits at every one of them."""
+    assert batch.draft_tokens is not None
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    seq_lens: list[int] = []
+    cu = [0]
+    for seq, drafts in zip(batch.seqs, batch.draft_tokens):
+        start = seq.num_computed_tokens
+        end = start + 1 + len(drafts)
+        ids.extend(seq.tokens(start, start + 1))
+        ids.extend(drafts)
+        positions.extend(range(start, end))
+        for pos in range(start, end):
+            slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
+        seq_lens.append(end)
+        cu.append(cu[-1] + end - start)
+    return ids, positions, slots, seq_lens, cu, list(range(cu[-1])), list(range(len(batch.seqs)))
 
 
 def _decode_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:

@@ -2,7 +2,8 @@
 
 Engine state (running and waiting requests, KV-cache usage, preemptions,
 prompt and generation tokens, prefix-cache queries and hits, prefill and
-decode steps and the decode batches' rows) is read from the
+decode steps and the decode batches' rows, speculative drafts, drafted and accepted
+tokens) is read from the
 engine's stats when Prometheus scrapes; latencies are observed per request
 when it finishes, from its RequestMetrics: time to first token, inter-token
 latency (each gap between two of its tokens counts once, at the request's mean
@@ -57,6 +58,10 @@ class _EngineCollector(Collector):
         yield counter("ingot:decode_steps", "Engine steps that decoded one token per running sequence.", s.decode_steps)
         yield counter("ingot:decode_rows", "Sequences in the decode steps, summed (mean decode batch: over decode_steps).",
                       s.decode_rows)
+        yield counter("ingot:spec_decode_num_drafts", "Speculative drafts verified.", s.spec_decode_num_drafts)
+        yield counter("ingot:spec_decode_num_draft_tokens", "Speculative tokens drafted.", s.spec_decode_num_draft_tokens)
+        yield counter("ingot:spec_decode_num_accepted_tokens", "Speculative drafted tokens accepted.",
+                      s.spec_decode_num_accepted_tokens)
 
 
 class ServerMetrics:

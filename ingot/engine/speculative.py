@@ -1,0 +1,156 @@
+"""Speculative decoding, the engine's side: n-gram proposals, which sequences speculate, and
+reading a verify step back (the verification itself: ``runner/spec_verify.py``).
+
+Each step, before scheduling, ``Speculator.propose`` gives every decoding sequence that may
+speculate up to ``num_speculative_tokens`` drafted tokens (``Sequence.draft_token_ids``);
+the scheduler grows its blocks for them (or drops them rather than preempt anyone) and
+the step becomes a verify step (``ScheduledBatch.draft_tokens``): one eager multi-token
+forward in which rows without drafts take one token, as in a decode step. A verify step
+is read back at once (no overlap: the next proposals need its tokens). Reading it back
+rolls each sequence's computed tokens back to what it kept, hands back the blocks only
+rejected drafts used, and applies the emitted tokens one position at a time through the
+engine's stop rules, so a stop string, stop token or ``max_tokens`` inside an accepted run
+ends the sequence exactly where plain decoding would.
+
+Not speculating: above ``disable_by_batch_size`` running sequences (a big batch is
+compute-bound), for sequences with penalties or an active ``min_tokens`` (their
+distributions depend on every earlier token), with a grammar (structured outputs), and per
+sequence after low acceptance or lookups that found nothing (``SpecState.backoff``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Protocol
+
+from ingot.config import SpeculativeConfig
+from ingot.engine.ngram import SpecState
+from ingot.engine.scheduler import Scheduler
+from ingot.engine.sequence import Sequence, Status
+from ingot.outputs import RequestOutput
+from ingot.runner.batch import ScheduledBatch
+
+
+class EngineSide(Protocol):
+    """What reading a verify step back uses of the engine (``Engine``)."""
+
+    scheduler: Scheduler
+    generation_tokens: int
+
+    def _apply(self, touched: list[Sequence], tokens: list[int], lps: list, errors: list) -> dict[str, Any]: ...
+
+    def _outputs(self, states: Iterable[Any]) -> list[RequestOutput]: ...
+
+    def _fail_batch(self, batch: ScheduledBatch, message: str) -> list[RequestOutput]: ...
+
+
+def _allowed(seq: Sequence) -> bool:
+    p = seq.params
+    return p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+
+
+class Speculator:
+    """The engine's proposer and the counters of what speculation drafted and kept."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+
+    def _state(self, seq: Sequence) -> SpecState:
+        st = seq.spec
+        if st is None:
+            c = self.config
+            st = seq.spec = SpecState(_allowed(seq), c.prompt_lookup_min, c.prompt_lookup_max)
+        return st
+
+    def _budget(self, seq: Sequence) -> int:
+        """Drafts ``seq`` may take now: 0 unless it may speculate; at most one fewer than the
+        tokens it may still emit (a verify step emits up to drafts + 1)."""
+        st = self._state(seq)
+        p = seq.params
+        n_out = len(seq.output_token_ids)
+        if not st.allowed or st.skip or seq.grammar is not None or n_out < p.min_tokens:
+            return 0
+        k = min(self.config.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
+        if p.max_tokens is not None:
+            k = min(k, p.max_tokens - n_out - 1)
+        return max(k, 0)
+
+    def wanted(self, running: list[Sequence]) -> bool:
+        """Will some running sequence propose this step? (Then the step in flight is read
+        back first: proposals need the tokens it sampled.)"""
+        if len(running) > self.config.disable_by_batch_size:
+            return False
+        return any(self._budget(seq) for seq in running)
+
+    def propose(self, running: list[Sequence], active: bool) -> None:
+        """Set every running sequence's ``draft_token_ids`` for the next schedule (empty
+        unless ``active`` and it may speculate); count down the backoffs."""
+        for seq in running:
+            st = self._state(seq)
+            if st.skip:
+                st.skip -= 1
+                seq.draft_token_ids = []
+                continue
+            k = self._budget(seq) if active else 0
+            if not k or seq.num_pending or seq.status is not Status.RUNNING \
+                    or seq.num_computed_tokens != seq.num_tokens - 1:  # preempted, or in prefill
+                seq.draft_token_ids = []
+                continue
+            index = st.index
+            if index.num_tokens < seq.num_tokens:
+                index.extend(seq.tokens(index.num_tokens, seq.num_tokens))
+            seq.draft_token_ids = index.propose(k)
+            if not seq.draft_token_ids:
+                st.record(0, 0)
+
+    def counters(self) -> dict[str, int]:
+        """The engine-wide counters, as ``EngineStats`` fields."""
+        return {"spec_decode_num_drafts": self.num_drafts, "spec_decode_num_draft_tokens": self.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": self.num_accepted_tokens}
+
+    def finish(self, engine: EngineSide, flight: Any) -> list[RequestOutput]:
+        """Read a verify step back: roll back what rejected drafts computed, then the emitted
+        tokens through the engine's stop rules, one position at a time."""
+        batch, seqs = flight.batch, flight.sampled
+        drafts = batch.draft_tokens
+        assert drafts is not None and len(seqs) == len(batch.seqs)
+        try:
+            out = flight.step.collect()
+        except Exception as exc:
+            return engine._fail_batch(batch, f"the model step failed: {type(exc).__name__}: {exc}")
+        blocks = engine.scheduler.blocks
+        for seq, draft, accepted in zip(seqs, drafts, out.num_accepted):
+            if seq.status is Status.RUNNING:
+                seq.num_computed_tokens -= len(draft) - accepted
+            if draft:
+                self._state(seq).record(len(draft), accepted)
+                self.num_drafts += 1
+                self.num_draft_tokens += len(draft)
+                self.num_accepted_tokens += accepted
+        errors = list(out.errors or [None] * len(seqs))
+        if flight.grammar_rows:  # (rows with a grammar have no drafts: one token each)
+            flight.advance_grammars()
+            errors = [e or (s.grammar.error if s.grammar is not None else None) for e, s in zip(errors, seqs)]
+        changed: dict[str, Any] = {}
+        for j in range(max(len(t) for t in out.tokens)):
+            rows = [k for k, t in enumerate(out.tokens) if j < len(t) and (j == 0 or errors[k] is None)]
+            lps = [out.logprobs[k][j] if out.logprobs[k] is not None else None for k in rows]
+            changed.update(engine._apply([seqs[k] for k in rows], [out.tokens[k][j] for k in rows], lps,
+                                         [errors[k] for k in rows]))
+        engine.generation_tokens += sum(len(t) for t in out.tokens)
+        for seq in seqs:
+            if seq.status is Status.RUNNING:
+                blocks.trim(seq, seq.num_tokens)
+        engine.scheduler.on_step_done(batch, [seq.num_computed_tokens for seq in seqs])
+        return engine._outputs(changed.values())
+
+
+def spec_metrics(seqs: list[Sequence]) -> dict[str, int]:
+    """A request's speculation counts over its samples, as ``RequestMetrics`` fields."""
+    states = [s.spec for s in seqs if s.spec is not None]
+    return {"spec_num_drafts": sum(st.num_drafts for st in states),
+            "spec_num_draft_tokens": sum(st.num_draft_tokens for st in states),
+            "spec_num_accepted_tokens": sum(st.num_accepted_tokens for st in states)}
