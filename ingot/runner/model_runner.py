@@ -121,7 +121,18 @@ class ModelRunner:
                 f"no GPU memory left for the KV cache (gpu_memory_utilization={self.config.gpu_memory_utilization}, "
                 f"{used / 2**30:.1f} GiB in use); raise it or use a smaller model"
             )
+        log.info("weights %.2f GiB as held (quantized ones at their own bytes, scales included); KV cache %d blocks, "
+                 "%d tokens, %.2f GiB", self.weight_bytes() / 2**30, blocks, blocks * self.block_size,
+                 blocks * self._bytes_per_block() / 2**30)
         return blocks
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters and buffers on this device, each storage once (tied tables)."""
+        seen: dict[int, int] = {}
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            if t.device == self.device:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(seen.values())
 
     def _profile_peak_activation_bytes(self) -> int:
         """Run one full-size prefill on a scratch cache and measure the activation peak."""
