@@ -114,6 +114,6 @@ def test_auto_rejects_a_drifting_compiled_forward(tiny, monkeypatch):
 
 
 def test_auto_keeps_graph_when_compiled_is_slower_real_timings(tiny, monkeypatch):
-    _fake_compile(monkeypatch, perturb=0.0, delay=0.005)
+    _fake_compile(monkeypatch, perturb=0.0, delay=0.03)
     runner = _llm(tiny).engine.executor.graphs
     assert not any(d.use_compiled for d in runner.decisions.values())
