@@ -71,3 +71,11 @@ def test_config_fields():
     assert (cfg.swiglu_alpha, cfg.swiglu_limit) == (1.702, 7.0) and cfg.moe_intermediate_size == 32
     assert cfg.qkv_bias and cfg.o_bias  # HF's default attention_bias for gpt-oss: True
     assert not ModelConfig.from_hf(_config(attention_bias=False)).o_bias
+
+
+def test_shape_gpt_oss_20b():
+    from ingot.loading.dummy import shape_config
+
+    cfg = ModelConfig.from_hf(shape_config("gpt-oss-20b"))
+    assert cfg.layer_windows == (128, 0) * 12 and (cfg.num_experts, cfg.num_experts_per_tok) == (32, 4)
+    assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_theta == 150000.0 and cfg.head_dim == 64
