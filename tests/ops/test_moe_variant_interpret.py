@@ -51,8 +51,9 @@ def test_fused_moe_fp8_mxfp4_form(K, path):  # noqa: F811
     """fp8 experts with one scale per row and 32 columns (what MXFP4 converts into), biases and the
     clamped SwiGLU: the quantized kernels against the reference."""
     L = K.fused_moe_quant.QuantMoeLaunch
-    launch = L(False, 1, (16, 32, 4, 1), (16, 32, 4, 1)) if path == "per_pair" else L(True, 16, (16, 32, 4, 1), (16, 32, 4, 1))
-    t, e, k, h, i = 5, 4, 2, 64, 32
+    # 64-column K tiles over K = 96 and 32: a tail tile of one scale block (gpt-oss's 2880 = 45 x 64)
+    launch = L(False, 1, (16, 64, 4, 1), (16, 64, 4, 1)) if path == "per_pair" else L(True, 16, (16, 64, 4, 1), (16, 64, 4, 1))
+    t, e, k, h, i = 5, 4, 2, 96, 32
     args = fp8_moe_case(t, e, k, h, i, 1, 32, -1, torch.float32, torch.Generator().manual_seed(9))
     ep = epilogue(e, i, h, torch.float32, 10)
     out = K.fused_moe_quant.fused_moe_fp8(*args, None, *ep, launch=launch)
