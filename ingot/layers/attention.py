@@ -62,9 +62,12 @@ class Attention(nn.Module):
         rotary: RotaryEmbedding,
         policy: OpPolicy = DEFAULT_POLICY,
         qk_norm: Optional[tuple[RMSNorm, RMSNorm]] = None,
+        sinks: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D], not yet rotated -> [T, Hq, D]. ``qk_norm``: the
-        per-head RMSNorms of q and k (Qwen3), applied first; the fused decode op folds them in."""
+        per-head RMSNorms of q and k (Qwen3), applied first; the fused decode op folds them in.
+        ``sinks`` [Hq]: gpt-oss's per-head logits in the softmax's denominator (None: none)."""
+        extra = {} if sinks is None else {"sinks": sinks}  # the ops' calls unchanged for every other model
         assert self.k_cache is not None, "KV cache not bound: ModelRunner allocates it"
         if not meta.is_prefill and not policy.is_native("rotary"):
             norms = {} if qk_norm is None else dict(q_norm_weight=qk_norm[0].weight, k_norm_weight=qk_norm[1].weight,
@@ -72,7 +75,7 @@ class Attention(nn.Module):
             return torch.ops.ingot.decode_attention_rope(
                 q, k, v, positions, rotary.cos_sin_cache, self.k_cache, self.v_cache,
                 meta.slot_mapping, meta.block_tables, meta.seq_lens, self.scale, **norms,
-                window=self.window, softcap=self.softcap,
+                window=self.window, softcap=self.softcap, **extra,
             )
         if qk_norm is not None:
             q, k = qk_norm[0](q, None, policy), qk_norm[1](k, None, policy)
@@ -81,8 +84,8 @@ class Attention(nn.Module):
         if meta.is_prefill:
             return torch.ops.ingot.prefill_attention(
                 q, k, v, self.k_cache, self.v_cache, meta.cu_seqlens_q,
-                meta.seq_lens, meta.block_tables, self.scale, self.window, self.softcap,
+                meta.seq_lens, meta.block_tables, self.scale, self.window, self.softcap, **extra,
             )
         return torch.ops.ingot.decode_attention(
-            q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens, self.scale, self.window, self.softcap
+            q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens, self.scale, self.window, self.softcap, **extra
         )

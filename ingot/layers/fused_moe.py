@@ -22,11 +22,16 @@ projection). A per-channel int group (``group_size`` >= the projection's K) is h
 projection and part (``experts.3.gate_proj.qweight``); act-order permutations are accepted
 only as the identity.
 
+Optional per-expert biases (gpt-oss: ``w_gate_up_bias [E, 2I]``, gate's then up's, and
+``w_down_bias [E, H]``) stay in the model dtype whatever the scheme, and ``swiglu``
+(alpha, limit) selects gpt-oss's clamped SwiGLU for the activation; both ride in the
+op's epilogue (``reference_quant.Epilogue``).
+
 Under tensor parallelism each rank holds every expert's slice of the
 intermediate features (``shard_range``): the gate/up rows and the down
 columns of features ``[first, first + intermediate_size)``, so the op's output
 is this rank's partial sum, which the MoE block all-reduces once (with its
-shared expert's). Quantized, down's groups (and packed words, scale blocks) must not
+shared expert's; down's bias is loaded on rank 0 only, zero elsewhere). Quantized, down's groups (and packed words, scale blocks) must not
 straddle a rank's columns, nor gate/up's fp8 scale blocks its rows.
 """
 
@@ -51,7 +56,7 @@ PROJECTIONS = {
 }
 # a quantized module's canonical part -> the suffix of our parameter (fp8's weight: the parameter itself)
 _SUFFIX = {"qweight": "_qweight", "scales": "_scales", "zeros": "_zeros", "mins": "_mins", "weight": "",
-           "weight_scale": "_scale"}
+           "weight_scale": "_scale", "bias": "_bias"}
 
 
 def stacked_scheme(projections: Mapping[tuple[Optional[LinearScheme], int, int], str]) -> Optional[LinearScheme]:
@@ -81,10 +86,17 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
 
 class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp: TensorParallel = SINGLE,
-                 scheme: Optional[LinearScheme] = None) -> None:
+                 scheme: Optional[LinearScheme] = None, bias: bool = False,
+                 swiglu: Optional[tuple[float, float]] = None) -> None:
         """``scheme`` (from ``stacked_scheme``): how every expert's weights are held (None: the
-        model dtype). Raises ValueError where a rank's features do not align with its groups."""
+        model dtype); ``bias``: per-expert biases on both projections; ``swiglu``: (alpha, limit)
+        of gpt-oss's clamped SwiGLU (None: silu(gate) * up). Raises ValueError where a rank's
+        features do not align with its groups."""
         super().__init__()
+        self.swiglu = swiglu or (0.0, 0.0)
+        local = shard_range(intermediate_size, tp)[1] if tp.enabled else intermediate_size
+        self.w_gate_up_bias = nn.Parameter(torch.zeros(num_experts, 2 * local)) if bias else None
+        self.w_down_bias = nn.Parameter(torch.zeros(num_experts, hidden_size)) if bias else None
         self.num_experts = num_experts
         self.tp = tp
         self.full_intermediate_size = intermediate_size
@@ -141,6 +153,10 @@ class FusedMoE(nn.Module):
 
     def _name(self, proj: str, part: str) -> str:
         name = PROJECTIONS[proj][0]
+        if part == "bias":
+            if getattr(self, name + "_bias") is None:
+                raise ValueError("the experts have no biases")
+            return name + "_bias"
         if self.scheme is None:
             if part != "weight":
                 raise ValueError(f"the experts are held in the model dtype: no quantized part {part!r}")
@@ -164,7 +180,7 @@ class FusedMoE(nn.Module):
         shard = PROJECTIONS[proj][1]
         if shard is not None:
             rows = self._rows(name)
-            param = param.narrow(-2, shard * rows, rows)
+            param = param.narrow(-1 if part == "bias" else -2, shard * rows, rows)
         return param
 
     def checkpoint_slice(self, proj: str, expert: Optional[int], part: str = "weight") -> Optional[tuple[slice, ...]]:
@@ -172,7 +188,7 @@ class FusedMoE(nn.Module):
         of down, of one expert ([I, H] / [H, I]) or stacked ([E, I, H] / [E, H, I]); quantized,
         the rows or columns of each part that hold them. None: the whole tensor (one rank;
         transformers' fused gate_up [E, 2I, H], cut in ``load``)."""
-        if not self.tp.enabled or proj == "gate_up_proj" or part == "perm":
+        if not self.tp.enabled or proj == "gate_up_proj" or part == "perm" or (part, proj) == ("bias", "down_proj"):
             return None
         first, n = self.first, self.intermediate_size
         unit = 1
@@ -194,16 +210,18 @@ class FusedMoE(nn.Module):
         """
         if expert is not None and not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} out of range (the model has {self.num_experts})")
-        if self.scheme is not None and (expert is None or proj == "gate_up_proj"):
+        if self.scheme is not None and (expert is None or proj == "gate_up_proj") and part != "bias":
             raise ValueError("stacked or fused expert tensors cannot be held quantized (one tensor per expert and "
                              "projection is)")
         if part == "perm":
             if not torch.equal(tensor.cpu(), torch.arange(tensor.numel(), dtype=tensor.dtype)):
                 raise ValueError("act-order (GPTQ desc_act) experts are not supported: the permutation is not the identity")
             return []
-        if proj == "gate_up_proj" and self.tp.enabled:  # whole [E, 2I, H]: this rank's rows of both halves
-            i, n = self.full_intermediate_size, self.intermediate_size
-            tensor = torch.cat([tensor.narrow(-2, self.first, n), tensor.narrow(-2, i + self.first, n)], dim=-2)
+        if proj == "gate_up_proj" and self.tp.enabled:  # whole [E, 2I, H] ([E, 2I] bias): this rank's rows of both halves
+            i, n, dim = self.full_intermediate_size, self.intermediate_size, -1 if part == "bias" else -2
+            tensor = torch.cat([tensor.narrow(dim, self.first, n), tensor.narrow(dim, i + self.first, n)], dim=dim)
+        if (part, proj) == ("bias", "down_proj") and not self.tp.is_driver:
+            tensor = torch.zeros_like(tensor)  # the block's all-reduce adds rank 0's bias once
         name = self._name(proj, part)
         if part in ("scales", "mins") and name not in self._adopted:  # scales keep the checkpoint's float dtype
             self._adopted.add(name)
@@ -232,12 +250,15 @@ class FusedMoE(nn.Module):
         """hidden [T, H] through each token's experts ``topk_ids`` [T, k], weighted by ``topk_weights``
         (each row's gate/up sums times ``row_scale`` [T], when given: see ``norm_linear_scaled``)."""
         s = self.scheme
+        # the epilogue's arguments only where there is one: existing models call the ops as before
+        extra = () if self.w_gate_up_bias is None and not self.swiglu[0] else (
+            self.w_gate_up_bias, self.w_down_bias, *self.swiglu)
         if s is None:
-            return torch.ops.ingot.fused_moe(hidden, self.w_gate_up, self.w_down, topk_weights, topk_ids, row_scale)
+            return torch.ops.ingot.fused_moe(hidden, self.w_gate_up, self.w_down, topk_weights, topk_ids, row_scale, *extra)
         if isinstance(s, IntWeights):
             return torch.ops.ingot.fused_moe_int(
                 hidden, self.w_gate_up_qweight, self.w_gate_up_scales, self.w_gate_up_zeros, self.w_gate_up_mins,
                 self.w_down_qweight, self.w_down_scales, self.w_down_zeros, self.w_down_mins, topk_weights, topk_ids,
-                s.bits, s.group_size, s.default_zero, row_scale)
+                s.bits, s.group_size, s.default_zero, row_scale, *extra)
         return torch.ops.ingot.fused_moe_fp8(hidden, self.w_gate_up, self.w_gate_up_scale, self.w_down, self.w_down_scale,
-                                             topk_weights, topk_ids, s.block_n, s.block_k, s.act_group, row_scale)
+                                             topk_weights, topk_ids, s.block_n, s.block_k, s.act_group, row_scale, *extra)

@@ -1,4 +1,4 @@
-"""Rotary position embedding (neox style) with default, linear, Llama-3 and LongRoPE scaling.
+"""Rotary position embedding (neox style) with default, linear, Llama-3, LongRoPE and YaRN scaling.
 
 The cos/sin table is built once in fp32 exactly as HF transformers builds its
 frequencies, so positions rotate identically to the HF model.
@@ -19,6 +19,10 @@ ones. Sequences then agree with HF when the engine's context fits the original
 one, and when it does not, for sequences whose prompt already exceeds it; a
 short sequence on a long-context engine rotates with the long factors. Both
 sets scale cos and sin by the same attention factor.
+
+YaRN (gpt-oss) blends interpolated and original frequencies over a ramp of dimensions and
+scales cos and sin by an attention factor, as HF's ``_compute_yarn_parameters`` (one set for
+every length; ``truncate`` rounds the ramp's ends to whole dimensions, HF's default).
 """
 
 from __future__ import annotations
@@ -72,6 +76,38 @@ def _longrope(head_dim: int, base: float, scaling: dict[str, Any], max_position:
     return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base**exps), float(attention)
 
 
+def _yarn(head_dim: int, base: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """YaRN: (inverse frequencies, attention factor), step for step as HF computes them
+    (``model_config`` fills ``factor`` and ``original_max_position_embeddings`` in)."""
+    factor = float(scaling["factor"])
+    original = int(scaling["original_max_position_embeddings"])
+    attention = scaling.get("attention_factor")
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attention is None:
+        attention = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim \
+            else get_mscale(factor)
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # HF's guard against a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention)
+
+
 def rope_frequencies(
     head_dim: int, base: float, scaling: Optional[dict[str, Any]], max_position: int = 0
 ) -> tuple[torch.Tensor, float]:
@@ -80,6 +116,8 @@ def rope_frequencies(
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind in ("su", "longrope"):
         return _longrope(head_dim, base, scaling, max_position)
+    if kind == "yarn":
+        return _yarn(head_dim, base, scaling)
     inv_freq = _inv_freq(head_dim, base)
     if kind == "default":
         return inv_freq, 1.0
@@ -87,7 +125,7 @@ def rope_frequencies(
         return inv_freq / float(scaling["factor"]), 1.0
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling), 1.0
-    raise CheckpointError(f"unsupported rope_scaling.rope_type {kind!r} (supported: default, linear, llama3, longrope)")
+    raise CheckpointError(f"unsupported rope_scaling.rope_type {kind!r} (supported: default, linear, llama3, longrope, yarn)")
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: Optional[dict[str, Any]]) -> torch.Tensor:

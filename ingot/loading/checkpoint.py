@@ -32,6 +32,7 @@ from ingot.loading import hf
 from ingot.loading.dummy import SHAPE_CONTEXT, SHAPES, id_tokenizer, model_tokenizer, shape_config
 from ingot.loading.errors import CheckpointError
 from ingot.loading.hf_quant import QuantizedSafetensors, looks_quantized
+from ingot.loading.mxfp4 import Mxfp4Safetensors, is_mxfp4
 from ingot.loading.quant_online import (
     ONLINE_SCHEMES,
     random_weights_config,
@@ -174,7 +175,7 @@ def _open_hf_dir(path: Path, weights: bool = True, dequantize_on_load: bool = Tr
     tok = Tokenizer.from_hf_dir(path, eos)
     qc, qsource = _quantization_config(path, raw)
     if qc is not None:
-        q = QuantizedSafetensors(files, qc, qsource)
+        q = Mxfp4Safetensors(files, qc) if is_mxfp4(qc) else QuantizedSafetensors(files, qc, qsource)
         shapes = {name: shape for name, (_, shape, _) in q.table.items()}
         if dequantize_on_load or q.quant is None:
             return Checkpoint(str(path), config, tok, lambda dtype, select=None: q.weights(dtype, select, True),

@@ -67,6 +67,16 @@ SHAPES: dict[str, dict[str, Any]] = {
                         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                         query_pre_attn_scalar=256, tie_word_embeddings=True),
+    # attention sinks, 128-token windows alternating with full attention (HF's default layer_types: even
+    # layers slide), YaRN, biased experts with the clamped SwiGLU
+    "gpt-oss-20b": dict(architectures=["GptOssForCausalLM"], hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                        num_experts_per_tok=4, vocab_size=201088, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                        sliding_window=128, attention_bias=True,
+                        swiglu_alpha=1.702, swiglu_limit=7.0, rope_theta=150000.0,
+                        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 4096},
+                        tie_word_embeddings=False),
 }
 DEFAULT_SHAPE = "qwen2.5-1.5b"
 # the context of a built-in shape served with no max_model_len: the bench workloads (prompts up

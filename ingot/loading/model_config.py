@@ -8,7 +8,8 @@ Mixture-of-experts fields (``num_experts`` > 0) follow the HF names of the four
 families ingot runs: Qwen3-MoE, Qwen2-MoE (a shared expert with a sigmoid
 gate), Mixtral (every layer sparse, ``intermediate_size`` is the expert width,
 top-k weights always renormalised) and OLMoE (q/k norm over the whole
-projection instead of per head).
+projection instead of per head). gpt-oss adds attention sinks, biases on o_proj, the router
+and the experts, a top-k-then-softmax router and a clamped SwiGLU (``_gpt_oss_fields``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class ModelConfig:
     attn_logit_softcap: float = 0.0  # attention logits -> cap * tanh(logits / cap)
     final_logit_softcap: float = 0.0  # output logits, likewise
     local_rope_theta: Optional[float] = None  # Gemma 3: the rope base of sliding-window layers (unscaled)
+    o_bias: bool = False  # o_proj has a bias (HF's attention_bias in the families whose o_proj reads it)
+    # gpt-oss (False / 0: not used)
+    attn_sinks: bool = False  # a learned logit per query head in each attention softmax's denominator
+    router_bias: bool = False  # the MoE router (gate) has a bias
+    expert_bias: bool = False  # every routed expert's gate/up and down projections have biases
+    topk_then_softmax: bool = False  # routing weights: softmax over the k largest logits (else top-k of the softmax)
+    swiglu_alpha: float = 0.0  # > 0: the experts' activation is the clamped SwiGLU (reference_quant.activation)
+    swiglu_limit: float = 0.0
 
     def layer_window(self, index: int) -> int:
         """Decoder layer ``index``'s sliding window (0: it attends to the whole context)."""
@@ -147,17 +156,31 @@ class ModelConfig:
             torch_dtype=_DTYPES.get(str(dtype_name)) if dtype_name else None,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            o_bias=_attention_bias(arch, cfg) and arch not in _NO_O_BIAS,
             **moe,
             **_gemma_fields(arch, cfg, per_type),
+            **_gpt_oss_fields(arch, cfg, layers),
         )
 
 
 def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The rope scaling settings (None: plain rope). LongRoPE's (Phi-3 ``su`` / ``longrope``) gain
     ``original_max_position_embeddings`` from the top level, where Phi-3 configs keep it, and
-    ``factor`` (HF's default: the ratio of the two context lengths)."""
+    ``factor`` (HF's default: the ratio of the two context lengths); YaRN's the same defaults
+    (HF: the original context defaults to ``max_position_embeddings``)."""
     scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    if not scaling or scaling.get("rope_type", scaling.get("type")) not in ("su", "longrope"):
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if kind == "yarn":
+        scaling = dict(scaling)
+        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = int(original or cfg.get("max_position_embeddings", 4096))
+        if scaling.get("factor") is None:
+            scaling["factor"] = int(cfg.get("max_position_embeddings", 4096)) / scaling["original_max_position_embeddings"]
+        if not float(scaling["factor"]) > 0 or scaling["original_max_position_embeddings"] <= 0:
+            raise CheckpointError(f"rope_scaling (yarn): factor={scaling['factor']} and original_max_position_embeddings="
+                                  f"{scaling['original_max_position_embeddings']} must be positive")
+        return scaling
+    if kind not in ("su", "longrope"):
         return scaling
     scaling = dict(scaling)
     original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
@@ -190,6 +213,7 @@ _SLIDING_RULES = {
     "Qwen2ForCausalLM": lambda i, cfg: i >= int(cfg.get("max_window_layers", 28)),
     "Qwen3ForCausalLM": lambda i, cfg: i >= int(cfg.get("max_window_layers", 28)),
     "Qwen2MoeForCausalLM": lambda i, cfg: i % 2 == 0 and i < int(cfg.get("max_window_layers", 28)),
+    "GptOssForCausalLM": lambda i, cfg: i % 2 == 0,
 }
 _IGNORE_LAYER_TYPES = ("MistralForCausalLM", "MixtralForCausalLM")
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -230,12 +254,41 @@ def _gemma_fields(arch: str, cfg: dict[str, Any], rope: dict[str, Any]) -> dict[
     return fields
 
 
+# families whose o_proj has no bias whatever attention_bias says (HF builds it with bias=False)
+_NO_O_BIAS = ("MistralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _gpt_oss_fields(arch: str, cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+    """gpt-oss's fields of ModelConfig ({} for other families), checked: a CheckpointError names
+    the config field that cannot be served."""
+    if arch != "GptOssForCausalLM":
+        return {}
+    types = cfg.get("layer_types")
+    if types is not None and (len(types) != layers or any(t not in _LAYER_TYPES for t in types)):
+        raise CheckpointError(f"layer_types must list {layers} entries (num_hidden_layers), each one of {_LAYER_TYPES}; "
+                              f"got {types}")
+    window = cfg.get("sliding_window")
+    if window is not None and int(window) <= 0:
+        raise CheckpointError(f"sliding_window={window} must be positive (or null for none)")
+    alpha, limit = float(cfg.get("swiglu_alpha", 1.702)), float(cfg.get("swiglu_limit", 7.0))
+    if not (alpha > 0 and limit > 0):
+        raise CheckpointError(f"swiglu_alpha={alpha} and swiglu_limit={limit} must be positive")
+    return dict(attn_sinks=True, router_bias=True, expert_bias=True, topk_then_softmax=True, swiglu_alpha=alpha,
+                swiglu_limit=limit)
+
+
 def _qkv_bias(arch: str, cfg: dict[str, Any]) -> bool:
     if arch == "Qwen2ForCausalLM":
         return True
     if arch == "Qwen2MoeForCausalLM":  # HF: `qkv_bias` (default True; older configs lack the key); GGUF: attention_bias
         return bool(cfg.get("qkv_bias", cfg.get("attention_bias", True)))
-    return bool(cfg.get("attention_bias", False))
+    return _attention_bias(arch, cfg)
+
+
+def _attention_bias(arch: str, cfg: dict[str, Any]) -> bool:
+    """HF's ``attention_bias``, whose default is True for gpt-oss only."""
+    return bool(cfg.get("attention_bias", arch == "GptOssForCausalLM"))
 
 
 # architecture -> (HF key of the expert width, None for intermediate_size; top-k weights renormalised
@@ -245,6 +298,7 @@ _MOE_ARCHS = {
     "Qwen2MoeForCausalLM": ("moe_intermediate_size", False),
     "MixtralForCausalLM": (None, True),
     "OlmoeForCausalLM": (None, False),
+    "GptOssForCausalLM": (None, False),
 }
 # the expert count: `num_experts` in the Qwen / OLMoE hub configs, `num_local_experts` in Mixtral's
 # and in what recent transformers writes for all of them

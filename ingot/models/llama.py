@@ -67,8 +67,10 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = cfg.num_heads * self.head_dim, cfg.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(cfg.hidden_size, (q_size, kv_size, kv_size), bias=cfg.qkv_bias, tp=tp, split="column",
                                      units=self.head_dim, scheme=cfg.linear_scheme(prefix, ("q_proj", "k_proj", "v_proj")))
-        self.o_proj = Linear(q_size, cfg.hidden_size, tp=tp, split="row", units=self.head_dim,
+        self.o_proj = Linear(q_size, cfg.hidden_size, cfg.o_bias, tp=tp, split="row", units=self.head_dim,
                              scheme=cfg.linear_scheme(prefix, ("o_proj",)))
+        # gpt-oss: a learned logit per query head in the softmax's denominator (this rank's heads)
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attn_sinks else None
         # q/k norm per head (Qwen3) or over the whole projection (OLMoE; never split over ranks)
         self.qk_norm_full_width = cfg.qk_norm_full_width
         q_width, k_width = (q_size, kv_size) if cfg.qk_norm_full_width else (self.head_dim, self.head_dim)
@@ -104,7 +106,7 @@ class LlamaAttention(nn.Module):
         if self.clip_qkv is not None:
             c = self.clip_qkv
             q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
-        out = self.attn(positions, q, k, v, meta, self.rotary, policy, head_norms)
+        out = self.attn(positions, q, k, v, meta, self.rotary, policy, head_norms, self.sinks)
         return out.reshape(t, self.num_heads * self.head_dim)
 
 

@@ -46,7 +46,7 @@ from ingot.models.llama import LlamaForCausalLM, LlamaMLP, tensor_parallel_error
 # transformers' fused `experts.gate_up_proj` / `experts.down_proj`, and GGUF's stacked
 # `experts.gate_proj` (loading/gguf.py)
 _EXPERT = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj|gate_up_proj)"
-                     r"(?:\.(weight|qweight|scales|zeros|mins|perm|weight_scale))?$")
+                     r"(?:\.(weight|qweight|scales|zeros|mins|perm|weight_scale|bias))?$")
 # Mixtral's names for the same things
 _MIXTRAL = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."))
 
@@ -96,19 +96,27 @@ class MoEBlock(nn.Module):
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.weights_in_model_dtype = cfg.architecture != "MixtralForCausalLM"
+        self.topk_then_softmax = cfg.topk_then_softmax
         shared = cfg.shared_expert_intermediate_size
         # router rows, then the shared expert's gate row: one GEMM for both
-        self.gate = MergedLinear(cfg.hidden_size, (cfg.num_experts, 1) if shared else (cfg.num_experts,))
+        self.gate = MergedLinear(cfg.hidden_size, (cfg.num_experts, 1) if shared else (cfg.num_experts,), cfg.router_bias)
         scheme = experts_scheme(cfg, prefix)
+        swiglu = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.swiglu_alpha > 0 else None
         try:
-            self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp, scheme)
+            self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp, scheme,
+                                    cfg.expert_bias, swiglu)
         except ValueError as exc:
             raise CheckpointError(f"{prefix}.experts: {exc}") from None
         self.shared_expert = (LlamaMLP(cfg.hidden_size, shared, tp, reduce=False, cfg=cfg, prefix=f"{prefix}.shared_expert")
                               if shared else None)
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(top-k weights [T, k], expert ids [T, k]) from router logits [T, E], as HF computes them."""
+        """(top-k weights [T, k], expert ids [T, k]) from router logits [T, E], as HF computes them
+        (gpt-oss: the k largest logits, then a softmax over them in the logits' dtype)."""
+        if self.topk_then_softmax:
+            top = select_topk if torch.compiler.is_compiling() else lambda x, k: torch.topk(x, k, dim=-1)
+            values, ids = top(logits, self.top_k)
+            return torch.softmax(values, dim=-1, dtype=values.dtype), ids
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         if torch.compiler.is_compiling():
             out_dtype = logits.dtype if self.weights_in_model_dtype else None

@@ -7,6 +7,7 @@ from torch import nn
 from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
 from ingot.models.gemma import GemmaForCausalLM
+from ingot.models.gpt_oss import GptOssForCausalLM
 from ingot.models.llama import LlamaForCausalLM
 from ingot.models.moe import MoEForCausalLM
 from ingot.models.olmo2 import Olmo2ForCausalLM
@@ -26,6 +27,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "OlmoeForCausalLM": MoEForCausalLM,
     "Gemma2ForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": GemmaForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 

@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
+from ingot.ops.reference_quant import Epilogue, experts_loop
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -137,10 +139,13 @@ def _gather_context(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Te
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float = 0.0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], mask [B, Tq, Tk] -> [B, Tq, Hq, D] (fp32 math).
-    ``softcap`` > 0: logits become ``softcap * tanh(logits / softcap)`` before the mask (Gemma 2)."""
+    ``softcap`` > 0: logits become ``softcap * tanh(logits / softcap)`` before the mask (Gemma 2).
+    ``sinks`` [Hq]: one more logit per head that joins the softmax's denominator only (gpt-oss;
+    HF appends it as a column and drops that column's probability)."""
     b, tq, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
@@ -149,7 +154,11 @@ def _attend(
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask[:, None, None, :, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.float().view(1, hkv, g, 1, 1).expand(b, hkv, g, tq, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.float())
     return out.reshape(b, tq, hq, d).to(q.dtype)
 
@@ -165,10 +174,11 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tens
 @op(fake=lambda q, *_: _like(q))
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-    scale: float, window: int = 0, softcap: float = 0.0,
+    scale: float, window: int = 0, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One query per row: q [B, Hq, D] over the first ``seq_lens[b]`` cached tokens, the last
-    ``window`` of them when ``window`` > 0; logits soft-capped when ``softcap`` > 0.
+    ``window`` of them when ``window`` > 0; logits soft-capped when ``softcap`` > 0; ``sinks``
+    [Hq] (fp32 or the model dtype): a per-head logit in the softmax's denominator only.
 
     Static shapes only (no host sync), so it can be captured in a CUDA graph.
     """
@@ -176,7 +186,7 @@ def decode_attention(
     v = _gather_context(v_cache, block_tables)
     pos = torch.arange(k.shape[1], device=q.device)
     mask = visible(seq_lens[:, None].to(pos.dtype) - 1, pos[None, :], window).unsqueeze(1)
-    return _attend(q.unsqueeze(1), k, v, mask, scale, softcap).squeeze(1)
+    return _attend(q.unsqueeze(1), k, v, mask, scale, softcap, sinks).squeeze(1)
 
 
 @op(fake=lambda q, *_: _like(q), mutates_args=("k_cache", "v_cache"))
@@ -185,9 +195,10 @@ def decode_attention_rope(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, q_norm_weight: Optional[torch.Tensor] = None,
     k_norm_weight: Optional[torch.Tensor] = None, norm_eps: float = 0.0, window: int = 0, softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """A decode step's attention from its unrotated q, k, v: (per-head RMSNorm of q and k,
-    as Qwen3 has,) rotary, KV store, attention (``window``, ``softcap``: decode_attention's).
+    as Qwen3 has,) rotary, KV store, attention (``window``, ``softcap``, ``sinks``: decode_attention's).
 
     Exactly the reference ops in sequence (the fused kernel's ground truth).
     """
@@ -197,16 +208,16 @@ def decode_attention_rope(
         k = rms_norm(k, k_norm_weight, norm_eps)
     q, k = rotary_embedding(positions, q, k, cos_sin_cache)
     store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap)
+    return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, sinks)
 
 
 @op(fake=lambda q, *_: _like(q))
 def prefill_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-    window: int = 0, softcap: float = 0.0,
+    window: int = 0, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Causal attention for packed new tokens q [T, Hq, D] (``window``, ``softcap``: decode_attention's).
+    """Causal attention for packed new tokens q [T, Hq, D] (``window``, ``softcap``, ``sinks``: decode_attention's).
 
     Row b owns queries ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``, the last of its
     ``seq_lens[b]`` tokens; earlier context (chunked prefill) is read from the
@@ -226,7 +237,7 @@ def prefill_attention(
         qpos = torch.arange(total - nq, total, device=q.device)
         kpos = torch.arange(total, device=q.device)
         mask = visible(qpos[:, None], kpos[None, :], window).unsqueeze(0)
-        out[s:e] = _attend(q[s:e].unsqueeze(0), kc, vc, mask, scale, softcap).squeeze(0)
+        out[s:e] = _attend(q[s:e].unsqueeze(0), kc, vc, mask, scale, softcap, sinks).squeeze(0)
     return out
 
 
@@ -285,6 +296,10 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     row_scale: Optional[torch.Tensor] = None,
+    gate_up_bias: Optional[torch.Tensor] = None,
+    down_bias: Optional[torch.Tensor] = None,
+    swiglu_alpha: float = 0.0,
+    swiglu_limit: float = 0.0,
 ) -> torch.Tensor:
     """Mixture-of-experts MLP: each token through its ``k`` chosen experts, weighted and summed.
 
@@ -292,6 +307,9 @@ def fused_moe(
     topk_weights [T, k] (model dtype, or fp32 as Mixtral keeps them); topk_ids [T, k];
     row_scale [T] (fp32), optional: multiplies each token's gate/up sums before they are
     rounded, so ``hidden`` can be a normed row's two factors (``rms_norm_linear_scaled``).
+    gate_up_bias [E, 2I] / down_bias [E, H], optional: added to each projection's output
+    (gpt-oss). ``swiglu_alpha`` > 0 selects gpt-oss's clamped SwiGLU for ``silu(gate) * up``
+    (``reference_quant.activation``).
 
     HF transformers' eager experts loop, step for step: experts in ascending id,
     each computing ``down(silu(gate) * up)`` of its tokens in the model dtype and
@@ -304,37 +322,17 @@ def fused_moe(
     a capture is under way (decode graphs with the Triton kernels off) every expert
     runs on every token instead, the unrouted ones weighted by zero (same sums).
     """
-    capturing = hidden.is_cuda and torch.cuda.is_current_stream_capturing()
-    return _experts_loop(hidden, w_gate_up, w_down, topk_weights, topk_ids, every_expert=capturing, row_scale=row_scale)
+    return experts_loop(hidden, w_gate_up.shape[0], w_gate_up.__getitem__, w_down.__getitem__, topk_weights, topk_ids,
+                        row_scale, None, Epilogue(gate_up_bias, down_bias, swiglu_alpha, swiglu_limit))
 
 
 def _experts_loop(
     hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
     topk_ids: torch.Tensor, every_expert: bool, row_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    t, h = hidden.shape
-    out = torch.zeros(t, h, dtype=torch.float32, device=hidden.device)
-    if t == 0:
-        return out.to(hidden.dtype)
-    inter = w_down.shape[-1]
-    experts = range(w_gate_up.shape[0]) if every_expert else torch.unique(topk_ids).tolist()  # ascending
-    for e in experts:
-        if every_expert:
-            token_idx = torch.arange(t, device=hidden.device)
-            weight = (topk_weights * (topk_ids == e)).sum(-1, keepdim=True)  # its one weight, or 0
-        else:
-            slot, token_idx = torch.where(topk_ids.T == e)  # HF's row order (slot-major): CPU GEMMs see the same rows
-            weight = topk_weights[token_idx, slot, None]
-        if row_scale is None:
-            gate_up = torch.nn.functional.linear(hidden[token_idx], w_gate_up[e])
-        else:  # scaled in fp32, rounded once
-            sums = torch.nn.functional.linear(hidden[token_idx].float(), w_gate_up[e].float())
-            gate_up = (sums * row_scale[token_idx, None]).to(hidden.dtype)
-        act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = torch.nn.functional.linear(act, w_down[e]) * weight
-        # = index_add_ (each token once per expert), whose CPU kernel stalls for ms on a busy machine
-        out.index_put_((token_idx,), y.float(), accumulate=True)
-    return out.to(hidden.dtype)
+    """``fused_moe`` with the capture's every-expert form forced on or off (tests)."""
+    return experts_loop(hidden, w_gate_up.shape[0], w_gate_up.__getitem__, w_down.__getitem__, topk_weights, topk_ids,
+                        row_scale, every=every_expert)
 
 
 # ---------------------------------------------------------------------- quantized linear layers
@@ -440,7 +438,6 @@ def fp8_linear(
 # ``fused_moe`` with every expert's weights in one canonical form, stacked [E, ...] as FusedMoE
 # holds them (gate rows then up rows); the loop is reference_quant.py's (dequantizing the touched
 # experts only), the kernels ops/triton/fused_moe_quant.py.
-from ingot.ops.reference_quant import experts_loop  # noqa: E402
 
 
 @op(fake=lambda hidden, *_: _like(hidden))
@@ -449,11 +446,12 @@ def fused_moe_int(
     gate_up_zeros: Optional[torch.Tensor], gate_up_mins: Optional[torch.Tensor], down_qweight: torch.Tensor,
     down_scales: torch.Tensor, down_zeros: Optional[torch.Tensor], down_mins: Optional[torch.Tensor],
     topk_weights: torch.Tensor, topk_ids: torch.Tensor, bits: int, group_size: int, zero_point: int,
-    row_scale: Optional[torch.Tensor] = None,
+    row_scale: Optional[torch.Tensor] = None, gate_up_bias: Optional[torch.Tensor] = None,
+    down_bias: Optional[torch.Tensor] = None, swiglu_alpha: float = 0.0, swiglu_limit: float = 0.0,
 ) -> torch.Tensor:
     """``fused_moe`` with int4 / int8 experts: qweight [E, N, K * bits / 32], scales (zeros,
     mins) [E, N, K / group_size] of gate_up (N = 2I, K = H) and down (N = H, K = I);
-    ``group_size`` 0: one group per row of each projection."""
+    ``group_size`` 0: one group per row of each projection; biases and ``swiglu_*``: fused_moe's."""
 
     def expert(q: torch.Tensor, s: torch.Tensor, z: Optional[torch.Tensor], m: Optional[torch.Tensor]):
         k = q.shape[-1] * 32 // bits
@@ -461,18 +459,21 @@ def fused_moe_int(
                                         group_size or k, zero_point, hidden.dtype)
 
     return experts_loop(hidden, gate_up_qweight.shape[0], expert(gate_up_qweight, gate_up_scales, gate_up_zeros, gate_up_mins),
-                        expert(down_qweight, down_scales, down_zeros, down_mins), topk_weights, topk_ids, row_scale)
+                        expert(down_qweight, down_scales, down_zeros, down_mins), topk_weights, topk_ids, row_scale,
+                        epilogue=Epilogue(gate_up_bias, down_bias, swiglu_alpha, swiglu_limit))
 
 
 @op(fake=lambda hidden, *_: _like(hidden))
 def fused_moe_fp8(
     hidden: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
     down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, block_n: int, block_k: int,
-    act_group: int, row_scale: Optional[torch.Tensor] = None,
+    act_group: int, row_scale: Optional[torch.Tensor] = None, gate_up_bias: Optional[torch.Tensor] = None,
+    down_bias: Optional[torch.Tensor] = None, swiglu_alpha: float = 0.0, swiglu_limit: float = 0.0,
 ) -> torch.Tensor:
     """``fused_moe`` with float8 e4m3 experts: gate_up [E, 2I, H], down [E, H, I], each with
     fp32 block scales (``fp8_linear``'s blocks; 0: the whole dimension of each projection,
-    so gate_up_scale holds gate's block rows, then up's); ``act_group`` as fp8_linear's."""
+    so gate_up_scale holds gate's block rows, then up's); ``act_group`` as fp8_linear's;
+    biases and ``swiglu_*``: fused_moe's (MXFP4 experts arrive in this form: block_k 32)."""
 
     def expert(w: torch.Tensor, s: torch.Tensor, parts: int):
         return lambda e: torch.cat([dequantize_fp8(wp, sp, block_n, block_k, hidden.dtype)
@@ -480,7 +481,7 @@ def fused_moe_fp8(
 
     act = None if act_group < 0 else lambda x: _fp8_rounded(x, act_group)
     return experts_loop(hidden, gate_up.shape[0], expert(gate_up, gate_up_scale, 2), expert(down, down_scale, 1),
-                        topk_weights, topk_ids, row_scale, act)
+                        topk_weights, topk_ids, row_scale, act, Epilogue(gate_up_bias, down_bias, swiglu_alpha, swiglu_limit))
 
 
 def _fp8_rounded(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -300,7 +300,7 @@ def test_prefill_attention_window(K, q_lens, totals, page, window, softcap):
     if window:
         _poison_outside_window(args[3:5], args[7], [n - m for m, n in zip(q_lens, totals)], window, page)
     cfg = K.prefill_attention.PrefillConfig(16, 16, 4, 2)  # several query and key tiles per sequence
-    out = K.prefill_attention.prefill_attention(*args, 0.2, window, softcap, cfg)
+    out = K.prefill_attention.prefill_attention(*args, 0.2, window, softcap, config=cfg)
     assert rel_err(out, expected(window, 0.2, softcap)) < 1e-4
     out = K.prefill_dispatch.prefill_attention(*args, 0.2, window, softcap, config=cfg)  # the dispatch: this kernel
     assert rel_err(out, expected(window, 0.2, softcap)) < 1e-4

@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 
 
-def dense_attention(q, k, v, q_pos, window: int, scale: float, softcap: float = 0.0) -> torch.Tensor:
+def dense_attention(q, k, v, q_pos, window: int, scale: float, softcap: float = 0.0, sinks=None) -> torch.Tensor:
     """q [Tq, Hq, D] at positions ``q_pos``, k/v [Tk, Hkv, D] at positions 0..Tk-1, fp32: key j
-    is visible to a query at p iff j <= p and (window <= 0 or p - j < window)."""
+    is visible to a query at p iff j <= p and (window <= 0 or p - j < window). ``sinks`` [Hq]:
+    exp(sink) joins each head's softmax denominator (gpt-oss's attention sinks)."""
     hq, hkv = q.shape[1], k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float32)
     for i, p in enumerate(q_pos):
@@ -18,7 +19,11 @@ def dense_attention(q, k, v, q_pos, window: int, scale: float, softcap: float = 
             logits = (kh @ q[i, h].float()) * scale
             if softcap > 0:
                 logits = softcap * torch.tanh(logits / softcap)
-            out[i, h] = torch.softmax(logits, 0) @ vh
+            if sinks is None:
+                out[i, h] = torch.softmax(logits, 0) @ vh
+            else:
+                e = torch.exp(logits - logits.max())
+                out[i, h] = (e @ vh) / (e.sum() + torch.exp(sinks[h].float() - logits.max()))
     return out
 
 
@@ -55,11 +60,11 @@ def prefill_window_case(q_lens, totals, hq, hkv, d, page, gen, dtype=torch.float
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     args = [q, k, v, k_cache, v_cache, cu, torch.tensor(totals, dtype=torch.int32), table]
 
-    def expected(window: int, scale: float, softcap: float = 0.0) -> torch.Tensor:
+    def expected(window: int, scale: float, softcap: float = 0.0, sinks=None) -> torch.Tensor:
         parts = []
         for b, (m, n) in enumerate(zip(q_lens, totals)):
             qb = q[int(cu[b]):int(cu[b + 1])]
-            parts.append(dense_attention(qb, ks[b], vs[b], list(range(n - m, n)), window, scale, softcap))
+            parts.append(dense_attention(qb, ks[b], vs[b], list(range(n - m, n)), window, scale, softcap, sinks))
         return torch.cat(parts)
 
     return args, expected
@@ -72,8 +77,8 @@ def decode_window_case(lens, hq, hkv, d, page, gen, dtype=torch.float32):
     q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
     args = [q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32)]
 
-    def expected(window: int, scale: float, softcap: float = 0.0) -> torch.Tensor:
-        return torch.cat([dense_attention(q[b:b + 1], ks[b], vs[b], [n - 1], window, scale, softcap)
+    def expected(window: int, scale: float, softcap: float = 0.0, sinks=None) -> torch.Tensor:
+        return torch.cat([dense_attention(q[b:b + 1], ks[b], vs[b], [n - 1], window, scale, softcap, sinks)
                           for b, n in enumerate(lens)])
 
     return args, expected

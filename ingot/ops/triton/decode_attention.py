@@ -29,7 +29,8 @@ with one.
 A sliding ``window`` (a local layer) starts the slices at the tile holding the first
 visible position (``seq_len - window``): tiles wholly before it are never read, so a
 local layer's decode reads its window whatever the context. ``softcap`` caps the
-logits (``softcap.py``).
+logits (``softcap.py``); ``sinks`` (gpt-oss) join the denominator where the output is
+normalised: in the program that writes it directly, or in the merge of the slices.
 
 ``S`` comes from static shapes only (B, Hkv, the block table width and the SM
 count), so it is fixed for a captured graph; scratch sizes likewise. No host
@@ -49,7 +50,7 @@ import triton.language as tl
 from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
-from ingot.ops.triton.softcap import scaled_logits
+from ingot.ops.triton.softcap import scaled_logits, softmax_denominator
 
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -70,9 +71,9 @@ class DecodeConfig:
 @triton.jit
 def _merge_splits(
     mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, num_used,
-    stride_ob, stride_oh,
+    stride_ob, stride_oh, sinks_ptr,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_GM: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     """Combine the first ``num_used`` of the S partials of one group's heads (the later
     ones are empty: a short context in a wide block table) with max-rescaled weights."""
@@ -105,7 +106,7 @@ def _merge_splits(
         l = l * alpha + tl.sum(w, 1)
         acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
         m = m_new
-    res = acc / tl.where(l > 0.0, l, 1.0)[:, None]  # every slice empty (seq_len 0): output 0
+    res = acc / softmax_denominator(l, m, sinks_ptr, heads, g_mask, HAS_SINKS)[:, None]  # all empty: output 0
     tl.store(
         out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
         res.to(out_ptr.dtype.element_ty),
@@ -140,7 +141,7 @@ def _head_rms_norm(x1, x2, w1, w2, eps, HEAD_DIM: tl.constexpr):
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
-    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr, q_norm_ptr, k_norm_ptr,
+    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr, q_norm_ptr, k_norm_ptr, sinks_ptr,
     scale_log2, norm_eps, window, cap_log2,
     num_splits,
     stride_qb, stride_qh,
@@ -154,7 +155,7 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     DIRECT: tl.constexpr, MERGE_HERE: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr, SOFTCAP: tl.constexpr,
+    BF16: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -261,15 +262,16 @@ def _decode_kernel(
     release_dependents(PDL)  # the next kernel may start while the slices are merged
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
     gd_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:
+        o = acc / softmax_denominator(l_i, m_i, sinks_ptr, heads, g_mask, HAS_SINKS)[:, None]
         tl.store(
             out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
             o.to(out_ptr.dtype.element_ty),
             mask=gd_mask,
         )
     else:
+        o = acc / l_safe[:, None]  # the slice's partial; the merge adds the sinks
         # scratch layout: mid_o [B, Hq, S, D], mid_lse [B, Hq, S] (contiguous)
         row = (b64 * NUM_Q_HEADS + heads) * num_splits + split  # [BLOCK_G]
         tl.store(mid_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=gd_mask)
@@ -284,21 +286,21 @@ def _decode_kernel(
                 # widest block table, so at short contexts most of them are empty
                 num_used = tl.cdiv(num_tiles - tile0, tiles_per_split)
                 _merge_splits(
-                    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, num_used, stride_ob, stride_oh,
-                    NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S,
+                    mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh, num_splits, num_used, stride_ob, stride_oh, sinks_ptr,
+                    NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S, HAS_SINKS,
                 )
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _merge_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh,
+    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits, stride_ob, stride_oh, sinks_ptr,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_GM: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     _merge_splits(
         mid_o_ptr, mid_lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), num_splits, num_splits, stride_ob, stride_oh,
-        NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S,
+        sinks_ptr, NUM_Q_HEADS, GROUP, BLOCK_GM, HEAD_DIM, BLOCK_D, BLOCK_S, HAS_SINKS,
     )
 
 
@@ -353,6 +355,7 @@ def _launch(
     qk_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     batch, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -401,10 +404,12 @@ def _launch(
         q_norm, k_norm, norm_eps = qk_norm
         assert q_norm.shape == k_norm.shape == (head_dim,), "q/k norm weights are per head"
         q_norm, k_norm = q_norm.contiguous(), k_norm.contiguous()
+    sinks_arg = q if sinks is None else sinks.contiguous()
+    assert sinks is None or sinks.shape == (num_q_heads,), "one sink per query head"
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, mid_o, mid_lse, counters if merge_here else seq_lens,
-        k_new, v_new, positions, cos_sin, slots, q_norm, k_norm,
+        k_new, v_new, positions, cos_sin, slots, q_norm, k_norm, sinks_arg,
         float(scale) * _LOG2E, float(norm_eps), max(int(window), 0), float(softcap) * _LOG2E,
         num_splits,
         q.stride(0), q.stride(1),
@@ -418,14 +423,14 @@ def _launch(
         HEAD_DIM=head_dim, BLOCK_D=block_d, HALF=head_dim // 2, BLOCK_HALF=block_half,
         PAGE=page, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
         DIRECT=direct, MERGE_HERE=merge_here, ROPE=rope is not None, QK_NORM=qk_norm is not None,
-        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl, SOFTCAP=softcap > 0,
+        BF16=q.dtype == torch.bfloat16, DOT_F32=interpreting(), PDL=pdl, SOFTCAP=softcap > 0, HAS_SINKS=sinks is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     if not direct and not merge_here:
         _merge_kernel[(batch, num_kv_heads)](
-            mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
+            mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1), sinks_arg,
             NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_GM=block_gm,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s, HAS_SINKS=sinks is not None,
             num_warps=4,
         )
     return out
@@ -441,12 +446,14 @@ def decode_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None,
     config: Optional[DecodeConfig] = None,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.decode_attention`` (see reference.py);
     ``num_splits`` and ``config`` override ``choose_num_splits`` and ``launch_config``."""
-    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None, config, None, window, softcap)
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None, config, None, window, softcap,
+                   sinks)
 
 
 @cuda_kernel
@@ -467,6 +474,7 @@ def decode_attention_rope(
     norm_eps: float = 0.0,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None,
     config: Optional[DecodeConfig] = None,
 ) -> torch.Tensor:
@@ -478,7 +486,7 @@ def decode_attention_rope(
         raise ValueError("decode_attention_rope folds q and k norms together: pass both weights or neither")
     qk_norm = None if q_norm_weight is None else (q_norm_weight, k_norm_weight, norm_eps)
     return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
-                   (k, v, positions, cos_sin_cache, slot_mapping), config, qk_norm, window, softcap)
+                   (k, v, positions, cos_sin_cache, slot_mapping), config, qk_norm, window, softcap, sinks)
 
 
 __all__ = ["decode_attention", "decode_attention_rope", "choose_num_splits", "launch_config", "DecodeConfig", "MAX_SPLITS"]

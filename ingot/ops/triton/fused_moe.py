@@ -27,6 +27,10 @@ On sm_90+ the per-pair launches use programmatic dependent launch (``pdl.py``): 
 kernel waits for its producer before reading the routing, and releases its successor
 after its K loop.
 
+gpt-oss's experts add a bias to each projection's output and replace SiLU-and-mul with the
+clamped SwiGLU (``reference_quant.Epilogue``): constexprs of the two epilogues
+(``HAS_BIAS``, ``SWIGLU``), so the other models' kernels compile as before.
+
 An optional ``row_scale`` [T] multiplies each token's gate/up sums before they are
 rounded: a MoE layer's router GEMV hands over ``norm_w * s`` and the norm's rstd
 (``skinny_gemm.rms_norm_linear_scaled`` / ``linear_norm_linear_scaled``), so the norm needs no
@@ -50,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ingot.ops.reference_quant import PLAIN, Epilogue
 from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, next_pow2, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rounding import round_to
@@ -168,11 +173,11 @@ def _block_rows(ids_ptr, sorted_ptr, block_expert_ptr, GROUPED: tl.constexpr, BL
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, scale_ptr,
+    x_ptr, w_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, scale_ptr, bias_ptr, alpha, limit,
     P, H, I, stride_x, stride_we, stride_wn,
     TOP_K: tl.constexpr, GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``
     (each sum times ``scale[t]`` first, with ``HAS_SCALE``)."""
@@ -215,16 +220,36 @@ def _gate_up_kernel(
         if HAS_SCALE:
             acc_g *= row_scale
             acc_u *= row_scale
-        _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, dtype, BF16)
+        _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, bias_ptr + e.to(tl.int64) * 2 * I,
+                          alpha, limit, dtype, BF16, HAS_BIAS, SWIGLU)
 
 
 @triton.jit
-def _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, dtype: tl.constexpr, BF16: tl.constexpr):
+def _bias_row(b_ptr, offs_n, n_mask):
+    """One expert's bias at columns ``offs_n`` as a [1, BLOCK_N] fp32 row."""
+    return tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, b_ptr, alpha, limit, dtype: tl.constexpr,
+                      BF16: tl.constexpr, HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False):
     """a[rows, offs_n] = silu(gate) * up from the fp32 sums, rounded where the reference rounds
-    (the gate/up epilogue of the dense and the quantized expert kernels)."""
+    (the gate/up epilogue of the dense and the quantized expert kernels). HAS_BIAS: the expert's
+    bias (``b_ptr``: gate's, then up's at ``I``) added to each rounded sum; SWIGLU: gpt-oss's
+    clamped SwiGLU, ``(clamp(up) + 1) * g * sigmoid(g * alpha)`` with ``g = min(gate, limit)``."""
     g = round_to(acc_g, dtype, BF16)
-    act = round_to(g / (1.0 + tl.exp(-g)), dtype, BF16)
-    a = round_to(act * round_to(acc_u, dtype, BF16), dtype, BF16)
+    u = round_to(acc_u, dtype, BF16)
+    if HAS_BIAS:
+        g = round_to(g + _bias_row(b_ptr, offs_n, n_mask), dtype, BF16)
+        u = round_to(u + _bias_row(b_ptr + I, offs_n, n_mask), dtype, BF16)
+    if SWIGLU:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        sig = round_to(1.0 / (1.0 + tl.exp(-round_to(g * alpha, dtype, BF16))), dtype, BF16)
+        a = round_to(round_to(u + 1.0, dtype, BF16) * round_to(g * sig, dtype, BF16), dtype, BF16)
+    else:
+        act = round_to(g / (1.0 + tl.exp(-g)), dtype, BF16)
+        a = round_to(act * u, dtype, BF16)
     tl.store(a_ptr + rows.to(tl.int64)[:, None] * I + offs_n[None, :], a.to(dtype),
              mask=row_mask[:, None] & n_mask[None, :])
 
@@ -254,11 +279,11 @@ def _sum_token(y_ptr, ids, out_ptr, t, offs, mask, H, TOP_K: tl.constexpr, K_POW
 @triton.jit
 def _down_kernel(
     a_ptr, w_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-    P, H, I, stride_we, stride_wn, out_ptr, counter_ptr,
+    P, H, I, stride_we, stride_wn, out_ptr, counter_ptr, bias_ptr,
     ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SUM_HERE: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1``.
     ``SUM_HERE`` (per pair): the last of a token's k programs on this tile also sums them into out."""
@@ -292,17 +317,22 @@ def _down_kernel(
             else:
                 acc += tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)[None, :]
         release_dependents(PDL)  # the next kernel may launch while the token sums run
-        _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype, BF16, ROUND_PRODUCT)
+        _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype, BF16, ROUND_PRODUCT,
+                     bias_ptr + e.to(tl.int64) * H, HAS_BIAS)
         if SUM_HERE:
             _sum_when_last(counter_ptr, t, ids, y_ptr, out_ptr, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
 
 
 @triton.jit
 def _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype: tl.constexpr, BF16: tl.constexpr,
-                 ROUND_PRODUCT: tl.constexpr):
+                 ROUND_PRODUCT: tl.constexpr, b_ptr=None, HAS_BIAS: tl.constexpr = False):
     """y[rows, offs_n] = w_p * the pairs' fp32 sums, rounded where the reference rounds (the down
-    epilogue of the dense and the quantized expert kernels)."""
-    y = round_to(acc, dtype, BF16) * weight[:, None]
+    epilogue of the dense and the quantized expert kernels); HAS_BIAS: the expert's bias
+    (``b_ptr``) added to the rounded sums first."""
+    y = round_to(acc, dtype, BF16)
+    if HAS_BIAS:
+        y = round_to(y + _bias_row(b_ptr, offs_n, n_mask), dtype, BF16)
+    y = y * weight[:, None]
     if ROUND_PRODUCT:
         y = round_to(y, dtype, BF16)
     tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], y, mask=row_mask[:, None] & n_mask[None, :])
@@ -337,10 +367,23 @@ _ALIGN_CHUNK = 1024
 @cuda_kernel
 def fused_moe(
     hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-    row_scale: Optional[torch.Tensor] = None,
+    row_scale: Optional[torch.Tensor] = None, gate_up_bias: Optional[torch.Tensor] = None,
+    down_bias: Optional[torch.Tensor] = None, swiglu_alpha: float = 0.0, swiglu_limit: float = 0.0,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.fused_moe``: ``run`` with ``launch_config``'s launch."""
-    return run(hidden, w_gate_up, w_down, topk_weights, topk_ids, row_scale)
+    return run(hidden, w_gate_up, w_down, topk_weights, topk_ids, row_scale,
+               epilogue=Epilogue(gate_up_bias, down_bias, swiglu_alpha, swiglu_limit))
+
+
+def epilogue_args(ep: Epilogue, stand_in: torch.Tensor) -> tuple[tuple, tuple, dict, dict]:
+    """(gate/up kernel arguments, down kernel arguments, and their constexprs) of an epilogue;
+    ``stand_in`` takes the place of absent biases. Both biases or none."""
+    assert (ep.gate_up_bias is None) == (ep.down_bias is None), "the experts' biases come in pairs"
+    has_bias = ep.gate_up_bias is not None
+    gb = ep.gate_up_bias.contiguous() if has_bias else stand_in
+    db = ep.down_bias.contiguous() if has_bias else stand_in
+    return ((gb, float(ep.alpha), float(ep.limit)), (db,), dict(HAS_BIAS=has_bias, SWIGLU=ep.alpha > 0),
+            dict(HAS_BIAS=has_bias))
 
 
 def run(
@@ -351,6 +394,7 @@ def run(
     topk_ids: torch.Tensor,
     row_scale: Optional[torch.Tensor] = None,
     launch: Optional[MoeLaunch] = None,
+    epilogue: Epilogue = PLAIN,
 ) -> torch.Tensor:
     """The launches of one call; ``launch`` overrides the table (tests, sweeps)."""
     t, h = hidden.shape
@@ -384,11 +428,12 @@ def run(
     ieee = hidden.dtype == torch.float32 and not dot_f32
     pdl = launch.pdl and pdl_supported(hidden.device)
     bn, bk, warps, stages = launch.gate_up
+    gu_args, down_args, gu_consts, down_consts = epilogue_args(epilogue, a)
     _gate_up_kernel[(m_blocks, cdiv(inter, bn))](
         x, w_gate_up, a, ids, sorted_ids, block_expert, row_scale.contiguous() if row_scale is not None else ids,
-        pairs, h, inter, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
+        *gu_args, pairs, h, inter, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
         TOP_K=top_k, GROUPED=launch.grouped, HAS_SCALE=row_scale is not None, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
-        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+        BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, **gu_consts,
         num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )
     bn, bk, warps, stages = launch.down
@@ -397,10 +442,10 @@ def run(
     counters = None if launch.grouped else split_counters(hidden.device, t * cdiv(h, bn))
     _down_kernel[(m_blocks, cdiv(h, bn))](
         a, w_down, y, weights, ids, sorted_ids, block_expert,
-        pairs, h, inter, w_down.stride(0), w_down.stride(1), out, counters if counters is not None else ids,
+        pairs, h, inter, w_down.stride(0), w_down.stride(1), out, counters if counters is not None else ids, *down_args,
         ROUND_PRODUCT=topk_weights.dtype == hidden.dtype, GROUPED=launch.grouped, DOT_F32=dot_f32, IEEE=ieee, BF16=bf16,
         BLOCK_M=launch.block_m, BLOCK_N=bn, BLOCK_K=bk, SUM_HERE=counters is not None, TOP_K=top_k, K_POW2=k_pow2,
-        PDL=pdl,
+        PDL=pdl, **down_consts,
         num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )
     if counters is None:

@@ -25,6 +25,8 @@ Numerics: fused_moe.py's rounding points (gate/up and down sums rounded to the m
 SiLU and the product as the reference rounds them, the routing weight in fp32, each token's
 pairs summed in ascending expert order in fp32); the GEMMs round each dequantized weight to
 the model dtype as the reference does, the one-row path computes with exact weights.
+Expert biases and gpt-oss's clamped SwiGLU ride in the shared epilogues (fused_moe.py's
+``epilogue_args``): MXFP4 experts are served here, as fp8 with 32-column scale blocks.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops import reference as ref
+from ingot.ops.reference_quant import PLAIN, Epilogue
 from ingot.ops.triton import fused_moe as dense
 from ingot.ops.triton._common import capability, cdiv, cuda_kernel, next_pow2, split_counters
 from ingot.ops.triton.fp8_linear import _round_e4m3
@@ -207,12 +210,13 @@ def _expert_sums(
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rs_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rs_ptr, bias_ptr, alpha, limit,
     P, H, I, KW, G, zero_point, scale_bn, group_k, up_rows, stride_x, stride_we, stride_wn, stride_se, stride_sn,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr, FP8_NATIVE: tl.constexpr,
     PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr,
     IEEE: tl.constexpr, TOP_K: tl.constexpr, GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """a[p, n] = silu(x_t . gate_e[n]) * (x_t . up_e[n]) for the block's pairs, N tile ``pid 1``
     (fused_moe.py's ``_gate_up_kernel`` on quantized rows; up's scale rows start at ``up_rows``)."""
@@ -237,18 +241,19 @@ def _gate_up_kernel(
         if HAS_SCALE:
             acc_g *= row_scale
             acc_u *= row_scale
-        _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, dtype, BF16)
+        _store_activation(a_ptr, rows, row_mask, offs_n, n_mask, acc_g, acc_u, I, bias_ptr + e.to(tl.int64) * 2 * I,
+                          alpha, limit, dtype, BF16, HAS_BIAS, SWIGLU)
 
 
 @triton.jit
 def _down_kernel(
     a_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr, out_ptr, counter_ptr,
-    P, H, I, KW, G, zero_point, scale_bn, group_k, stride_we, stride_wn, stride_se, stride_sn,
+    bias_ptr, P, H, I, KW, G, zero_point, scale_bn, group_k, stride_we, stride_wn, stride_se, stride_sn,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr, FP8_NATIVE: tl.constexpr,
     PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr,
     IEEE: tl.constexpr, ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, BF16: tl.constexpr, SUM_HERE: tl.constexpr,
     TOP_K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GS_TILE: tl.constexpr, PDL: tl.constexpr,
+    GS_TILE: tl.constexpr, PDL: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """y[p, n] = w_p * (a_p . down_e[n]) in fp32 for the block's pairs, N tile ``pid 1`` (fused_moe.py's
     ``_down_kernel`` on quantized rows). ``SUM_HERE`` (per pair): the last of a token's k programs
@@ -272,7 +277,8 @@ def _down_kernel(
             FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, ACT_Q, PER_TOKEN, FP8_DOT, DOT_F32, IEEE, GROUPED, False,
             BLOCK_M, BLOCK_N, BLOCK_K, GS_TILE)
         release_dependents(PDL)  # the next kernel may launch while the token sums run
-        _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype, BF16, ROUND_PRODUCT)
+        _store_pairs(acc, weight, y_ptr, rows, row_mask, offs_n, n_mask, H, dtype, BF16, ROUND_PRODUCT,
+                     bias_ptr + e.to(tl.int64) * H, HAS_BIAS)
         if SUM_HERE:
             _sum_when_last(counter_ptr, t, ids, y_ptr, out_ptr, offs_n, n_mask, H, TOP_K, K_POW2, BF16)
 
@@ -284,16 +290,19 @@ def fused_moe_int(
     gate_up_zeros: Optional[torch.Tensor], gate_up_mins: Optional[torch.Tensor], down_qweight: torch.Tensor,
     down_scales: torch.Tensor, down_zeros: Optional[torch.Tensor], down_mins: Optional[torch.Tensor],
     topk_weights: torch.Tensor, topk_ids: torch.Tensor, bits: int, group_size: int, zero_point: int,
-    row_scale: Optional[torch.Tensor] = None, launch: Optional[QuantMoeLaunch] = None,
+    row_scale: Optional[torch.Tensor] = None, gate_up_bias: Optional[torch.Tensor] = None,
+    down_bias: Optional[torch.Tensor] = None, swiglu_alpha: float = 0.0, swiglu_limit: float = 0.0,
+    launch: Optional[QuantMoeLaunch] = None,
 ) -> torch.Tensor:
     """Triton implementation of ``torch.ops.ingot.fused_moe_int``; ``launch`` overrides the table."""
+    tail = (gate_up_bias, down_bias, swiglu_alpha, swiglu_limit)
     h = hidden.shape[1]
     inter = down_qweight.shape[-1] * 32 // bits
     if not (fits_tiles(group_size or h, h) and fits_tiles(group_size or inter, inter)):
         # groups no power-of-two tile aligns with: no checkpoint format has them
         return ref.fused_moe_int(hidden, gate_up_qweight, gate_up_scales, gate_up_zeros, gate_up_mins, down_qweight,
                                  down_scales, down_zeros, down_mins, topk_weights, topk_ids, bits, group_size, zero_point,
-                                 row_scale)
+                                 row_scale, *tail)
 
     def weight(q, s, z, m, n: int, k: int) -> QuantWeight:
         return QuantWeight(q.contiguous(), s.contiguous(), None if z is None else z.contiguous(),
@@ -303,23 +312,27 @@ def fused_moe_int(
     launch = launch or launch_config(down_qweight.shape[0], inter, hidden.shape[0], hidden.device)
     return run(hidden, weight(gate_up_qweight, gate_up_scales, gate_up_zeros, gate_up_mins, 2 * inter, h),
                weight(down_qweight, down_scales, down_zeros, down_mins, h, inter), topk_weights, topk_ids, launch,
-               row_scale)
+               row_scale, epilogue=Epilogue(*tail))
 
 
 @cuda_kernel
 def fused_moe_fp8(
     hidden: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
     down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, block_n: int, block_k: int,
-    act_group: int, row_scale: Optional[torch.Tensor] = None, launch: Optional[QuantMoeLaunch] = None,
+    act_group: int, row_scale: Optional[torch.Tensor] = None, gate_up_bias: Optional[torch.Tensor] = None,
+    down_bias: Optional[torch.Tensor] = None, swiglu_alpha: float = 0.0, swiglu_limit: float = 0.0,
+    launch: Optional[QuantMoeLaunch] = None,
 ) -> torch.Tensor:
-    """Triton implementation of ``torch.ops.ingot.fused_moe_fp8``; ``launch`` overrides the table."""
+    """Triton implementation of ``torch.ops.ingot.fused_moe_fp8``; ``launch`` overrides the table.
+    MXFP4 experts (``block_n`` 1, ``block_k`` 32) take the kernels whenever both widths divide by 32."""
+    tail = (gate_up_bias, down_bias, swiglu_alpha, swiglu_limit)
     h, inter = hidden.shape[1], down.shape[-1]
     fits = fits_tiles(block_k or h, h) and fits_tiles(block_k or inter, inter)
     if act_group > 0:  # each K tile one activation group
         fits = fits and act_group & (act_group - 1) == 0 and h % act_group == 0 and inter % act_group == 0
     if not fits:
         return ref.fused_moe_fp8(hidden, gate_up, gate_up_scale, down, down_scale, topk_weights, topk_ids, block_n,
-                                 block_k, act_group, row_scale)
+                                 block_k, act_group, row_scale, *tail)
     launch = launch or launch_config(down.shape[0], inter, hidden.shape[0], hidden.device, fp8=True)
 
     def weight(w: torch.Tensor, s: torch.Tensor, n: int, k: int, parts: int) -> QuantWeight:
@@ -328,7 +341,7 @@ def fused_moe_fp8(
                            scale_bn=block_n or n // parts)
 
     return run(hidden, weight(gate_up, gate_up_scale, 2 * inter, h, 2), weight(down, down_scale, h, inter, 1),
-               topk_weights, topk_ids, launch, row_scale, act_group)
+               topk_weights, topk_ids, launch, row_scale, act_group, Epilogue(*tail))
 
 
 def _weight_launch(w: QuantWeight, launch: QuantMoeLaunch, tile: tuple[int, int, int, int], act_group: int,
@@ -351,6 +364,7 @@ def _weight_launch(w: QuantWeight, launch: QuantMoeLaunch, tile: tuple[int, int,
 def run(
     hidden: torch.Tensor, gate_up: QuantWeight, down: QuantWeight, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     launch: QuantMoeLaunch, row_scale: Optional[torch.Tensor] = None, act_group: int = -1,
+    epilogue: Epilogue = PLAIN,
 ) -> torch.Tensor:
     """The launches of one call (fused_moe.py's ``run`` on quantized weights, stacked [E, ...];
     up's scale rows follow gate's, half of gate_up's)."""
@@ -369,12 +383,13 @@ def run(
     pdl = launch.pdl and pdl_supported(hidden.device)
     common = dict(BF16=hidden.dtype == torch.bfloat16, GROUPED=launch.grouped, TOP_K=top_k, BLOCK_M=launch.block_m,
                   PDL=pdl, launch_pdl=pdl)
+    gu_args, down_args, gu_consts, down_consts = dense.epilogue_args(epilogue, a)
     args, consts = _weight_launch(gate_up, launch, launch.gate_up, act_group, a)
     _gate_up_kernel[(m_blocks, cdiv(inter, consts["BLOCK_N"]))](
         x, *args[:4], a, ids, sorted_ids, block_expert, row_scale.contiguous() if row_scale is not None else ids,
-        pairs, h, inter, *args[4:], gate_up.scales.shape[1] // 2, x.stride(0), gate_up.data.stride(0),
+        *gu_args, pairs, h, inter, *args[4:], gate_up.scales.shape[1] // 2, x.stride(0), gate_up.data.stride(0),
         gate_up.data.stride(1), gate_up.scales.stride(0), gate_up.scales.stride(1),
-        **consts, **common, HAS_SCALE=row_scale is not None,
+        **consts, **common, **gu_consts, HAS_SCALE=row_scale is not None,
     )
     args, consts = _weight_launch(down, launch, launch.down, act_group, a)
     k_pow2 = max(2, next_pow2(top_k))
@@ -382,8 +397,8 @@ def run(
     counters = None if launch.grouped else split_counters(hidden.device, t * cdiv(h, consts["BLOCK_N"]))
     _down_kernel[(m_blocks, cdiv(h, consts["BLOCK_N"]))](
         a, *args[:4], y, weights, ids, sorted_ids, block_expert, out, counters if counters is not None else ids,
-        pairs, h, inter, *args[4:], down.data.stride(0), down.data.stride(1), down.scales.stride(0),
-        down.scales.stride(1), **consts, **common, ROUND_PRODUCT=topk_weights.dtype == hidden.dtype,
+        *down_args, pairs, h, inter, *args[4:], down.data.stride(0), down.data.stride(1), down.scales.stride(0),
+        down.scales.stride(1), **consts, **common, **down_consts, ROUND_PRODUCT=topk_weights.dtype == hidden.dtype,
         SUM_HERE=counters is not None, K_POW2=k_pow2,
     )
     if counters is None:

@@ -21,7 +21,8 @@ tiles without a mask, then one bounds-masked tail), the fully visible
 new-token tiles before the query tile (no mask), and the diagonal tiles
 (causal mask).
 
-A sliding window starts the first two loops at its first visible tile (masked per row).
+A sliding window starts the first two loops at its first visible tile (masked per row);
+attention sinks (gpt-oss) join the denominator at the end (``softcap.softmax_denominator``).
 
 ``merge_cached_context`` (the context kernel) does only the cached prefix, for
 a prefill whose new-token part someone else computed: it starts each query
@@ -44,7 +45,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import capability, cdiv, interpreting, last_dim_contiguous, next_pow2, num_sms
-from ingot.ops.triton.softcap import scaled_logits
+from ingot.ops.triton.softcap import scaled_logits, softmax_denominator
 
 _LOG2E = 1.4426950408889634
 
@@ -179,7 +180,7 @@ def _load_rows(ptrs, row_mask, d_mask, EVEN_D: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_tiles_ub", "stride_bt", "window"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr,
-    cu_q_ptr, seq_lens_ptr, block_tables_ptr, tile_starts_ptr, out_ptr,
+    cu_q_ptr, seq_lens_ptr, block_tables_ptr, tile_starts_ptr, out_ptr, sinks_ptr,
     scale_log2, cap_log2, window,
     num_seqs, search_steps, num_tiles_ub,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -187,7 +188,7 @@ def _prefill_kernel(
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_CTX: tl.constexpr,
-    CTX_STAGES: tl.constexpr, DOT_F32: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    CTX_STAGES: tl.constexpr, DOT_F32: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     h = tl.program_id(0)
@@ -262,7 +263,7 @@ def _prefill_kernel(
                 valid = valid & (offs_m[:, None] - pos[None, :] < window)
             m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, valid, scale_log2, cap_log2, True, SOFTCAP, WINDOW)
 
-        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o = acc / softmax_denominator(l_i, m_i, sinks_ptr, h, None, HAS_SINKS)[:, None]
         tl.store(
             out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
             o.to(out_ptr.dtype.element_ty),
@@ -361,14 +362,12 @@ def launch_config(head_dim: int, device: torch.device) -> PrefillConfig:
 
 
 def context_launch_config(head_dim: int, device: torch.device) -> PrefillConfig:
-    """Tile shape of the context kernel: the fused kernel's table (its prefix loop is the
-    same code); ``ctx_tile`` is the key tile."""
+    """The context kernel's tiles: the fused kernel's table (same prefix loop); ``ctx_tile`` the key tile."""
     return launch_config(head_dim, device)
 
 
 def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV cache rows must be contiguous"
-    assert k_cache.stride() == v_cache.stride(), "K and V caches must share their layout"
+    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride(), "KV caches: contiguous rows, one layout"
 
 
 def prefill_attention(
@@ -383,6 +382,7 @@ def prefill_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     config: Optional[PrefillConfig] = None,
 ) -> torch.Tensor:
     """The fused Triton kernel for ``torch.ops.ingot.prefill_attention`` (see reference.py)."""
@@ -415,7 +415,7 @@ def prefill_attention(
     grid = (num_q_heads, num_tiles_ub)
     _prefill_kernel[grid](
         q, k, v, k_cache, v_cache,
-        cu_seqlens_q, seq_lens, block_tables, tile_starts, out,
+        cu_seqlens_q, seq_lens, block_tables, tile_starts, out, q if sinks is None else sinks.contiguous(),
         float(scale) * _LOG2E, float(softcap) * _LOG2E, max(int(window), 0),
         num_seqs, search_steps, num_tiles_ub,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -424,7 +424,7 @@ def prefill_attention(
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_N_CTX=cfg.ctx_tile,
         CTX_STAGES=cfg.ctx_pipeline, DOT_F32=interpreting(), WINDOW=window > 0, SOFTCAP=softcap > 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_SINKS=sinks is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 

@@ -157,12 +157,12 @@ def path_supported(
 def choose_prefill_path(
     num_tokens: int, num_seqs: int, context_capacity: int,
     num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-    rules: Optional[dict] = None, window: int = 0, softcap: float = 0.0,
+    rules: Optional[dict] = None, window: int = 0, softcap: float = 0.0, sinks: bool = False,
 ) -> str:
     """The one launch decision: a path from ``PREFILL_RULES`` by the prefill's class and mean
     new tokens per sequence, or the fused kernel where that path cannot run. A sliding
-    ``window`` or a ``softcap`` takes the fused kernel, the one path that applies them."""
-    if window > 0 or softcap > 0:
+    ``window``, a ``softcap`` or attention ``sinks`` take the fused kernel, the one path that applies them."""
+    if window > 0 or softcap > 0 or sinks:
         return "triton"
     rule = (rules or PREFILL_RULES)[prefill_class(num_tokens, num_seqs, context_capacity)]
     if num_tokens < rule.min_tokens_per_seq * num_seqs:
@@ -271,6 +271,7 @@ def prefill_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     path: Optional[str] = None,
     config: Optional["PrefillConfig"] = None,
 ) -> torch.Tensor:
@@ -284,9 +285,9 @@ def prefill_attention(
     capacity = block_tables.shape[1] * k_cache.shape[1]
     if path is None:
         path = choose_prefill_path(num_tokens, num_seqs, capacity, num_q_heads, k.shape[1], head_dim, q.dtype, q.device,
-                                   window=window, softcap=softcap)
-    elif path != "triton" and (window > 0 or softcap > 0):
-        raise ValueError(f"prefill path {path!r} applies no sliding window or soft-cap; only 'triton' does")
+                                   window=window, softcap=softcap, sinks=sinks is not None)
+    elif path != "triton" and (window > 0 or softcap > 0 or sinks is not None):
+        raise ValueError(f"prefill path {path!r} applies no sliding window, soft-cap or sinks; only 'triton' does")
     cu_q, seq_lens = cu_seqlens_q.to(torch.int32), seq_lens.to(torch.int32)
     # the longest new-token run of any sequence is at most T and at most its table row;
     # at least 2 keeps flash off its one-query path (it would drop the causal flag)
@@ -295,7 +296,7 @@ def prefill_attention(
         from ingot.ops.triton import prefill_attention as kernels
 
         return kernels.prefill_attention(q, k, v, k_cache, v_cache, cu_q, seq_lens, block_tables, scale, window, softcap,
-                                         config)
+                                         sinks, config)
     if path == "gather":
         k_all, v_all, cu_k = gather_paged_kv(k_cache, v_cache, block_tables)
         return flash_varlen(q, k_all, v_all, cu_q, cu_k, max_q, capacity, scale, seqused_k=seq_lens)[0]
