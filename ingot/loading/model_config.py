@@ -8,7 +8,8 @@ Mixture-of-experts fields (``num_experts`` > 0) follow the HF names of the four
 families ingot runs: Qwen3-MoE, Qwen2-MoE (a shared expert with a sigmoid
 gate), Mixtral (every layer sparse, ``intermediate_size`` is the expert width,
 top-k weights always renormalised) and OLMoE (q/k norm over the whole
-projection instead of per head).
+projection instead of per head). DeepSeek-V2 / V3 add ``mla`` (latent
+attention) and ``routing`` (grouped top-k), read by ``deepseek_config.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,25 @@ from typing import Any, Optional
 
 import torch
 
+from ingot.loading.deepseek_config import GroupedRouting, MLAConfig, deepseek_fields
 from ingot.loading.errors import CheckpointError
 from ingot.loading.quant_scheme import LinearScheme, QuantConfig
+
+@dataclass(frozen=True)
+class KVCacheEntry:
+    """What the paged cache holds per token and layer: ``heads`` x ``head_dim`` keys, and as
+    many values in a tensor of their own when ``separate_values`` (multi-head latent attention
+    caches one entry, the latent and the rope'd key, whose prefix serves as the value)."""
+
+    heads: int
+    head_dim: int
+    separate_values: bool = True
+
+    @property
+    def values_per_token(self) -> int:
+        """Cached elements per token and layer."""
+        return self.heads * self.head_dim * (2 if self.separate_values else 1)
+
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -64,6 +82,16 @@ class ModelConfig:
     attn_logit_softcap: float = 0.0  # attention logits -> cap * tanh(logits / cap)
     final_logit_softcap: float = 0.0  # output logits, likewise
     local_rope_theta: Optional[float] = None  # Gemma 3: the rope base of sliding-window layers (unscaled)
+    # DeepSeek-V2 / V3 (None: not used); head_dim is then the q/k head width (nope + rope dims)
+    mla: Optional[MLAConfig] = None
+    routing: Optional[GroupedRouting] = None
+
+    @property
+    def kv_cache_entry(self) -> KVCacheEntry:
+        """The paged cache's entry per token and layer (the KV pool's shape and its size)."""
+        if self.mla is not None:
+            return KVCacheEntry(1, self.mla.cache_dim, separate_values=False)
+        return KVCacheEntry(self.num_kv_heads, self.head_dim)
 
     def layer_window(self, index: int) -> int:
         """Decoder layer ``index``'s sliding window (0: it attends to the whole context)."""
@@ -94,7 +122,10 @@ class ModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe_layer(self, index: int) -> bool:
-        """Whether decoder layer ``index`` has routed experts (HF's rule for the Qwen MoE families)."""
+        """Whether decoder layer ``index`` has routed experts (HF's rule for the Qwen MoE families,
+        DeepSeek's ``first_k_dense_replace`` / ``moe_layer_freq``)."""
+        if self.routing is not None:
+            return self.num_experts > 0 and self.routing.is_sparse(index)
         return (self.num_experts > 0 and index not in self.mlp_only_layers
                 and (index + 1) % self.decoder_sparse_step == 0)
 
@@ -123,7 +154,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype")
         moe = _moe_fields(arch, cfg, inter)
-        return cls(
+        fields = dict(
             architecture=arch,
             vocab_size=vocab,
             hidden_size=hidden,
@@ -150,19 +181,24 @@ class ModelConfig:
             **moe,
             **_gemma_fields(arch, cfg, per_type),
         )
+        fields.update(deepseek_fields(arch, cfg))
+        return cls(**fields)
 
 
 def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """The rope scaling settings (None: plain rope). LongRoPE's (Phi-3 ``su`` / ``longrope``) gain
-    ``original_max_position_embeddings`` from the top level, where Phi-3 configs keep it, and
-    ``factor`` (HF's default: the ratio of the two context lengths)."""
+    """The rope scaling settings (None: plain rope). LongRoPE's (Phi-3 ``su`` / ``longrope``) and
+    YaRN's gain ``original_max_position_embeddings`` from the top level where the config keeps it
+    there (Phi-3), and ``factor`` (HF's default: the ratio of the two context lengths)."""
     scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    if not scaling or scaling.get("rope_type", scaling.get("type")) not in ("su", "longrope"):
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if kind not in ("su", "longrope", "yarn"):
         return scaling
     scaling = dict(scaling)
-    original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+    top, own = cfg.get("original_max_position_embeddings"), scaling.get("original_max_position_embeddings")
+    original = (own or top) if kind == "yarn" else (top or own)
     if not original:
-        raise CheckpointError("LongRoPE scaling needs original_max_position_embeddings (rope_scaling or config.json)")
+        name = "YaRN" if kind == "yarn" else "LongRoPE"
+        raise CheckpointError(f"{name} scaling needs original_max_position_embeddings (rope_scaling or config.json)")
     scaling["original_max_position_embeddings"] = int(original)
     if scaling.get("factor") is None:
         scaling["factor"] = int(cfg.get("max_position_embeddings", 4096)) / int(original)

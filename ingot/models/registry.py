@@ -6,6 +6,7 @@ from torch import nn
 
 from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
+from ingot.models.deepseek import DeepseekForCausalLM
 from ingot.models.gemma import GemmaForCausalLM
 from ingot.models.llama import LlamaForCausalLM
 from ingot.models.moe import MoEForCausalLM
@@ -26,6 +27,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "OlmoeForCausalLM": MoEForCausalLM,
     "Gemma2ForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": GemmaForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekForCausalLM,
 }
 
 
