@@ -43,3 +43,15 @@ def test_mla_prefill_attention(K):  # noqa: F811
     out = K.mla_attention.mla_prefill_attention(*args)
     expected = ref.mla_prefill_attention(q_latent.float(), q_pe.float(), cache.float(), cu, seq_lens, table, 0.2)
     assert out.dtype == torch.bfloat16 and rel_err(out, expected) < 1e-2
+
+
+def test_mla_store_kv(K):  # noqa: F811
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(4, 8, 1, 24 + 8, generator=gen).to(torch.bfloat16)
+    expected = cache.clone()
+    latent = torch.randn(6, 24, generator=gen).to(torch.bfloat16)
+    k_pe = torch.randn(6, 1, 8, generator=gen).to(torch.bfloat16)
+    slots = torch.tensor([9, 10, 11, 30, 31, 0])
+    K.mla_attention.mla_store_kv(latent, k_pe, cache, slots)
+    ref.mla_store_kv(latent, k_pe, expected, slots)
+    assert torch.equal(cache, expected)

@@ -203,3 +203,34 @@ def mla_prefill_attention(
 ) -> torch.Tensor:
     tables, lens = prefill_rows(cu_seqlens_q, seq_lens, block_tables, q_latent.shape[0])
     return mla_decode_attention(q_latent, q_pe, kv_cache, tables, lens, scale, config=config)
+
+
+@triton.jit
+def _mla_store_kernel(
+    lat_ptr, pe_ptr, cache_ptr, slot_ptr, stride_l, stride_p, stride_cb, stride_cs,
+    R: tl.constexpr, P: tl.constexpr, PAGE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """One token's normed latent and rope'd key into its cache row."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    dst = cache_ptr + (slot // PAGE) * stride_cb + (slot % PAGE) * stride_cs
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_p = tl.arange(0, BLOCK_P)
+    latent = tl.load(lat_ptr + t * stride_l + offs_r, mask=offs_r < R)
+    k_pe = tl.load(pe_ptr + t * stride_p + offs_p, mask=offs_p < P)
+    tl.store(dst + offs_r, latent.to(cache_ptr.dtype.element_ty), mask=offs_r < R)
+    tl.store(dst + R + offs_p, k_pe.to(cache_ptr.dtype.element_ty), mask=offs_p < P)
+
+
+@cuda_kernel
+def mla_store_kv(latent: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    latent = last_dim_contiguous(latent)
+    k_pe = last_dim_contiguous(k_pe.reshape(k_pe.shape[0], -1))
+    tokens, rank = latent.shape
+    rope = k_pe.shape[-1]
+    if tokens == 0:
+        return
+    _mla_store_kernel[(tokens,)](
+        latent, k_pe, kv_cache, slot_mapping, latent.stride(0), k_pe.stride(0), kv_cache.stride(0), kv_cache.stride(1),
+        R=rank, P=rope, PAGE=kv_cache.shape[1], BLOCK_R=next_pow2(rank), BLOCK_P=next_pow2(rope), num_warps=4,
+    )
