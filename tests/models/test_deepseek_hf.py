@@ -101,3 +101,22 @@ def test_unsupported_settings_are_named():
 def test_moe_layer_freq_and_dense_layers():
     cfg = _config("deepseek_v2", num_hidden_layers=6, first_k_dense_replace=2, moe_layer_freq=2)
     assert [cfg.is_moe_layer(i) for i in range(6)] == [False, False, True, False, True, False]
+
+
+def test_padded_decode_graph_path_matches_eager(checkpoint, monkeypatch):
+    """Decode through the graph runner's padded buckets (CPU fake capture): 3 sequences in
+    bucket 4, the padding row writing and reading only the dummy block; tokens equal eager's."""
+    from ingot.runner import graph_runner
+
+    _, path = checkpoint
+    prompts = [[5, 17, 80, 33, 120, 7], [44, 9, 250, 61], [3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+    def run(**kw):
+        llm = LLM(str(path), dtype="float32", device="cpu", show_progress=False, max_num_seqs=4, **kw)
+        return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    _, eager = run(eager_mode=True)
+    monkeypatch.setattr(graph_runner, "CPU_BUCKETS", True)
+    llm, padded = run()
+    assert llm.engine.executor.graphs is not None and padded == eager
