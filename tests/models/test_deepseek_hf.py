@@ -120,3 +120,21 @@ def test_padded_decode_graph_path_matches_eager(checkpoint, monkeypatch):
     monkeypatch.setattr(graph_runner, "CPU_BUCKETS", True)
     llm, padded = run()
     assert llm.engine.executor.graphs is not None and padded == eager
+
+
+def test_yarn_table_and_scale_of_v2_lite_match_transformers():
+    """V2-Lite's YaRN (factor 40 over 4096, mscale 0.707 both): inverse frequencies and attention
+    factor as transformers' rope init computes them, and the softmax scale its attention uses."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf
+
+    from ingot.layers.rotary import rope_frequencies, yarn_softmax_scale
+
+    fields = {k: v for k, v in SHAPES["deepseek-v2-lite"].items() if k != "architectures"}
+    hf_cfg = transformers.DeepseekV2Config(**fields)
+    inv_freq, attention = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu")
+    cfg = ModelConfig.from_hf(SHAPES["deepseek-v2-lite"])
+    got, got_attention = rope_frequencies(cfg.mla.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling)
+    assert torch.equal(got, inv_freq) and got_attention == attention
+    assert yarn_softmax_scale(192**-0.5, cfg.rope_scaling) == hf.yarn_apply_mscale(hf_cfg.rope_parameters, 192**-0.5)
