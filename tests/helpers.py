@@ -61,6 +61,20 @@ ARCHS = {
                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}}),
 }
+# DeepSeek: latent attention (V2 without, V3 with the query's low-rank path), YaRN (V3: an
+# attention factor other than 1), a dense first layer, grouped routing (V2 by the best expert,
+# V3 by the best two, sigmoid with a correction bias), shared experts
+_DEEPSEEK = dict(tie_word_embeddings=False, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32,
+                 qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=1.5)
+ARCHS["deepseek_v2"] = dict(_DEEPSEEK, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", q_lora_rank=None,
+                            n_shared_experts=2, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                          "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707})
+ARCHS["deepseek_v3"] = dict(_DEEPSEEK, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", q_lora_rank=24,
+                            n_shared_experts=1, n_group=2, topk_group=1, norm_topk_prob=True,
+                            rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8})
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 DENSE_FAMILIES = ("phi3", "olmo2", "smollm3")
 
@@ -112,6 +126,9 @@ def write_tiny_checkpoint(
                 p.add_(torch.randn_like(p) * 0.1)
             if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
                 p.mul_(25.0)
+        for name, b in model.named_buffers():  # DeepSeek-V3's routing bias (zeros at init)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.5)
     extra = {"save_original_format": False} if fused_experts else {}
     model.save_pretrained(path, safe_serialization=True, max_shard_size="100KB", **extra)
     write_tokenizer(path)

@@ -47,10 +47,12 @@ class ModelBytes:
     moe_layers: int = 0  # layers with routed experts
     num_experts: int = 0
     top_k: int = 0
+    kv_parts: int = 2  # cached tensors per layer: K and V, or one (latent attention's entry)
 
     def kv_bytes(self, batch: int, context_len: int) -> int:
-        """K and V of ``context_len`` cached tokens per sequence, every layer."""
-        return batch * context_len * self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv_elem_size
+        """K and V (or the one cache entry) of ``context_len`` cached tokens per sequence, every layer."""
+        return (batch * context_len * self.num_layers * self.kv_parts * self.num_kv_heads * self.head_dim
+                * self.kv_elem_size)
 
     def experts_hit(self, batch: int, hits: Optional[Sequence[int]] = None) -> float:
         """Distinct routed experts per sparse layer at ``batch`` tokens: the mean of the counted
@@ -77,13 +79,15 @@ class ModelBytes:
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         elem = torch.empty((), dtype=dtype).element_size()
         sparse = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        entry = cfg.kv_cache_entry
+        kv = dict(num_layers=cfg.num_layers, num_kv_heads=entry.heads, head_dim=entry.head_dim, kv_elem_size=elem,
+                  kv_parts=2 if entry.separate_values else 1)
         if not sparse:
-            return cls(int(total), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
+            return cls(int(total), **kv)
         routed = sum(p.numel() * p.element_size() for m in sparse for p in m.parameters())
         per_expert = routed // (len(sparse) * sparse[0].num_experts)
-        return cls(int(total - routed), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem,
-                   expert_bytes=int(per_expert), moe_layers=len(sparse), num_experts=sparse[0].num_experts,
-                   top_k=cfg.num_experts_per_tok)
+        return cls(int(total - routed), **kv, expert_bytes=int(per_expert), moe_layers=len(sparse),
+                   num_experts=sparse[0].num_experts, top_k=cfg.num_experts_per_tok)
 
 
 def copy_bandwidth(nbytes: int, ms: float) -> float:

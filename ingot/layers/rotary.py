@@ -20,9 +20,13 @@ one, and when it does not, for sequences whose prompt already exceeds it; a
 short sequence on a long-context engine rotates with the long factors. Both
 sets scale cos and sin by the same attention factor.
 
-YaRN (gpt-oss) blends interpolated and original frequencies over a ramp of dimensions and
-scales cos and sin by an attention factor, as HF's ``_compute_yarn_parameters`` (one set for
-every length; ``truncate`` rounds the ramp's ends to whole dimensions, HF's default).
+YaRN (``rope_type: yarn``: gpt-oss, DeepSeek-V2 / V3, Qwen) blends interpolated and
+extrapolated frequencies over a ramp between the ``beta_fast`` / ``beta_slow`` correction
+dims and scales cos and sin by its attention factor, as HF's ``_compute_yarn_parameters``
+(``truncate`` rounds the ramp's ends to whole dims, HF's default); DeepSeek's softmax scale
+takes ``yarn_mscale(factor, mscale_all_dim)`` squared on top (``yarn_softmax_scale``).
+DeepSeek's interleaved pairs ``(x0, x1), (x2, x3)...`` become neox pairs by a reordering of
+q/k rows at load (``interleaved_rope_order``).
 """
 
 from __future__ import annotations
@@ -76,33 +80,34 @@ def _longrope(head_dim: int, base: float, scaling: dict[str, Any], max_position:
     return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base**exps), float(attention)
 
 
-def _yarn(head_dim: int, base: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
-    """YaRN: (inverse frequencies, attention factor), step for step as HF computes them
-    (``model_config`` fills ``factor`` and ``original_max_position_embeddings`` in)."""
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched ``scale`` times (HF's ``get_mscale``)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(dim: int, base: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """YaRN: (inverse frequencies, attention factor), as HF's ``_compute_yarn_parameters``
+    (``model_config`` fills ``original_max_position_embeddings`` and ``factor`` in)."""
     factor = float(scaling["factor"])
     original = int(scaling["original_max_position_embeddings"])
     attention = scaling.get("attention_factor")
     mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
-
-    def get_mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     if attention is None:
-        attention = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim \
-            else get_mscale(factor)
+        attention = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim
+                     else yarn_mscale(factor))
     beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
     def correction_dim(rotations: float) -> float:
-        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)
     if scaling.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
-        high += 0.001  # HF's guard against a zero-width ramp
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    pos_freqs = base ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)
+        high += 0.001  # HF: no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
     extrapolation = 1 - ramp
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     return inv_freq, float(attention)
@@ -125,7 +130,10 @@ def rope_frequencies(
         return inv_freq / float(scaling["factor"]), 1.0
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling), 1.0
-    raise CheckpointError(f"unsupported rope_scaling.rope_type {kind!r} (supported: default, linear, llama3, longrope, yarn)")
+    if kind == "yarn":
+        return _yarn(head_dim, base, scaling)
+    raise CheckpointError(f"unsupported rope_scaling.rope_type {kind!r} (supported: default, linear, llama3, longrope, "
+                          "yarn)")
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: Optional[dict[str, Any]]) -> torch.Tensor:

@@ -77,6 +77,18 @@ SHAPES: dict[str, dict[str, Any]] = {
                         rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "truncate": False, "original_max_position_embeddings": 4096},
                         tie_word_embeddings=False),
+    # multi-head latent attention (a 576-value cache entry per token and layer), YaRN, grouped MoE
+    # with shared experts after a dense first layer
+    "deepseek-v2-lite": dict(architectures=["DeepseekV2ForCausalLM"], hidden_size=2048, intermediate_size=10944,
+                             num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
+                             q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                             n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, moe_intermediate_size=1408,
+                             first_k_dense_replace=1, moe_layer_freq=1, topk_method="greedy", n_group=1, topk_group=1,
+                             routed_scaling_factor=1.0, norm_topk_prob=False, vocab_size=102400,
+                             max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000.0,
+                             rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                           "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+                             tie_word_embeddings=False),
 }
 DEFAULT_SHAPE = "qwen2.5-1.5b"
 # the context of a built-in shape served with no max_model_len: the bench workloads (prompts up

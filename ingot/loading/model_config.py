@@ -9,7 +9,8 @@ families ingot runs: Qwen3-MoE, Qwen2-MoE (a shared expert with a sigmoid
 gate), Mixtral (every layer sparse, ``intermediate_size`` is the expert width,
 top-k weights always renormalised) and OLMoE (q/k norm over the whole
 projection instead of per head). gpt-oss adds attention sinks, biases on o_proj, the router
-and the experts, a top-k-then-softmax router and a clamped SwiGLU (``_gpt_oss_fields``).
+and the experts, a top-k-then-softmax router and a clamped SwiGLU (``_gpt_oss_fields``). DeepSeek-V2 / V3 add ``mla`` (latent
+attention) and ``routing`` (grouped top-k), read by ``deepseek_config.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,25 @@ from typing import Any, Optional
 
 import torch
 
+from ingot.loading.deepseek_config import GroupedRouting, MLAConfig, deepseek_fields
 from ingot.loading.errors import CheckpointError
 from ingot.loading.quant_scheme import LinearScheme, QuantConfig
+
+@dataclass(frozen=True)
+class KVCacheEntry:
+    """What the paged cache holds per token and layer: ``heads`` x ``head_dim`` keys, and as
+    many values in a tensor of their own when ``separate_values`` (multi-head latent attention
+    caches one entry, the latent and the rope'd key, whose prefix serves as the value)."""
+
+    heads: int
+    head_dim: int
+    separate_values: bool = True
+
+    @property
+    def values_per_token(self) -> int:
+        """Cached elements per token and layer."""
+        return self.heads * self.head_dim * (2 if self.separate_values else 1)
+
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -73,6 +91,16 @@ class ModelConfig:
     topk_then_softmax: bool = False  # routing weights: softmax over the k largest logits (else top-k of the softmax)
     swiglu_alpha: float = 0.0  # > 0: the experts' activation is the clamped SwiGLU (reference_quant.activation)
     swiglu_limit: float = 0.0
+    # DeepSeek-V2 / V3 (None: not used); head_dim is then the q/k head width (nope + rope dims)
+    mla: Optional[MLAConfig] = None
+    routing: Optional[GroupedRouting] = None
+
+    @property
+    def kv_cache_entry(self) -> KVCacheEntry:
+        """The paged cache's entry per token and layer (the KV pool's shape and its size)."""
+        if self.mla is not None:
+            return KVCacheEntry(1, self.mla.cache_dim, separate_values=False)
+        return KVCacheEntry(self.num_kv_heads, self.head_dim)
 
     def layer_window(self, index: int) -> int:
         """Decoder layer ``index``'s sliding window (0: it attends to the whole context)."""
@@ -103,7 +131,10 @@ class ModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe_layer(self, index: int) -> bool:
-        """Whether decoder layer ``index`` has routed experts (HF's rule for the Qwen MoE families)."""
+        """Whether decoder layer ``index`` has routed experts (HF's rule for the Qwen MoE families,
+        DeepSeek's ``first_k_dense_replace`` / ``moe_layer_freq``)."""
+        if self.routing is not None:
+            return self.num_experts > 0 and self.routing.is_sparse(index)
         return (self.num_experts > 0 and index not in self.mlp_only_layers
                 and (index + 1) % self.decoder_sparse_step == 0)
 
@@ -132,7 +163,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype")
         moe = _moe_fields(arch, cfg, inter)
-        return cls(
+        fields = dict(
             architecture=arch,
             vocab_size=vocab,
             hidden_size=hidden,
@@ -161,6 +192,8 @@ class ModelConfig:
             **_gemma_fields(arch, cfg, per_type),
             **_gpt_oss_fields(arch, cfg, layers),
         )
+        fields.update(deepseek_fields(arch, cfg))
+        return cls(**fields)
 
 
 def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -172,7 +205,7 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any]) -> Optional[dict[st
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
     if kind == "yarn":
         scaling = dict(scaling)
-        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        original = scaling.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
         scaling["original_max_position_embeddings"] = int(original or cfg.get("max_position_embeddings", 4096))
         if scaling.get("factor") is None:
             scaling["factor"] = int(cfg.get("max_position_embeddings", 4096)) / scaling["original_max_position_embeddings"]

@@ -137,11 +137,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    # anything with qkv_proj, o_proj and attend(positions, qkv, meta, policy) (DeepSeek's latent attention)
+    attention_type: type[nn.Module] = LlamaAttention
+
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, mlp: nn.Module, tp: TensorParallel = SINGLE,
                  index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary, tp, f"layers.{index}.self_attn", index)
+        self.self_attn = self.attention_type(cfg, rotary, tp, f"layers.{index}.self_attn", index)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # anything with norm_forward(x, proj, residual, norm, policy): LlamaMLP, moe.MoEBlock
 
@@ -181,7 +184,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.tp = tp
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, tp)
-        rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
+        rotary = self.make_rotary(cfg, max_position)
         unrotated = RotaryEmbedding.identity(cfg.head_dim, max_position) if cfg.nope_layers else None
         self.layers = nn.ModuleList(
             self.decoder_layer(cfg, unrotated if i in cfg.nope_layers else rotary, self.make_mlp(cfg, i), tp, i)
@@ -192,6 +195,10 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied, tp)
+
+    def make_rotary(self, cfg: ModelConfig, max_position: int) -> RotaryEmbedding:
+        """The rotary table every layer shares (DeepSeek's spans only the rope dims of a head)."""
+        return RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
 
     def make_mlp(self, cfg: ModelConfig, index: int) -> nn.Module:
         """The MLP of decoder layer ``index`` (the MoE models override it)."""

@@ -189,13 +189,15 @@ def moe_tensor_parallel_error(cfg: ModelConfig, size: int) -> Optional[str]:
 class MoEForCausalLM(LlamaForCausalLM):
     FUSED = {**LlamaForCausalLM.FUSED, "shared_expert_gate": ("gate", 1)}
     tensor_parallel_error = staticmethod(moe_tensor_parallel_error)
+    # the MLP types whose routed experts (a FusedMoE at ``.experts``) load from expert tensors
+    expert_blocks: tuple[type[nn.Module], ...] = (MoEBlock,)
 
     def make_mlp(self, cfg: ModelConfig, index: int) -> nn.Module:
         if cfg.is_moe_layer(index):
             return MoEBlock(cfg, self.tp, f"layers.{index}.mlp")
         return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, self.tp, cfg=cfg, prefix=f"layers.{index}.mlp")
 
-    def _expert(self, name: str) -> Optional[tuple[int, MoEBlock, Optional[int], str, str]]:
+    def _expert(self, name: str) -> Optional[tuple[int, nn.Module, Optional[int], str, str]]:
         """(layer, its MoE block, expert index or None when stacked, projection, part) of an expert
         tensor (a name with Mixtral's parts renamed); None for every other tensor."""
         m = _EXPERT.match(name)
@@ -203,7 +205,7 @@ class MoEForCausalLM(LlamaForCausalLM):
             return None
         layer, expert, proj, part = int(m.group(1)), m.group(2), m.group(3), m.group(4) or "weight"
         block = self.layers[layer].mlp if layer < len(self.layers) else None
-        if not isinstance(block, MoEBlock):
+        if not isinstance(block, self.expert_blocks):
             raise CheckpointError(f"checkpoint tensor {name!r}: layer {layer} of {self.config.architecture} has no experts")
         return layer, block, None if expert is None else int(expert), proj, part
 
@@ -232,6 +234,6 @@ class MoEForCausalLM(LlamaForCausalLM):
     def expected_keys(self) -> set[str]:
         keys = {k for k in super().expected_keys() if ".mlp.experts." not in k}
         for i, layer in enumerate(self.layers):
-            if isinstance(layer.mlp, MoEBlock):
+            if isinstance(layer.mlp, self.expert_blocks):
                 keys.update(f"layers.{i}.mlp.experts.{k}" for k in layer.mlp.experts.expected_keys())
         return keys

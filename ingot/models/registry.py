@@ -6,6 +6,7 @@ from torch import nn
 
 from ingot.config import ConfigError
 from ingot.loading.errors import CheckpointError
+from ingot.models.deepseek import DeepseekForCausalLM
 from ingot.models.gemma import GemmaForCausalLM
 from ingot.models.gpt_oss import GptOssForCausalLM
 from ingot.models.llama import LlamaForCausalLM
@@ -28,6 +29,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": GemmaForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekForCausalLM,
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``torch.ops.ingot.*`` custom ops, made from the declarations in reference.py.
+"""The ``torch.ops.ingot.*`` custom ops, made from the declarations in reference.py (and reference_mla.py).
 
 A model never calls a kernel directly; it calls these ops. To Dynamo/Inductor
 each one is a single opaque node with a fake (meta) implementation, so compile
@@ -10,17 +10,20 @@ are registered per op by ``ingot.ops.triton.register_cuda_kernels``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch.library import CustomOpDef, custom_op, infer_schema
 
-from ingot.ops import reference
+from ingot.ops import reference, reference_mla  # noqa: F401 - each module declares its ops on import
 
 
 def _define(name: str, decl: reference.OpDecl) -> CustomOpDef:
+    module = sys.modules[decl.reference.__module__]  # reference.py, or the file that declared it
+
     def run_reference(*args: Any, **kwargs: Any) -> Any:
-        # looked up per call, like any Python call site: patching ``reference.<name>`` patches the op
-        return getattr(reference, name)(*args, **kwargs)
+        # looked up per call, like any Python call site: patching ``<module>.<name>`` patches the op
+        return getattr(module, name)(*args, **kwargs)
 
     schema = infer_schema(decl.reference, mutates_args=decl.mutates_args)
     op = custom_op(f"ingot::{name}", run_reference, mutates_args=decl.mutates_args, schema=schema)

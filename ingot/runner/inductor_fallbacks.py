@@ -42,7 +42,7 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
                    v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                    table: torch.Tensor, seq_lens: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                    topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> list[torch.Tensor]:
-    """Each decode-path op once (prefill attention never runs compiled)."""
+    """Each decode-path op once (prefill attention, dense or latent, never runs compiled)."""
     ops = torch.ops.ingot
     out = [ops.rms_norm(x, w, 1e-6), *ops.add_rms_norm(x, x, w, 1e-6), ops.silu_and_mul(x2)]
     out += [*ops.rotary_embedding(positions, q, k, cos_sin)]
@@ -50,6 +50,9 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
     out.append(ops.decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0, 2, 30.0))
     out.append(ops.decode_attention_rope(q, k, v, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, 1.0,
                                          None, None, 0.0, 2, 30.0))
+    half = q.shape[-1] // 2  # latent attention: the cache entry as latent + rope key halves
+    ops.mla_store_kv(k[:, 0, :half], k[:, 0, half:], k_cache, slots)
+    out.append(ops.mla_decode_attention(q[..., :half], q[..., half:], k_cache, table, seq_lens, 1.0))
     out += [ops.skinny_linear(x, weight, None), *ops.rms_norm_linear(x, x, w, 1e-6, weight, None)]
     out += [*ops.rms_norm_linear_scaled(x, x, w, 1e-6, weight, None)]
     out += [*ops.linear_norm_linear_scaled(x, w_gate_up[0], None, x, w, 1e-6, weight)]

@@ -102,8 +102,10 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ KV cache
     def _bytes_per_block(self) -> int:
-        c = self.model_config
-        return KVCachePool.bytes_per_block(c.num_layers, self.block_size, c.num_kv_heads, c.head_dim, self.dtype)
+        """The pool's bytes per block, from the model's cache entry (``ModelConfig.kv_cache_entry``)."""
+        c, e = self.model_config, self.model_config.kv_cache_entry
+        return KVCachePool.bytes_per_block(c.num_layers, self.block_size, e.heads, e.head_dim, self.dtype,
+                                           e.separate_values)
 
     def num_kv_blocks(self) -> int:
         """Blocks for the pool: explicit, a token budget on CPU, free memory on CUDA."""
@@ -164,8 +166,9 @@ class ModelRunner:
         return self.model.layers[0].self_attn.rotary.cos_sin_cache.shape[0]
 
     def allocate_kv_cache(self, num_blocks: int) -> KVCachePool:
-        c = self.model_config
-        self.kv = KVCachePool(c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+        c, e = self.model_config, self.model_config.kv_cache_entry
+        self.kv = KVCachePool(c.num_layers, num_blocks, self.block_size, e.heads, e.head_dim, self.dtype, self.device,
+                              e.separate_values)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache, attn.v_cache = self.kv.layer(i)
         return self.kv

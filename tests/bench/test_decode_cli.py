@@ -110,9 +110,13 @@ def test_model_bytes_of_counts_tied_weights_once():
             self.norm = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
             self.register_buffer("cache", torch.zeros(1000))  # buffers are not weights
 
-    cfg = SimpleNamespace(num_layers=3, num_kv_heads=2, head_dim=8)
+    from ingot.loading.model_config import KVCacheEntry
+
+    cfg = SimpleNamespace(num_layers=3, kv_cache_entry=KVCacheEntry(2, 8))
     mb = ModelBytes.of(Tiny(), cfg, torch.bfloat16)
     assert mb == ModelBytes(weight_bytes=(40 + 4) * 2, num_layers=3, num_kv_heads=2, head_dim=8, kv_elem_size=2)
+    latent = ModelBytes.of(Tiny(), SimpleNamespace(num_layers=3, kv_cache_entry=KVCacheEntry(1, 576, False)), torch.bfloat16)
+    assert latent.kv_bytes(1, 1) == 3 * 576 * 2  # one cache entry per token and layer, no separate V
 
 
 # ---------------------------------------------------------------------- writers on fabricated rows
@@ -271,7 +275,7 @@ def test_json_round_trip(tmp_path):
     assert data["context_len"] == 100 and data["iters"] == 30 and data["modes"] == ["eager", "graph", "compiled"]
     assert data["copy_bandwidth_bytes_per_s"] == 4e12
     assert data["model_bytes"] == {"weight_bytes": 1_000_000_000, "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "kv_elem_size": 2,
-                                   "expert_bytes": 0, "moe_layers": 0, "num_experts": 0, "top_k": 0}
+                                   "expert_bytes": 0, "moe_layers": 0, "num_experts": 0, "top_k": 0, "kv_parts": 2}
     # every measured number comes back exactly
     for row, got in zip(bench.rows, data["timings"]):
         assert got == {"batch": row.batch, "ms": row.ms, "back_to_back_ms": row.back_to_back_ms,

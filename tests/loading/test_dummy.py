@@ -79,4 +79,6 @@ def test_every_built_in_shape_builds_its_model(name):
     cfg = ModelConfig.from_hf(shape_config(name, num_layers=1))
     model = build_model(cfg, torch.bfloat16, torch.device("meta"), SHAPE_CONTEXT)
     q_kv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    if cfg.mla is not None:  # latent attention: the query and the latent + rope key in one GEMM
+        q_kv = cfg.num_heads * cfg.head_dim + cfg.mla.cache_dim
     assert tuple(model.layers[0].self_attn.qkv_proj.weight.shape) == (q_kv, cfg.hidden_size)

@@ -13,7 +13,7 @@ from ingot.runner import decode_compile as dc
 from ingot.runner import inductor_fallbacks as fb
 from tests.helpers import OpNames
 
-NOT_IN_DECODE = {"ingot.prefill_attention"}  # prefill never runs compiled
+NOT_IN_DECODE = {"ingot.prefill_attention", "ingot.mla_prefill_attention"}  # prefill never runs compiled
 
 
 def _all_ops() -> set[str]:
