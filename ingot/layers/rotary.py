@@ -113,6 +113,23 @@ def _yarn(dim: int, base: float, scaling: dict[str, Any]) -> tuple[torch.Tensor,
     return inv_freq, float(attention)
 
 
+def yarn_softmax_scale(scale: float, scaling: Optional[dict[str, Any]]) -> float:
+    """DeepSeek's attention scale: ``scale`` times ``yarn_mscale(factor, mscale_all_dim)`` squared
+    under any rope scaling that sets ``mscale_all_dim`` (HF's ``yarn_apply_mscale``)."""
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind != "default" and scaling.get("mscale_all_dim"):
+        m = yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"]))
+        return scale * m * m
+    return scale
+
+
+def interleaved_rope_order(rope_dim: int) -> torch.Tensor:
+    """For each rope dim as ingot holds it, the checkpoint dim it comes from: the even dims, then
+    the odd ones, so that DeepSeek's rotated pairs ``(2i, 2i + 1)`` become neox pairs ``(i, i + d/2)``.
+    q.k is unchanged by a permutation shared by q and k."""
+    return torch.cat((torch.arange(0, rope_dim, 2), torch.arange(1, rope_dim, 2)))
+
+
 def rope_frequencies(
     head_dim: int, base: float, scaling: Optional[dict[str, Any]], max_position: int = 0
 ) -> tuple[torch.Tensor, float]:
@@ -130,10 +147,7 @@ def rope_frequencies(
         return inv_freq / float(scaling["factor"]), 1.0
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling), 1.0
-    if kind == "yarn":
-        return _yarn(head_dim, base, scaling)
-    raise CheckpointError(f"unsupported rope_scaling.rope_type {kind!r} (supported: default, linear, llama3, longrope, "
-                          "yarn)")
+    raise CheckpointError(f"unsupported rope_scaling.rope_type {kind!r} (supported: default, linear, llama3, longrope, yarn)")
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: Optional[dict[str, Any]]) -> torch.Tensor:
