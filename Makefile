@@ -29,7 +29,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
-	INGOT_TEST_TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests/ops/test_triton_interpret.py tests/ops/test_quant_interpret.py tests/ops/test_fused_moe_quant_interpret.py tests/ops/test_rope_tables_interpret.py tests/ops/test_sinks_interpret.py tests/ops/test_moe_variant_interpret.py tests/ops/test_mla_interpret.py
+	INGOT_TEST_TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests/ops/test_triton_interpret.py tests/ops/test_quant_interpret.py tests/ops/test_fused_moe_quant_interpret.py tests/ops/test_rope_tables_interpret.py tests/ops/test_sinks_interpret.py tests/ops/test_moe_variant_interpret.py tests/ops/test_mla_interpret.py tests/ops/test_geglu_interpret.py
 
 test-cuda: $(STAMP)
 	$(PY) -m pytest -q -m cuda

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Union
 ENV_PREFIX = "INGOT_"
 
 # Ops that have both a kernel and a PyTorch form Inductor can fuse.
-FUSIBLE_OPS = ("rms_norm", "rotary", "silu_and_mul")
+FUSIBLE_OPS = ("rms_norm", "rotary", "silu_and_mul", "gelu_tanh_and_mul")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 # online quantization of a dense model, then the methods of quantized checkpoints (which must match the file)

@@ -1,4 +1,5 @@
-"""The ``torch.ops.ingot.*`` custom ops, made from the declarations in reference.py (and reference_mla.py).
+"""The ``torch.ops.ingot.*`` custom ops, made from the declarations in reference.py (and reference_mla.py,
+reference_geglu.py).
 
 A model never calls a kernel directly; it calls these ops. To Dynamo/Inductor
 each one is a single opaque node with a fake (meta) implementation, so compile
@@ -15,7 +16,7 @@ from typing import Any
 
 from torch.library import CustomOpDef, custom_op, infer_schema
 
-from ingot.ops import reference, reference_mla  # noqa: F401 - each module declares its ops on import
+from ingot.ops import reference, reference_geglu, reference_mla  # noqa: F401 - each module declares its ops on import
 
 
 def _define(name: str, decl: reference.OpDecl) -> CustomOpDef:

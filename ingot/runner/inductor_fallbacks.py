@@ -44,7 +44,7 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
                    topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> list[torch.Tensor]:
     """Each decode-path op once (prefill attention, dense or latent, never runs compiled)."""
     ops = torch.ops.ingot
-    out = [ops.rms_norm(x, w, 1e-6), *ops.add_rms_norm(x, x, w, 1e-6), ops.silu_and_mul(x2)]
+    out = [ops.rms_norm(x, w, 1e-6), *ops.add_rms_norm(x, x, w, 1e-6), ops.silu_and_mul(x2), ops.gelu_tanh_and_mul(x2)]
     out += [*ops.rotary_embedding(positions, q, k, cos_sin)]
     ops.store_kv(k, v, k_cache, v_cache, slots)
     out.append(ops.decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0, 2, 30.0))
@@ -56,7 +56,7 @@ def _call_every_op(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, weight: t
     out += [ops.skinny_linear(x, weight, None), *ops.rms_norm_linear(x, x, w, 1e-6, weight, None)]
     out += [*ops.rms_norm_linear_scaled(x, x, w, 1e-6, weight, None)]
     out += [*ops.linear_norm_linear_scaled(x, w_gate_up[0], None, x, w, 1e-6, weight)]
-    out.append(ops.silu_mul_linear(x2, weight, None))
+    out += [ops.silu_mul_linear(x2, weight, None), ops.gelu_tanh_mul_linear(x2, weight, None)]
     out.append(ops.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids))
     out.append(ops.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, topk_weights[:, 0].float()))
     qweight = torch.zeros(weight.shape[0], weight.shape[1] // 8, dtype=torch.int32)  # int4, one group per row

@@ -103,8 +103,8 @@ def check_store_kv(fn, t, hkv, d, page, nb, gen, device="cpu", dtype=torch.bfloa
 
 
 def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool, gen, device="cpu", config=None) -> None:
-    """``rms_norm_linear`` / ``rms_norm_linear_scaled`` (prologue "norm" / "norm_scaled") or
-    ``silu_mul_linear`` of module ``mod`` (skinny_gemm) against the reference ops: a random
+    """``rms_norm_linear`` / ``rms_norm_linear_scaled`` (prologue "norm" / "norm_scaled"),
+    ``silu_mul_linear`` ("silu") or ``gelu_tanh_mul_linear`` ("gelu") of module ``mod`` (skinny_gemm) against the reference ops: a random
     projection within bf16 tolerance, and an identity projection, whose output is the
     prologue's bf16 result itself, element for element; "norm_scaled"'s two factors of the
     normed rows against the reference's. ``config``: the launch configuration of all (None:
@@ -123,12 +123,17 @@ def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool
             return *mod.rms_norm_linear(x, residual, norm_w, 1e-6, w, b, config), None, None
         if prologue == "norm_scaled":
             return mod.rms_norm_linear_scaled(x, residual, norm_w, 1e-6, w, b, config)
-        return mod.silu_mul_linear(x, w, b, config), None, None, None
+        fused = mod.silu_mul_linear if prologue == "silu" else mod.gelu_tanh_mul_linear
+        return fused(x, w, b, config), None, None, None
 
     def expected_input():
         if norm:
             return ref.add_rms_norm(x.cpu(), residual.cpu(), norm_w.cpu(), 1e-6)
-        return ref.silu_and_mul(x.cpu()), None
+        if prologue == "silu":
+            return ref.silu_and_mul(x.cpu()), None
+        from ingot.ops.reference_geglu import gelu_tanh_and_mul
+
+        return gelu_tanh_and_mul(x.cpu()), None
 
     h, new_residual = expected_input()
     w = (0.05 * torch.randn(n, k, generator=gen)).to(torch.bfloat16).to(device)
@@ -148,7 +153,7 @@ def check_prologue_linear(mod, prologue: str, m: int, n: int, k: int, bias: bool
     same = run(eye, None)[0]
     if prologue == "silu":  # the activation rounds as the reference does
         assert torch.equal(same.cpu(), h)
-    else:  # rstd scales after the sum (skinny_gemm.py): bf16-rounding-level differences only
+    else:  # rstd scales after the sum (skinny_gemm.py), gelu's tanh is a sigmoid: bf16-rounding-level differences
         assert rel_err(same.cpu(), h) < 1e-2
 
 

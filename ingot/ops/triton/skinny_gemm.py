@@ -28,7 +28,8 @@ costs more than its bytes):
   writes with the output. The consumer scales its sums by ``rstd`` as this GEMV does
   (``fused_moe``'s ``row_scale``), so the norm's own launch goes and nothing waits for
   a normed row to be written.
-* ``silu_mul_linear``: ``silu(gate) * up`` of a merged gate/up output, then the GEMM.
+* ``silu_mul_linear`` / ``gelu_tanh_mul_linear``: ``act(gate) * up`` of a merged gate/up
+  output (SiLU, or Gemma's GeGLU: the activation a constexpr), then the GEMM.
 
 One epilogue: ``linear_norm_linear_scaled`` is a projection joining the residual
 stream (attention's o_proj) followed by a MoE layer's ``rms_norm_linear_scaled``,
@@ -43,7 +44,7 @@ On sm_90+ every launch uses programmatic dependent launch (``pdl.py``): a progra
 loads the weight-only epilogue operands, waits for the previous kernel, streams its
 slab and releases the next kernel before its split-K merge and epilogue.
 
-Rounding: SiLU-and-mul rounds like the reference op, so its GEMM sees the
+Rounding: the activations round like the reference ops, so its GEMM sees the
 unfused path's input bit for bit. The norm rounds ``x + residual`` and
 ``norm_w * s`` to the model dtype but scales by ``rstd`` in fp32 after the
 sum, where the reference rounds ``s * rstd`` first: a difference at the
@@ -62,12 +63,13 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton.activation import gate_activation
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 from ingot.ops.triton.rounding import round_to
 
 MAX_ROWS = 16  # the M side of tl.dot
 MAX_ROUTER_ROWS = 256  # experts a router epilogue holds (a tile's router columns live in registers)
-NONE, NORM, SILU = 0, 1, 2  # prologues
+NONE, NORM, SILU, GELU_TANH = 0, 1, 2, 3  # prologues
 
 
 @dataclass(frozen=True)
@@ -183,10 +185,10 @@ def _skinny_gemm_kernel(
             x = round_to(nw[None, :] * s, x.dtype, BF16).to(x.dtype)
             if WRITE_SCALED and pid_n == 0:  # the experts' input, to be scaled by rstd as here
                 tl.store(xw_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], x, mask=mk)
-        elif PROLOGUE == 2:  # x <- silu(gate) * up, rounded as activation.py does
+        elif PROLOGUE >= 2:  # x <- act(gate) * up (SILU: silu, GELU_TANH: gelu), rounded as activation.py does
             g = x.to(tl.float32)
             up = tl.load(x_rows + K + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
-            act = round_to(g / (1.0 + tl.exp(-g)), x.dtype, BF16)
+            act = round_to(gate_activation(g, PROLOGUE - 2), x.dtype, BF16)
             x = round_to(act * up, x.dtype, BF16).to(x.dtype)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if USE_DOT:
@@ -279,7 +281,7 @@ def _launch(
     router_weight: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """y [M, N], and for the norm prologue the new residual, and with ``write_scaled`` the
-    GEMV's input ``norm_w * s`` and each row's rstd; ``x`` holds ``K`` (SILU: 2K) columns.
+    GEMV's input ``norm_w * s`` and each row's rstd; ``x`` holds ``K`` (SILU, GELU_TANH: 2K) columns.
     With ``router_weight`` [E, N] (one row, no prologue: ``linear_norm_linear_scaled``): the
     router's logits [1, E], the new residual, ``norm_w * s`` and rstd of y + residual."""
     m = x.shape[0]
@@ -397,4 +399,12 @@ def silu_mul_linear(
     return _launch(x, x.shape[1] // 2, weight, bias, SILU, config=config)[0]
 
 
-__all__ = ["skinny_linear", "rms_norm_linear", "rms_norm_linear_scaled", "linear_norm_linear_scaled", "silu_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
+@cuda_kernel
+def gelu_tanh_mul_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None
+) -> torch.Tensor:
+    """Triton implementation of ``torch.ops.ingot.gelu_tanh_mul_linear`` (``x`` [M, 2K] gate | up)."""
+    return _launch(x, x.shape[1] // 2, weight, bias, GELU_TANH, config=config)[0]
+
+
+__all__ = ["skinny_linear", "rms_norm_linear", "rms_norm_linear_scaled", "linear_norm_linear_scaled", "silu_mul_linear", "gelu_tanh_mul_linear", "launch_config", "SkinnyConfig", "MAX_ROWS"]
