@@ -17,8 +17,8 @@ the all-reduce adds it once.
 Inputs of at most ``policy.skinny_rows`` rows (decode batches; 0 = never) go
 through ``torch.ops.ingot.skinny_linear`` (a Triton GEMV on CUDA) instead of
 ``F.linear``; the model runner sets the row limit (1 with the Triton kernels,
-else 0) in the policy it gives each forward (``layers/policy.py``). On that path ``norm_linear`` and ``silu_mul_linear``
-also fold the RMSNorm or SiLU-and-mul in front of a projection into the GEMV's
+else 0) in the policy it gives each forward (``layers/policy.py``). On that path ``norm_linear`` and ``act_mul_linear``
+also fold the RMSNorm or SiLU / GeGLU-and-mul in front of a projection into the GEMV's
 load of its input (one launch instead of two), unless the policy keeps that op
 native; ``norm_linear_scaled`` also hands the normed input on, in two factors, to
 a MoE block's experts, which read it after the router's GEMV, and
@@ -114,10 +114,11 @@ def _fuses_norm(x: torch.Tensor, proj: "MergedLinear", policy: OpPolicy) -> bool
             and proj.weight.shape[0] <= NORM_PROLOGUE_MAX_N)
 
 
-def silu_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
-    """proj(silu_and_mul(x)), the activation fused into the GEMV on the skinny path."""
-    if policy.skinny(x) and proj.scheme is None and not policy.is_native("silu_and_mul"):
-        return proj.reduce(torch.ops.ingot.silu_mul_linear(x, proj.weight, proj.bias))
+def act_mul_linear(x: torch.Tensor, act: SiluAndMul, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
+    """proj(act(x)) for a gated activation (SiLU or GeGLU and mul), the activation fused into
+    the GEMV on the skinny path (its ``act.fused`` op)."""
+    if policy.skinny(x) and proj.scheme is None and not policy.is_native(act.name):
+        return proj.reduce(getattr(torch.ops.ingot, act.fused)(x, proj.weight, proj.bias))
     return proj(act(x, policy), policy)
 
 

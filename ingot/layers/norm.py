@@ -1,4 +1,7 @@
-"""RMSNorm, optionally fused with the residual add that precedes it."""
+"""RMSNorm, optionally fused with the residual add that precedes it.
+
+``x / rms(x) * w``; Gemma's ``(1 + w)`` norms are this one with ``1 + w`` folded into the
+weight at load (``models/gemma.py``)."""
 
 from __future__ import annotations
 
@@ -30,18 +33,3 @@ class RMSNorm(nn.Module):
             return reference.add_rms_norm(x, residual, self.weight, self.eps)
         return torch.ops.ingot.add_rms_norm(x, residual, self.weight, self.eps)
 
-
-class GemmaRMSNorm(nn.Module):
-    """Gemma's RMSNorm: ``x / rms(x) * (1 + w)`` with the weight applied in fp32 and one cast at
-    the end (Llama's casts the normed input first), as HF's Gemma2/Gemma3RMSNorm; the
-    checkpoint holds ``w`` (zero-centred). Plain PyTorch: no fused op takes this rounding."""
-
-    def __init__(self, hidden_size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)

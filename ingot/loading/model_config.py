@@ -178,7 +178,8 @@ class ModelConfig:
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in _GEMMA)),  # (Gemma's default: tied)
             qkv_bias=_qkv_bias(arch, cfg),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Olmo2ForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Olmo2ForCausalLM",
+                             "Gemma3ForCausalLM"),
             qk_norm_full_width=arch in ("OlmoeForCausalLM", "Olmo2ForCausalLM"),
             partial_rotary_factor=float(cfg.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0),
             nope_layers=_nope_layers(arch, cfg, layers),

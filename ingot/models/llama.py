@@ -27,7 +27,7 @@ from ingot.distributed.parallel import SINGLE, TensorParallel, shard_range
 from ingot.layers.activation import SiluAndMul
 from ingot.layers.attention import Attention, AttentionMetadata
 from ingot.layers.embedding import Embedding, LMHead
-from ingot.layers.linear import Linear, MergedLinear, norm_linear, silu_mul_linear
+from ingot.layers.linear import Linear, MergedLinear, act_mul_linear, norm_linear
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 from ingot.layers.rotary import RotaryEmbedding, partial_rotary_order
@@ -125,7 +125,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, gate_up: torch.Tensor, policy: OpPolicy) -> torch.Tensor:
         """The down projection of silu(gate) * up, from this layer's gate_up projection."""
-        return silu_mul_linear(gate_up, self.act, self.down_proj, policy)
+        return act_mul_linear(gate_up, self.act, self.down_proj, policy)
 
     def norm_forward(
         self, x: torch.Tensor, proj: MergedLinear, residual: torch.Tensor, norm: RMSNorm, policy: OpPolicy

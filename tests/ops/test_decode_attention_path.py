@@ -104,11 +104,12 @@ def test_skinny_rows_route_small_batches_to_the_skinny_op(monkeypatch):
 
 
 def test_prologues_fuse_on_the_skinny_path_unless_native(monkeypatch):
-    """norm_linear / silu_mul_linear call the fused ops on the skinny path and equal the
-    unfused ops; when compile keeps the norm or activation native, they stay unfused."""
+    """norm_linear / act_mul_linear (SiLU and GeGLU) call the fused ops on the skinny path and
+    equal the unfused ops; when compile keeps the norm or activation native, they stay unfused."""
     import ingot.layers.linear as linear_mod
-    from ingot.layers.activation import SiluAndMul
-    from ingot.layers.linear import Linear, norm_linear, silu_mul_linear
+    from ingot.layers.activation import GeluTanhAndMul, SiluAndMul
+    from ingot.layers.linear import Linear, act_mul_linear, norm_linear
+    from ingot.ops.reference_geglu import gelu_tanh_and_mul
     from ingot.layers.norm import RMSNorm
 
     gen = torch.Generator().manual_seed(5)
@@ -121,17 +122,21 @@ def test_prologues_fuse_on_the_skinny_path_unless_native(monkeypatch):
     h, new_res = ref.add_rms_norm(x, res, norm.weight, 1e-6)
     skinny = OpPolicy(skinny_rows=1)
     y, r = norm_linear(x, res, norm, proj, skinny)
-    z = silu_mul_linear(gu, SiluAndMul(), down, skinny)
-    assert spy.calls == ["rms_norm_linear", "silu_mul_linear"]
-    native = skinny.with_native({"rms_norm", "silu_and_mul"})
+    z = act_mul_linear(gu, SiluAndMul(), down, skinny)
+    g = act_mul_linear(gu, GeluTanhAndMul(), down, skinny)
+    assert spy.calls == ["rms_norm_linear", "silu_mul_linear", "gelu_tanh_mul_linear"]
+    native = skinny.with_native({"rms_norm", "silu_and_mul", "gelu_tanh_and_mul"})
     y2, _ = norm_linear(x, res, norm, proj, native)
-    z2 = silu_mul_linear(gu, SiluAndMul(), down, native)
-    assert spy.calls == ["rms_norm_linear", "silu_mul_linear", "skinny_linear", "skinny_linear"]
+    z2 = act_mul_linear(gu, SiluAndMul(), down, native)
+    g2 = act_mul_linear(gu, GeluTanhAndMul(), down, native)
+    assert spy.calls[3:] == ["skinny_linear"] * 3
     torch.testing.assert_close(y, torch.nn.functional.linear(h, proj.weight, proj.bias))
     torch.testing.assert_close(r, new_res)
     torch.testing.assert_close(z, torch.nn.functional.linear(ref.silu_and_mul(gu), down.weight))
     torch.testing.assert_close(y2, y)
     torch.testing.assert_close(z2, z)
+    torch.testing.assert_close(g, torch.nn.functional.linear(gelu_tanh_and_mul(gu), down.weight))
+    torch.testing.assert_close(g2, g)
 
 
 def test_head_norms_fold_into_the_fused_decode_op(monkeypatch):
