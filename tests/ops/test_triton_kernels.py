@@ -399,7 +399,7 @@ def test_skinny_linear(K, m, n, k, bias):
 
 
 @gpu
-@pytest.mark.parametrize("prologue", ["norm", "norm_scaled", "silu"])
+@pytest.mark.parametrize("prologue", ["norm", "norm_scaled", "silu", "gelu"])
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k,bias", [
     (2048, 1536, True), (17920, 1536, False), (1536, 8960, False), (3584, 18944, False), (131, 200, True),
@@ -410,7 +410,7 @@ def test_prologue_linear(K, prologue, m, n, k, bias, fields):
     """The norm (also handing on its input in two factors) and SiLU prologues of the skinny GEMM
     against the reference ops (kernel_cases), with the default tiles, wide tiles, narrow one-warp
     programs and whole-K programs."""
-    code = K.skinny_gemm.SILU if prologue == "silu" else K.skinny_gemm.NORM
+    code = {"silu": K.skinny_gemm.SILU, "gelu": K.skinny_gemm.GELU_TANH}.get(prologue, K.skinny_gemm.NORM)
     cfg = replace(K.skinny_gemm.launch_config(m, n, k, torch.device("cuda"), code), **fields)
     check_prologue_linear(K.skinny_gemm, prologue, m, n, k, bias, torch.Generator().manual_seed(m + n + k), "cuda", cfg)
 
