@@ -30,6 +30,8 @@ import torch
 from tokenizers import Tokenizer
 
 from ingot.loading.errors import CheckpointError
+from ingot.loading.gguf_families import BLOCK_OVERRIDES, GEMMA_ARCHITECTURES, NORM_PLUS_ONE, family_config
+from ingot.loading.gguf_families import meta_int as _meta_int
 from ingot.loading.gguf_file import (
     SUPPORTED_QUANT_TYPES,
     GGUFFormatError,
@@ -57,6 +59,7 @@ _ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    **GEMMA_ARCHITECTURES,
 }
 # llama.cpp renormalises the top-k routing weights per architecture unless the file says
 # otherwise ({arch}.expert_weights_norm): Mixtral and Qwen3-MoE yes, Qwen2-MoE no
@@ -117,6 +120,7 @@ class GGUFCheckpoint:
     path: Path
     _buf: mmap.mmap = field(repr=False)
     _tensors: list[tuple[str, TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
+    _plus_one: frozenset[str] = field(default=frozenset(), repr=False)  # HF names stored as 1 + w (Gemma norms)
 
     @property
     def quant(self) -> Optional[QuantConfig]:
@@ -191,6 +195,8 @@ class GGUFCheckpoint:
             tensor = read_tensor(self._buf, info)
             if heads:
                 tensor = _unpermute_rows(tensor, heads)
+            if hf_name in self._plus_one:
+                tensor = tensor.float() - 1.0
             if hf_name.endswith("shared_expert_gate.weight") and tensor.dim() == 1:
                 tensor = tensor[None]  # llama.cpp may store the [1, H] gate as [H]
             yield hf_name, select_part(tensor, hf_name, select).to(dtype)
@@ -238,7 +244,7 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
     plan: list[tuple[str, TensorInfo, int]] = []
     unknown: list[str] = []
     for info in tensors:
-        hf_name = _hf_name(info.name)
+        hf_name = _hf_name(info.name, arch)
         if hf_name is None:
             if _SKIPPED.match(info.name):
                 log.debug("gguf: skipping %s (no HF parameter)", info.name)
@@ -271,6 +277,7 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
         path=path,
         _buf=buf,
         _tensors=plan,
+        _plus_one=frozenset(n for n, info, _ in plan if arch in NORM_PLUS_ONE and info.name.endswith("norm.weight")),
     )
 
 
@@ -315,14 +322,15 @@ def _modules(hf_name: str, info: TensorInfo) -> list[str]:
     return [f"{head}.{e}.{proj}" for e in range(info.shape[0])]
 
 
-def _hf_name(name: str) -> Optional[str]:
+def _hf_name(name: str, arch: str) -> Optional[str]:
     """The HF parameter name of a llama.cpp tensor name, None when it has none (skipped or unknown)."""
     if (m := _PER_EXPERT_TENSOR.match(name)) is not None:
         layer, proj, expert = m.groups()
         return f"model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight"
     if (m := _BLOCK_TENSOR.match(name)) is not None:
         layer, base, kind = m.groups()
-        return f"model.layers.{layer}.{_BLOCK_NAMES[base]}.{kind}" if base in _BLOCK_NAMES else None
+        names = {**_BLOCK_NAMES, **BLOCK_OVERRIDES.get(arch, {})}
+        return f"model.layers.{layer}.{names[base]}.{kind}" if base in names else None
     base, _, kind = name.rpartition(".")
     if base in _GLOBAL_NAMES and kind in ("weight", "bias"):
         return f"{_GLOBAL_NAMES[base]}.{kind}"
@@ -330,20 +338,6 @@ def _hf_name(name: str) -> Optional[str]:
 
 
 # ---------------------------------------------------------------- config
-
-
-def _meta_int(meta: dict[str, Any], key: str, default: Optional[int] = None) -> int:
-    value = meta.get(key, default)
-    if isinstance(value, list):  # per-layer arrays: fine only when every layer agrees
-        if value and all(v == value[0] for v in value):
-            value = value[0]
-        else:
-            raise CheckpointError(f"GGUF metadata {key} varies per layer ({value[:8]}...), which is not supported")
-    if value is None:
-        raise CheckpointError(f"GGUF metadata is missing {key!r}")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise CheckpointError(f"GGUF metadata {key} should be a number, got {value!r}")
-    return int(value)
 
 
 def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf: mmap.mmap) -> dict[str, Any]:
@@ -384,6 +378,7 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
     config.update(_moe_config(meta, arch, tensors))
+    config.update(family_config(meta, arch, config))
     return config
 
 
