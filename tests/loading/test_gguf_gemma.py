@@ -74,7 +74,7 @@ def write_gemma_gguf(hf_dir: Path, out: Path, arch: str, qtype: QT | None = None
             "embedding_length": cfg["hidden_size"], "feed_forward_length": cfg["intermediate_size"],
             "attention.head_count": cfg["num_attention_heads"], "attention.head_count_kv": cfg["num_key_value_heads"],
             "attention.key_length": cfg["head_dim"], "attention.value_length": cfg["head_dim"],
-            "attention.sliding_window": cfg["sliding_window"],
+            "attention.sliding_window": cfg["sliding_window"], "vocab_size": cfg["vocab_size"],
         }
         for key, value in values.items():
             if key not in skip:
@@ -117,6 +117,19 @@ def assert_close(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
+def transformers_logits(path: Path, arch: str) -> torch.Tensor:
+    """transformers' own loading of the GGUF. It reads neither the soft-caps nor llama.cpp's attention
+    scale rule from a GGUF (it keeps its config defaults), so those come from the checkpoint."""
+    import transformers
+
+    cfg = json.loads((path.parent / arch / "config.json").read_text())
+    keys = ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, **{k: cfg[k] for k in keys}).eval()
+    with torch.no_grad():
+        return model(torch.tensor([IDS])).logits[0]
+
+
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
 def test_gemma_gguf_logits_match_hf(tmp_path, arch):
     hf_dir = write_tiny_checkpoint(tmp_path / arch, arch, overrides=OVERRIDES[arch])
@@ -124,5 +137,60 @@ def test_gemma_gguf_logits_match_hf(tmp_path, arch):
     q8 = write_gemma_gguf(hf_dir, tmp_path / f"{arch}-q8_0.gguf", arch, QT.Q8_0)
     ckpt = load_gguf(f32)
     assert ckpt.config["architectures"] == json.loads((hf_dir / "config.json").read_text())["architectures"]
-    assert_close(engine_logits(f32), hf_logits(hf_dir, IDS))
-    assert_close(engine_logits(q8), hf_logits(dequantized_checkpoint(hf_dir, tmp_path / "deq", q8), IDS))
+    got = engine_logits(f32)
+    assert_close(got, hf_logits(hf_dir, IDS))
+    assert_close(got, transformers_logits(f32, arch))
+    got = engine_logits(q8)
+    assert_close(got, hf_logits(dequantized_checkpoint(hf_dir, tmp_path / "deq", q8), IDS))
+    assert_close(got, transformers_logits(q8, arch))
+
+
+def gemma_meta(arch: str, **values: object):
+    """Metadata of a tensorless Gemma GGUF (enough for its config); ``values`` replace keys (None drops one)."""
+    keys = {"block_count": 4, "context_length": 128, "embedding_length": 64, "feed_forward_length": 128,
+            "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 32, **values}
+
+    def meta(w: gguf.GGUFWriter) -> None:
+        for key, value in keys.items():
+            if isinstance(value, list):
+                w.add_array(f"{arch}.{key}", value)
+            elif value is not None:
+                w.add_uint32(f"{arch}.{key}", value)
+    return meta
+
+
+def test_gemma_gguf_config_rules(tmp_path):
+    """llama.cpp's defaults where the file is silent: Gemma 2's soft-caps 50 / 30 and window 4096, every
+    other layer global; Gemma 3 one in six global, local rope base 10000; the 27B models' attention
+    scale by width (here 46 and 62 layers); a file's own sliding_window_pattern (period or flags)."""
+    cfg = load_gguf(write_gguf(tmp_path / "a.gguf", "gemma2", meta=gemma_meta("gemma2"), hparams=False)).config
+    assert cfg["attn_logit_softcapping"] == 50.0 and cfg["final_logit_softcapping"] == 30.0
+    assert cfg["sliding_window"] == 4096 and cfg["query_pre_attn_scalar"] == 32
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention"] * 2 and cfg["hidden_act"] == "gelu_pytorch_tanh"
+    cfg = load_gguf(write_gguf(tmp_path / "b.gguf", "gemma2", meta=gemma_meta("gemma2", block_count=46),
+                               hparams=False)).config
+    assert cfg["query_pre_attn_scalar"] == 16
+    meta = gemma_meta("gemma3", block_count=62, **{"attention.sliding_window": 512})
+    cfg = load_gguf(write_gguf(tmp_path / "c.gguf", "gemma3", meta=meta, hparams=False)).config
+    assert cfg["query_pre_attn_scalar"] == 16 and cfg["rope_local_base_freq"] == 10000.0
+    assert cfg["final_logit_softcapping"] is None and cfg["model_type"] == "gemma3_text"
+    assert [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"] == list(range(5, 62, 6))
+    cfg = load_gguf(write_gguf(tmp_path / "d.gguf", "gemma3", meta=gemma_meta("gemma3"), hparams=False)).config
+    assert cfg["sliding_window"] is None and set(cfg["layer_types"]) == {"full_attention"}
+    flags = [True, False, False, True]
+    meta = gemma_meta("gemma3", **{"attention.sliding_window": 64, "attention.sliding_window_pattern": flags})
+    cfg = load_gguf(write_gguf(tmp_path / "e.gguf", "gemma3", meta=meta, hparams=False)).config
+    assert cfg["layer_types"] == ["sliding_attention" if f else "full_attention" for f in flags]
+    meta = gemma_meta("gemma2", **{"attention.sliding_window_pattern": 3})
+    cfg = load_gguf(write_gguf(tmp_path / "f.gguf", "gemma2", meta=meta, hparams=False)).config
+    assert cfg["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("embedding_length", None, "missing 'gemma2.embedding_length'"),
+    ("attention.sliding_window_pattern", [True, False], "2 entries for 4 layers"),
+])
+def test_gemma_gguf_bad_metadata(tmp_path, key, value, match):
+    meta = gemma_meta("gemma2", **{key: value})
+    with pytest.raises(CheckpointError, match=match):
+        load_gguf(write_gguf(tmp_path / "bad.gguf", "gemma2", meta=meta, hparams=False))
