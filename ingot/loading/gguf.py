@@ -30,7 +30,13 @@ import torch
 from tokenizers import Tokenizer
 
 from ingot.loading.errors import CheckpointError
-from ingot.loading.gguf_families import BLOCK_OVERRIDES, GEMMA_ARCHITECTURES, NORM_PLUS_ONE, family_config
+from ingot.loading.gguf_families import (
+    FAMILY_ARCHITECTURES,
+    NORM_PLUS_ONE,
+    PARTIAL_ROTARY,
+    block_overrides,
+    family_config,
+)
 from ingot.loading.gguf_families import meta_int as _meta_int
 from ingot.loading.gguf_file import (
     SUPPORTED_QUANT_TYPES,
@@ -59,7 +65,7 @@ _ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
-    **GEMMA_ARCHITECTURES,
+    **FAMILY_ARCHITECTURES,
 }
 # llama.cpp renormalises the top-k routing weights per architecture unless the file says
 # otherwise ({arch}.expert_weights_norm): Mixtral and Qwen3-MoE yes, Qwen2-MoE no
@@ -93,9 +99,9 @@ _BLOCK_NAMES = {
 }
 # early Mixtral GGUFs: one tensor per expert, blk.N.ffn_gate.E.weight
 _PER_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
-# Tensors with no HF parameter that are safe to drop: rope_freqs becomes
+# Tensors with no HF parameter that are safe to drop: rope_freqs and Phi-3's rope_factors_* become
 # config["rope_scaling"]; attn_rot_embd is an old precomputed rotary table.
-_SKIPPED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
+_SKIPPED = re.compile(r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # the projections (last part of the HF module name) whose blocks stay quantized
 _PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
@@ -241,10 +247,11 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
     config = _config(meta, arch, by_name, buf)
 
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    overrides = block_overrides(arch, by_name)
     plan: list[tuple[str, TensorInfo, int]] = []
     unknown: list[str] = []
     for info in tensors:
-        hf_name = _hf_name(info.name, arch)
+        hf_name = _hf_name(info.name, overrides)
         if hf_name is None:
             if _SKIPPED.match(info.name):
                 log.debug("gguf: skipping %s (no HF parameter)", info.name)
@@ -322,14 +329,15 @@ def _modules(hf_name: str, info: TensorInfo) -> list[str]:
     return [f"{head}.{e}.{proj}" for e in range(info.shape[0])]
 
 
-def _hf_name(name: str, arch: str) -> Optional[str]:
-    """The HF parameter name of a llama.cpp tensor name, None when it has none (skipped or unknown)."""
+def _hf_name(name: str, overrides: dict[str, str]) -> Optional[str]:
+    """The HF parameter name of a llama.cpp tensor name, None when it has none (skipped or unknown);
+    ``overrides``: the family's own block names."""
     if (m := _PER_EXPERT_TENSOR.match(name)) is not None:
         layer, proj, expert = m.groups()
         return f"model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight"
     if (m := _BLOCK_TENSOR.match(name)) is not None:
         layer, base, kind = m.groups()
-        names = {**_BLOCK_NAMES, **BLOCK_OVERRIDES.get(arch, {})}
+        names = {**_BLOCK_NAMES, **overrides}
         return f"model.layers.{layer}.{names[base]}.{kind}" if base in names else None
     base, _, kind = name.rpartition(".")
     if base in _GLOBAL_NAMES and kind in ("weight", "bias"):
@@ -348,7 +356,7 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf
     kv_heads = _meta_int(meta, p + "attention.head_count_kv", heads)
     head_dim = _meta_int(meta, p + "attention.key_length", hidden // heads)
     rot_dim = _meta_int(meta, p + "rope.dimension_count", head_dim)
-    if rot_dim != head_dim:
+    if rot_dim != head_dim and arch not in PARTIAL_ROTARY:
         raise CheckpointError(f"partial rotary embeddings ({rot_dim} of {head_dim} dims) are not supported")
     theta = float(meta.get(p + "rope.freq_base", 10000.0))
     if p + "vocab_size" in meta:
@@ -378,7 +386,7 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
     config.update(_moe_config(meta, arch, tensors))
-    config.update(family_config(meta, arch, config))
+    config.update(family_config(meta, arch, config, tensors, lambda name: read_tensor(buf, tensors[name])))
     return config
 
 

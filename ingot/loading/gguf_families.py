@@ -8,15 +8,16 @@ runs the file. ``gguf`` maps the common keys and names and calls in here per arc
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
+
+import torch
 
 from ingot.loading.errors import CheckpointError
 
 GEMMA_ARCHITECTURES = {"gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
-# llama.cpp names Gemma's pre-MLP norm ffn_norm (Llama's post-attention norm); the others are
-# the sublayer-output norms OLMo 2 shares
-BLOCK_OVERRIDES: dict[str, dict[str, str]] = {arch: {"ffn_norm": "pre_feedforward_layernorm"}
-                                              for arch in GEMMA_ARCHITECTURES}
+FAMILY_ARCHITECTURES = {**GEMMA_ARCHITECTURES, "phi3": "Phi3ForCausalLM"}
+# the families whose rotary may cover part of each head (rope.dimension_count < key_length)
+PARTIAL_ROTARY = frozenset({"phi3"})
 # llama.cpp's converter stores Gemma's RMSNorm weights as 1 + w (its norm multiplies by the
 # weight); HF's Gemma norm multiplies by 1 + w, so the loader subtracts the 1 again
 NORM_PLUS_ONE = frozenset(GEMMA_ARCHITECTURES)
@@ -48,11 +49,58 @@ def _meta_float(meta: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def family_config(meta: dict[str, Any], arch: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The HF config fields of ``arch`` beyond the common ones ({} for families without any)."""
+def block_overrides(arch: str, tensors: Mapping[str, object]) -> dict[str, str]:
+    """The family's own llama.cpp block tensor -> HF module names. Gemma's pre-MLP norm is
+    ``ffn_norm`` (Llama's post-attention norm); Phi-3's q/k/v come as one ``attn_qkv`` and, in a
+    file without ``ffn_gate``, its gate and up as one ``ffn_up`` (gate rows first, as HF's)."""
+    if arch in GEMMA_ARCHITECTURES:
+        return {"ffn_norm": "pre_feedforward_layernorm"}
+    if arch == "phi3":
+        fused_up = not any(name.endswith(".ffn_gate.weight") for name in tensors)
+        return {"attn_qkv": "self_attn.qkv_proj", **({"ffn_up": "mlp.gate_up_proj"} if fused_up else {})}
+    return {}
+
+
+def family_config(meta: dict[str, Any], arch: str, config: dict[str, Any], tensors: Mapping[str, object],
+                  read: Callable[[str], torch.Tensor]) -> dict[str, Any]:
+    """The HF config fields of ``arch`` beyond the common ones ({} for families without any);
+    ``read`` reads a (small) tensor the config is kept in."""
     if arch in GEMMA_ARCHITECTURES:
         return _gemma_config(meta, arch, config)
+    if arch == "phi3":
+        return _phi3_config(meta, config, tensors, read)
     return {}
+
+
+def _phi3_config(meta: dict[str, Any], config: dict[str, Any], tensors: Mapping[str, object],
+                 read: Callable[[str], torch.Tensor]) -> dict[str, Any]:
+    """Phi-3: partial rotary (rope.dimension_count of key_length), LongRoPE from the
+    ``rope_factors_long`` / ``rope_factors_short`` tensors llama.cpp's converter writes, with the
+    original context and attention factor from the metadata, and the sliding window."""
+    head_dim = config["head_dim"]
+    rot_dim = meta_int(meta, "phi3.rope.dimension_count", head_dim)
+    if not 0 < rot_dim <= head_dim or rot_dim % 2:
+        raise CheckpointError(f"GGUF metadata phi3.rope.dimension_count={rot_dim} does not fit {head_dim}-dim heads")
+    out: dict[str, Any] = {"partial_rotary_factor": rot_dim / head_dim}
+    window = meta_int(meta, "phi3.attention.sliding_window", 0)
+    if window:
+        out["sliding_window"] = window
+    present = [name for name in ("rope_factors_long.weight", "rope_factors_short.weight") if name in tensors]
+    if not present:
+        return out
+    if len(present) == 1:
+        raise CheckpointError(f"the GGUF has {present[0]} without the other of rope_factors_long / rope_factors_short")
+    original = meta_int(meta, "phi3.rope.scaling.original_context_length")
+    long, short = (read(name).float().flatten().tolist() for name in ("rope_factors_long.weight", "rope_factors_short.weight"))
+    if len(long) != rot_dim // 2 or len(short) != rot_dim // 2:
+        raise CheckpointError(f"rope_factors_long / rope_factors_short have {len(long)} / {len(short)} entries, "
+                              f"not {rot_dim // 2} (rotary dims / 2)")
+    scaling: dict[str, Any] = {"rope_type": "longrope", "long_factor": long, "short_factor": short,
+                               "original_max_position_embeddings": original}
+    if "phi3.rope.scaling.attn_factor" in meta:
+        scaling["attention_factor"] = _meta_float(meta, "phi3.rope.scaling.attn_factor", 1.0)
+    out.update(rope_scaling=scaling, original_max_position_embeddings=original)
+    return out
 
 
 def _gemma_config(meta: dict[str, Any], arch: str, config: dict[str, Any]) -> dict[str, Any]:
