@@ -41,7 +41,7 @@ def engine_logits(path: Path, ids: list[int], max_model_len: int | None) -> torc
     switches on the sequence length, so a sequence beyond it compares with the long ones)."""
     engine = Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False,
                                  max_model_len=max_model_len))
-    return ingot_logits(engine, ids, prefill_len=20, chunk=9)
+    return ingot_logits(engine, ids, prefill_len=len(ids) - 6, chunk=(len(ids) - 6) // 2)
 
 
 def gguf_name(name: str) -> str:
