@@ -194,3 +194,13 @@ def test_gemma_gguf_bad_metadata(tmp_path, key, value, match):
     meta = gemma_meta("gemma2", **{key: value})
     with pytest.raises(CheckpointError, match=match):
         load_gguf(write_gguf(tmp_path / "bad.gguf", "gemma2", meta=meta, hparams=False))
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("gemma2", gguf.MODEL_ARCH.GEMMA2), ("gemma3", gguf.MODEL_ARCH.GEMMA3)])
+def test_writer_names_are_llama_cpps(tmp_path, arch, kind):
+    """The writer's tensor names are the ones llama.cpp's converter gives (the gguf package's own map)."""
+    hf_dir = write_tiny_checkpoint(tmp_path / arch, arch, overrides=OVERRIDES[arch])
+    sd = hf_state_dict(hf_dir)
+    names = gguf.get_tensor_name_map(kind, 8)
+    expected = {names.get_name(n, try_suffixes=(".weight",)) for n in sd if n != "lm_head.weight"}
+    assert set(gemma_tensors(sd)) == expected

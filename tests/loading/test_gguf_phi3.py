@@ -141,3 +141,10 @@ def test_phi3_gguf_bad_metadata(tmp_path, skip, factors, match):
     hf_dir = write_tiny_checkpoint(tmp_path / "phi3", "phi3")
     with pytest.raises(CheckpointError, match=match):
         load_gguf(write_phi3_gguf(hf_dir, tmp_path / "bad.gguf", skip=skip, factors=factors))
+
+
+def test_writer_names_are_llama_cpps(tmp_path):
+    """The writer's tensor names are the ones llama.cpp's converter gives (the gguf package's own map)."""
+    sd = hf_state_dict(write_tiny_checkpoint(tmp_path / "phi3", "phi3"))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHI3, 8)
+    assert {gguf_name(n) for n in sd} == {names.get_name(n, try_suffixes=(".weight",)) for n in sd}
