@@ -30,6 +30,14 @@ import torch
 from tokenizers import Tokenizer
 
 from ingot.loading.errors import CheckpointError
+from ingot.loading.gguf_families import (
+    FAMILY_ARCHITECTURES,
+    NORM_PLUS_ONE,
+    PARTIAL_ROTARY,
+    block_overrides,
+    family_config,
+)
+from ingot.loading.gguf_families import meta_int as _meta_int
 from ingot.loading.gguf_file import (
     SUPPORTED_QUANT_TYPES,
     GGUFFormatError,
@@ -57,6 +65,7 @@ _ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    **FAMILY_ARCHITECTURES,
 }
 # llama.cpp renormalises the top-k routing weights per architecture unless the file says
 # otherwise ({arch}.expert_weights_norm): Mixtral and Qwen3-MoE yes, Qwen2-MoE no
@@ -90,9 +99,9 @@ _BLOCK_NAMES = {
 }
 # early Mixtral GGUFs: one tensor per expert, blk.N.ffn_gate.E.weight
 _PER_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
-# Tensors with no HF parameter that are safe to drop: rope_freqs becomes
+# Tensors with no HF parameter that are safe to drop: rope_freqs and Phi-3's rope_factors_* become
 # config["rope_scaling"]; attn_rot_embd is an old precomputed rotary table.
-_SKIPPED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
+_SKIPPED = re.compile(r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # the projections (last part of the HF module name) whose blocks stay quantized
 _PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
@@ -117,6 +126,7 @@ class GGUFCheckpoint:
     path: Path
     _buf: mmap.mmap = field(repr=False)
     _tensors: list[tuple[str, TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
+    _plus_one: frozenset[str] = field(default=frozenset(), repr=False)  # HF names stored as 1 + w (Gemma norms)
 
     @property
     def quant(self) -> Optional[QuantConfig]:
@@ -191,6 +201,8 @@ class GGUFCheckpoint:
             tensor = read_tensor(self._buf, info)
             if heads:
                 tensor = _unpermute_rows(tensor, heads)
+            if hf_name in self._plus_one:
+                tensor = tensor.float() - 1.0
             if hf_name.endswith("shared_expert_gate.weight") and tensor.dim() == 1:
                 tensor = tensor[None]  # llama.cpp may store the [1, H] gate as [H]
             yield hf_name, select_part(tensor, hf_name, select).to(dtype)
@@ -235,10 +247,11 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
     config = _config(meta, arch, by_name, buf)
 
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    overrides = block_overrides(arch, by_name)
     plan: list[tuple[str, TensorInfo, int]] = []
     unknown: list[str] = []
     for info in tensors:
-        hf_name = _hf_name(info.name)
+        hf_name = _hf_name(info.name, overrides)
         if hf_name is None:
             if _SKIPPED.match(info.name):
                 log.debug("gguf: skipping %s (no HF parameter)", info.name)
@@ -271,6 +284,7 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
         path=path,
         _buf=buf,
         _tensors=plan,
+        _plus_one=frozenset(n for n, info, _ in plan if arch in NORM_PLUS_ONE and info.name.endswith("norm.weight")),
     )
 
 
@@ -315,14 +329,16 @@ def _modules(hf_name: str, info: TensorInfo) -> list[str]:
     return [f"{head}.{e}.{proj}" for e in range(info.shape[0])]
 
 
-def _hf_name(name: str) -> Optional[str]:
-    """The HF parameter name of a llama.cpp tensor name, None when it has none (skipped or unknown)."""
+def _hf_name(name: str, overrides: dict[str, str]) -> Optional[str]:
+    """The HF parameter name of a llama.cpp tensor name, None when it has none (skipped or unknown);
+    ``overrides``: the family's own block names."""
     if (m := _PER_EXPERT_TENSOR.match(name)) is not None:
         layer, proj, expert = m.groups()
         return f"model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight"
     if (m := _BLOCK_TENSOR.match(name)) is not None:
         layer, base, kind = m.groups()
-        return f"model.layers.{layer}.{_BLOCK_NAMES[base]}.{kind}" if base in _BLOCK_NAMES else None
+        names = {**_BLOCK_NAMES, **overrides}
+        return f"model.layers.{layer}.{names[base]}.{kind}" if base in names else None
     base, _, kind = name.rpartition(".")
     if base in _GLOBAL_NAMES and kind in ("weight", "bias"):
         return f"{_GLOBAL_NAMES[base]}.{kind}"
@@ -330,20 +346,6 @@ def _hf_name(name: str) -> Optional[str]:
 
 
 # ---------------------------------------------------------------- config
-
-
-def _meta_int(meta: dict[str, Any], key: str, default: Optional[int] = None) -> int:
-    value = meta.get(key, default)
-    if isinstance(value, list):  # per-layer arrays: fine only when every layer agrees
-        if value and all(v == value[0] for v in value):
-            value = value[0]
-        else:
-            raise CheckpointError(f"GGUF metadata {key} varies per layer ({value[:8]}...), which is not supported")
-    if value is None:
-        raise CheckpointError(f"GGUF metadata is missing {key!r}")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise CheckpointError(f"GGUF metadata {key} should be a number, got {value!r}")
-    return int(value)
 
 
 def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf: mmap.mmap) -> dict[str, Any]:
@@ -354,7 +356,7 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf
     kv_heads = _meta_int(meta, p + "attention.head_count_kv", heads)
     head_dim = _meta_int(meta, p + "attention.key_length", hidden // heads)
     rot_dim = _meta_int(meta, p + "rope.dimension_count", head_dim)
-    if rot_dim != head_dim:
+    if rot_dim != head_dim and arch not in PARTIAL_ROTARY:
         raise CheckpointError(f"partial rotary embeddings ({rot_dim} of {head_dim} dims) are not supported")
     theta = float(meta.get(p + "rope.freq_base", 10000.0))
     if p + "vocab_size" in meta:
@@ -384,6 +386,7 @@ def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
     config.update(_moe_config(meta, arch, tensors))
+    config.update(family_config(meta, arch, config, tensors, lambda name: read_tensor(buf, tensors[name])))
     return config
 
 
