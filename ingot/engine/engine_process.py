@@ -30,8 +30,8 @@ import struct
 import threading
 import time
 import traceback
-from multiprocessing.connection import wait
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Optional
 
@@ -130,19 +130,8 @@ def child_main(config: EngineConfig, pipes: list[tuple[Any, Any]]) -> None:
     freeze_heap()  # this process serves the engine it built until it exits
     loop = EngineLoop(engine)
     links = _Links(engine, pipes)
-    by_conn = {link.commands: link for link in links.links}
     try:
-        serving = True
-        while serving:
-            for conn in wait(list(by_conn)):
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):  # a client is gone: the server is going down
-                    serving = False
-                    break
-                if not _apply(loop, by_conn[conn], msg[1] if msg[0] == "batch" else [msg]):
-                    serving = False
-                    break
+        _serve_commands(loop, links)
     finally:
         loop.shutdown()
         links.flush()
@@ -151,6 +140,19 @@ def child_main(config: EngineConfig, pipes: list[tuple[Any, Any]]) -> None:
                 link.conn.send_bytes(pickle.dumps(("bye",)))
             except OSError:
                 pass
+
+
+def _serve_commands(loop: EngineLoop, links: _Links) -> None:
+    """Carry out every client's commands as they come, until one says stop or goes away."""
+    by_conn = {link.commands: link for link in links.links}
+    while True:
+        for conn in wait(list(by_conn)):
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):  # a client is gone: the server is going down
+                return
+            if not _apply(loop, by_conn[conn], msg[1] if msg[0] == "batch" else [msg]):
+                return
 
 
 def _apply(loop: EngineLoop, sink: _Link, commands: list[tuple]) -> bool:
