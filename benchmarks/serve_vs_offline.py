@@ -60,7 +60,8 @@ class ServerProcess:
     def __init__(self, args: argparse.Namespace, memory: float, timeout: float) -> None:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="ingot-serve-", suffix=".log", delete=False)
         env = dict(os.environ, INGOT_GPU_MEMORY_UTILIZATION=str(memory))
-        cmd = [sys.executable, "-m", "ingot", "serve", *model_args(args), "--port", "0", "--quiet"]
+        cmd = [sys.executable, "-m", "ingot", "serve", *model_args(args), "--port", "0", "--quiet",
+               "--api-server-count", str(args.api_server_count)]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = self._wait_ready(timeout)
 
@@ -177,6 +178,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not counted (default 1)")
     p.add_argument("--server-memory", type=float, default=0.45,
                    help="the server's gpu_memory_utilization; the offline engine gets the rest of the default 0.9 (default 0.45)")
+    p.add_argument("--api-server-count", type=int, default=1,
+                   help="the server's API server processes (ingot serve --api-server-count; default 1)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -198,7 +201,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     print(render(rounds))
     doc = {"workload": {"num_requests": args.num_requests, "input_len": list(args.input_len),
                         "output_len": list(args.output_len), "seed": args.seed},
-           "model": model_args(args), "server_memory": args.server_memory, "environment": env,
+           "model": model_args(args), "server_memory": args.server_memory, "api_server_count": args.api_server_count,
+           "environment": env,
            "median_ratio": statistics.median(x["ratio"] for x in rounds if not x["warmup"]), "rounds": rounds}
     if args.json:
         write_json(args.json, doc)

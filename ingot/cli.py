@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-num-seqs", type=int, default=None, help="sequences in the running batch (default 512 on a GPU of 70 GiB or more, else 256)")
     srv.add_argument("--engine-in-thread", action="store_true",
                      help="run the engine in a thread of the server process instead of its own process")
+    srv.add_argument("--api-server-count", type=int, default=1, metavar="N",
+                     help="HTTP server processes sharing the port and the engine process: more of them write "
+                          "streams' chunks sooner under heavy streaming load (default 1)")
     agents = serve.add_argument_group("tools and reasoning")
     from ingot.serve.reasoning import PARSERS as REASONING_PARSERS
     from ingot.serve.tool_parsers import PARSERS as TOOL_PARSERS
@@ -79,6 +82,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ingot.config import EngineConfig
     from ingot.serve.server import ServeOptions, serve
 
+    if args.api_server_count < 1:
+        raise ConfigError(f"--api-server-count must be at least 1 (got {args.api_server_count})")
+    if args.api_server_count > 1 and args.engine_in_thread:
+        raise ConfigError("--api-server-count above 1 needs the engine in its own process (drop --engine-in-thread)")
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise ConfigError("--max-queued-requests must be >= 0")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
@@ -86,8 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.api_key, args.served_model_name, args.max_queued_requests,
                            engine_process=not args.engine_in_thread, log_level="warning" if args.quiet else "info",
                            tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
-                           reasoning_parser=args.reasoning_parser)
-    return serve(EngineConfig.create(**engine_overrides(args)), options)
+                           reasoning_parser=args.reasoning_parser, api_server_count=args.api_server_count)
+    config = EngineConfig.create(**engine_overrides(args))
+    if options.api_server_count > 1:
+        from ingot.serve.api_servers import serve_many
+
+        return serve_many(config, options)
+    return serve(config, options)
 
 
 

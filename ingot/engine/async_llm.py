@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, Optional, Protocol
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from ingot.engine.engine_loop import EngineLoop
-from ingot.engine.engine_process import EngineProcessClient
+from ingot.engine.engine_process import EngineLink, EngineProcessClient
 from ingot.engine.outputs import Accumulator
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt
 from ingot.engine.stats import EngineInfo, EngineStats
@@ -40,6 +40,7 @@ class Backend(Protocol):
     info: EngineInfo
 
     def submit(self, requests: list[EngineRequest], deliver: Deliver) -> None: ...
+    def attach(self) -> None: ...
     def abort(self, request_id: str) -> None: ...
     def abort_all(self) -> None: ...
     def stats(self) -> EngineStats: ...
@@ -101,6 +102,9 @@ class ThreadBackend:
         if bridge is None or bridge.loop is not loop:
             bridge = self._bridges[id(loop)] = _EventLoopBridge(loop)
         self.loop.submit_all(requests, _BridgeSink(bridge, deliver))
+
+    def attach(self) -> None:
+        """Nothing to do: the engine thread reaches each event loop when it submits."""
 
     def abort(self, request_id: str) -> None:
         self.loop.abort(request_id)
@@ -178,6 +182,10 @@ class RequestGroup:
         self.unfinished = set()
 
 
+def _tokenizer(config: EngineConfig) -> Tokenizer:
+    return open_checkpoint(config.model, config.tokenizer, config.load_format).tokenizer
+
+
 class AsyncLLM:
     """An engine shared by coroutines. ``AsyncLLM(engine)`` runs it in a thread;
     ``AsyncLLM.in_process(config)`` in a child process."""
@@ -200,9 +208,20 @@ class AsyncLLM:
     def in_process(cls, config: EngineConfig) -> "AsyncLLM":
         """``Engine(config)``, run in a child process; requests are tokenized here, with the
         same tokenizer (opened without the weights)."""
-        tokenizer = open_checkpoint(config.model, config.tokenizer, config.load_format).tokenizer
+        tokenizer = _tokenizer(config)
+        return cls._over(EngineProcessClient.start(config), tokenizer)
+
+    @classmethod
+    def over_link(cls, config: EngineConfig, link: EngineLink) -> "AsyncLLM":
+        """A client of an engine process another process started (an API server of several);
+        the tokenizer is opened while the engine builds."""
+        tokenizer = _tokenizer(config)
+        return cls._over(EngineProcessClient(link, link.ready()), tokenizer)
+
+    @classmethod
+    def _over(cls, client: EngineProcessClient, tokenizer: Tokenizer) -> "AsyncLLM":
         llm = cls.__new__(cls)
-        llm._init(EngineProcessClient(config), tokenizer)
+        llm._init(client, tokenizer)
         return llm
 
     @property
@@ -249,6 +268,11 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         self.backend.abort(request_id)
+
+    def attach(self) -> None:
+        """Take the engine's news (stats, its death) on the running event loop from now on,
+        before any request (``ingot serve`` at start)."""
+        self.backend.attach()
 
     def abort_all(self) -> None:
         """Abort every request in flight (server shutdown)."""

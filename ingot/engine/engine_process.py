@@ -7,9 +7,16 @@ The client (``EngineProcessClient``, in the server's process) tokenizes and
 validates requests itself and sends them, every command of one event-loop turn
 as one message written without blocking (``_CommandWriter``); it reads the
 outputs on its asyncio event loop (``add_reader``: no thread), decoding them
-back into the engine's compact RequestOutputs (its caller adds them up). The child exits when the client closes its pipe (so it never
-outlives the server, even one that was killed); the client fails every request
-in flight if the child dies.
+back into the engine's compact RequestOutputs (its caller adds them up).
+
+Several clients (the API servers of ``ingot serve --api-server-count N``) each
+get their own pair of pipes (``spawn_engine(config, N)``); the child's main
+thread waits on all the command pipes, and each request's outputs go back on
+the pipes of the client that sent it. A client whose requests have no outputs in
+a step still gets the engine's stats, at most every ``STATS_EVERY_S`` and when
+the engine goes idle. The child exits when any client closes its pipe or says
+stop (so it never outlives the server, even one that was killed); a client fails
+every request in flight if the child dies.
 """
 
 from __future__ import annotations
@@ -21,7 +28,10 @@ import os
 import pickle
 import struct
 import threading
+import time
 import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Optional
 
@@ -44,16 +54,22 @@ class EngineStartError(RuntimeError):
 
 # ---------------------------------------------------------------- the child
 
+STATS_EVERY_S = 0.02  # how stale a link without outputs of its own may let the engine's stats get
 
-class _PipeSink:
-    """Collects a step's encoded outputs; ``flush`` (once per loop turn) writes them as one message."""
 
-    def __init__(self, conn: Any, engine: Engine) -> None:
-        self.conn = conn
-        self.engine = engine
-        self.flusher = self
+class _Link:
+    """One client's pair of pipes, seen from the engine process: its commands arrive on
+    ``commands``; ``put`` collects the encoded outputs of its requests, written as one message
+    per loop turn by the shared flusher (``_Links``)."""
+
+    def __init__(self, commands: Any, outputs: Any, flusher: "_Links") -> None:
+        self.commands = commands
+        self.conn = outputs
+        self.flusher = flusher
         self._lock = threading.Lock()
         self._batch: list[tuple] = []
+        self._sent: tuple = ()  # the stats last written
+        self._sent_at = 0.0
 
     def put(self, output: RequestOutput) -> None:
         self.put_wire(encode(output))
@@ -62,46 +78,85 @@ class _PipeSink:
         with self._lock:
             self._batch.append(wire)
 
-    def flush(self) -> None:
+    def write(self, stats: tuple, now: float) -> None:
+        """This turn's outputs with the engine's stats; with no outputs, the stats alone where
+        they changed and are older than ``STATS_EVERY_S`` or the engine has gone idle (so every
+        client's /metrics stays fresh while another client's requests run)."""
         with self._lock:
             batch, self._batch = self._batch, []
             if batch:
-                stats = self.engine.stats()
-                self.conn.send_bytes(pickle.dumps(("outputs", tuple(stats.__dict__.values()), batch), protocol=5))
+                msg: tuple = ("outputs", stats, batch)
+            elif stats != self._sent and (now - self._sent_at >= STATS_EVERY_S or not (stats[0] or stats[1])):
+                msg = ("stats", stats)
+            else:
+                return
+            self.conn.send_bytes(pickle.dumps(msg, protocol=5))
+            self._sent, self._sent_at = stats, now
 
 
-def child_main(config: EngineConfig, commands: Any, outputs: Any) -> None:
-    """The engine process: build, announce, serve commands until told to stop or orphaned."""
+class _Links:
+    """Every client's link; the one flusher of their sinks, so each loop turn that delivered
+    outputs reads the engine's stats once and writes once to each link."""
+
+    def __init__(self, engine: Engine, pipes: list[tuple[Any, Any]]) -> None:
+        self.engine = engine
+        self.links = [_Link(commands, outputs, self) for commands, outputs in pipes]
+
+    def flush(self) -> None:
+        stats = tuple(self.engine.stats().__dict__.values())
+        now = time.monotonic()
+        for link in self.links:
+            try:
+                link.write(stats, now)
+            except OSError:  # that client is gone (its commands pipe tells the main thread)
+                pass
+
+
+def child_main(config: EngineConfig, pipes: list[tuple[Any, Any]]) -> None:
+    """The engine process: build, announce, serve the commands of every client (a pair of
+    pipes each) until one of them says stop or goes away."""
     logging.basicConfig(level=logging.WARNING if not config.show_progress else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         engine = Engine(config)
     except BaseException:
-        outputs.send_bytes(pickle.dumps(("failed", traceback.format_exc())))
+        failed = pickle.dumps(("failed", traceback.format_exc()))
+        for _, outputs in pipes:
+            outputs.send_bytes(failed)
         return
-    outputs.send_bytes(pickle.dumps(("ready", engine.info())))
+    ready = pickle.dumps(("ready", engine.info()))
+    for _, outputs in pipes:
+        outputs.send_bytes(ready)
     freeze_heap()  # this process serves the engine it built until it exits
     loop = EngineLoop(engine)
-    sink = _PipeSink(outputs, engine)
+    links = _Links(engine, pipes)
     try:
-        while True:
-            try:
-                msg = commands.recv()
-            except (EOFError, OSError):  # the client is gone
-                break
-            if not _apply(loop, sink, msg[1] if msg[0] == "batch" else [msg]):
-                break
+        _serve_commands(loop, links)
     finally:
         loop.shutdown()
-        sink.flush()
-        try:
-            outputs.send_bytes(pickle.dumps(("bye",)))
-        except OSError:
-            pass
+        links.flush()
+        for link in links.links:
+            try:
+                link.conn.send_bytes(pickle.dumps(("bye",)))
+            except OSError:
+                pass
 
 
-def _apply(loop: EngineLoop, sink: _PipeSink, commands: list[tuple]) -> bool:
-    """Carry out the client's commands in order (the requests of consecutive adds are
+def _serve_commands(loop: EngineLoop, links: _Links) -> None:
+    """Carry out every client's commands as they come, until one says stop or goes away."""
+    by_conn = {link.commands: link for link in links.links}
+    while True:
+        for conn in wait(list(by_conn)):
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):  # a client is gone: the server is going down
+                return
+            if not _apply(loop, by_conn[conn], msg[1] if msg[0] == "batch" else [msg]):
+                return
+
+
+def _apply(loop: EngineLoop, sink: _Link, commands: list[tuple]) -> bool:
+    """Carry out one client's commands in order (the requests of consecutive adds are
     submitted together); False once told to shut down."""
     adds: list[EngineRequest] = []
     for msg in commands:
@@ -121,7 +176,7 @@ def _apply(loop: EngineLoop, sink: _PipeSink, commands: list[tuple]) -> bool:
     return True
 
 
-def _submit(loop: EngineLoop, sink: _PipeSink, requests: list[EngineRequest]) -> None:
+def _submit(loop: EngineLoop, sink: _Link, requests: list[EngineRequest]) -> None:
     if not requests:
         return
     try:
@@ -129,7 +184,7 @@ def _submit(loop: EngineLoop, sink: _PipeSink, requests: list[EngineRequest]) ->
     except EngineDeadError as exc:
         for request in requests:
             sink.put_wire(error_wire(request.request_id, request.params.n, str(exc)))
-        sink.flush()
+        sink.flusher.flush()
 
 
 # ---------------------------------------------------------------- the client
@@ -221,37 +276,75 @@ def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
         return 0
 
 
-class EngineProcessClient:
-    """Starts the engine process and talks to it from one asyncio event loop."""
+@dataclass
+class EngineLink:
+    """A client's ends of its pair of pipes to the engine process; picklable into a spawned
+    process (an API server of ``ingot serve --api-server-count``)."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        ctx = multiprocessing.get_context("spawn")  # CUDA must not be forked
-        cmd_recv, self._cmd = ctx.Pipe(duplex=False)
-        self._out, out_send = ctx.Pipe(duplex=False)
-        widen_pipe(out_send.fileno())
-        widen_pipe(self._cmd.fileno())
-        self._commands = _CommandWriter(self._cmd)
-        self.proc = ctx.Process(target=child_main, args=(config, cmd_recv, out_send), name="ingot-engine",
-                                daemon=True)
-        self.proc.start()
-        cmd_recv.close()
-        out_send.close()
+    commands: Any  # Connection: this side writes
+    outputs: Any  # Connection: this side reads
+
+    def ready(self, proc: Any = None) -> EngineInfo:
+        """Wait for the engine to be built (EngineStartError if it failed); what it announced.
+        ``proc``: the engine process, where this is its parent."""
         try:
-            msg = pickle.loads(self._out.recv_bytes())
+            msg = pickle.loads(self.outputs.recv_bytes())
         except EOFError:
-            self.proc.join(5)
-            raise EngineStartError(f"the engine process exited while starting (exit code {self.proc.exitcode})") from None
+            code = "unknown" if proc is None else (proc.join(5), proc.exitcode)[1]
+            raise EngineStartError(f"the engine process exited while starting (exit code {code})") from None
         if msg[0] == "failed":
-            self.proc.join(5)
+            if proc is not None:
+                proc.join(5)
             raise EngineStartError(f"the engine process failed to start:\n{msg[1]}")
-        self.info: EngineInfo = msg[1]
+        return msg[1]
+
+
+def spawn_engine(config: EngineConfig, clients: int = 1) -> tuple[Any, list[EngineLink]]:
+    """Spawn the engine process with a pair of pipes per client; returns at once (each client
+    waits with ``link.ready()``, meanwhile free to start up itself)."""
+    ctx = multiprocessing.get_context("spawn")  # CUDA must not be forked
+    links, theirs = [], []
+    for _ in range(clients):
+        cmd_recv, cmd_send = ctx.Pipe(duplex=False)
+        out_recv, out_send = ctx.Pipe(duplex=False)
+        widen_pipe(out_send.fileno())
+        widen_pipe(cmd_send.fileno())
+        links.append(EngineLink(cmd_send, out_recv))
+        theirs.append((cmd_recv, out_send))
+    proc = ctx.Process(target=child_main, args=(config, theirs), name="ingot-engine", daemon=True)
+    proc.start()
+    for pair in theirs:
+        for conn in pair:
+            conn.close()
+    return proc, links
+
+
+class EngineProcessClient:
+    """Talks to the engine process from one asyncio event loop, over one link: the engine it
+    started itself (``start``), or one an API server was handed (``proc`` None)."""
+
+    def __init__(self, link: EngineLink, info: EngineInfo, proc: Any = None) -> None:
+        self.proc = proc
+        self._cmd = link.commands
+        self._out = link.outputs
+        self._commands = _CommandWriter(self._cmd)
+        self.info = info
         self._stats = EngineStats()
         self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._dead: Optional[str] = None
 
+    @classmethod
+    def start(cls, config: EngineConfig) -> "EngineProcessClient":
+        """Spawn the engine process and wait until it is ready."""
+        proc, (link,) = spawn_engine(config)
+        return cls(link, link.ready(proc), proc)
+
     # -------------------------------------------------------------- commands
-    def _attach(self) -> None:
+    def attach(self) -> None:
+        """Read the engine's messages on the running event loop from now on (else from the first
+        request): a client among several gets stats, and learns of the engine's death, before
+        it sends anything."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -268,7 +361,7 @@ class EngineProcessClient:
         """Send ``requests``; each output is handed to ``deliver`` on the event loop."""
         if self._dead is not None:
             raise EngineDeadError(f"the engine process is not running: {self._dead}")
-        self._attach()
+        self.attach()
         for r in requests:
             self._sinks[r.request_id] = deliver
         self._commands.send(("add", requests))
@@ -279,14 +372,17 @@ class EngineProcessClient:
 
     def abort_all(self) -> None:
         if self._dead is None:  # also from a signal handler
-            self._commands.send(("abort_all",), threadsafe=True)
+            try:
+                self._commands.send(("abort_all",), threadsafe=True)
+            except OSError:  # the engine is gone (its outputs pipe says so)
+                pass
 
     def stats(self) -> EngineStats:
         return self._stats
 
     @property
     def alive(self) -> bool:
-        return self._dead is None and self.proc.is_alive()
+        return self._dead is None and (self.proc is None or self.proc.is_alive())
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Ask the engine to stop (in-flight requests are aborted) and wait for the process."""
@@ -301,10 +397,11 @@ class EngineProcessClient:
             except OSError:
                 pass
         self._dead = self._dead or "shut down"
-        self.proc.join(timeout)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
+        if self.proc is not None:
+            self.proc.join(timeout)
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(5)
         self._cmd.close()
         self._out.close()
 
@@ -317,7 +414,9 @@ class EngineProcessClient:
         try:
             while self._out.poll():
                 msg = pickle.loads(self._out.recv_bytes())
-                if msg[0] == "outputs":
+                if msg[0] == "stats":
+                    self._stats = EngineStats(*msg[1])
+                elif msg[0] == "outputs":
                     self._stats = EngineStats(*msg[1])
                     for wire in msg[2]:
                         backlog.setdefault(wire[0], []).append(wire)
@@ -327,7 +426,8 @@ class EngineProcessClient:
                     return
         except (EOFError, OSError):
             self._deliver(backlog)
-            self._die(f"the engine process exited (exit code {self.proc.exitcode})")
+            code = "" if self.proc is None else f" (exit code {self.proc.exitcode})"
+            self._die(f"the engine process exited{code}")
             return
         self._deliver(backlog)
 

@@ -10,6 +10,7 @@ which frees their KV blocks before the engine's next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -47,6 +48,10 @@ class ServerSettings:
     api_key: Optional[str] = None
     max_queued_requests: Optional[int] = None  # beyond the running batch; None = no limit
     tools: tools.ToolSettings = field(default_factory=tools.ToolSettings)  # parsers for tools and reasoning
+    # one of several API servers (api_servers.py): where their Prometheus files are summed, and the
+    # in-flight count they share (a multiprocessing Value) when --max-queued-requests must hold across them
+    metrics_dir: Optional[str] = None
+    shared_in_flight: Any = None
 
 
 class _RequireApiKey:
@@ -73,8 +78,9 @@ class _State:
     def __init__(self, llm: AsyncLLM, settings: ServerSettings) -> None:
         self.llm = llm
         self.settings = settings
-        self.metrics = ServerMetrics(self.stats, settings.model_name)
-        self.in_flight = 0  # engine requests submitted and not finished
+        self.metrics = ServerMetrics(self.stats, settings.model_name, settings.metrics_dir)
+        shared = settings.shared_in_flight
+        self.in_flight = _Count() if shared is None else shared  # engine requests submitted and not finished
         self.created = int(time.time())
         self.capacity = llm.info.max_num_seqs + (settings.max_queued_requests or 0)
         self.special_tokens = {t.content for t in llm.tokenizer.tok.get_added_tokens_decoder().values() if t.special}
@@ -359,34 +365,52 @@ def _engine_request(llm: AsyncLLM, prompt: Union[str, list[int]], params_for: Ca
     return req
 
 
+class _Count:
+    """This process's in-flight count, read and changed as a ``multiprocessing.Value`` shared
+    by several API servers is (under its lock; here none is needed)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def get_lock(self) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+
 class _Flight:
     """One HTTP request's engine requests in flight: the server's count and metrics."""
 
     def __init__(self, state: _State, reqs: list[EngineRequest]) -> None:
         limit = state.settings.max_queued_requests
-        if limit is not None and state.in_flight + len(reqs) > state.capacity:
-            raise APIError(503, f"the server is at capacity ({state.in_flight} requests in flight, "
-                                f"{limit} may queue); retry later", code="queue_full")
-        if not state.llm.alive:
-            raise APIError(503, "the engine is not running")
+        count = state.in_flight
+        with count.get_lock():
+            if limit is not None and count.value + len(reqs) > state.capacity:
+                raise APIError(503, f"the server is at capacity ({count.value} requests in flight, "
+                                    f"{limit} may queue); retry later", code="queue_full")
+            if not state.llm.alive:
+                raise APIError(503, "the engine is not running")
+            count.value += len(reqs)
         self.state = state
         self.left = len(reqs)
-        state.in_flight += len(reqs)
         self.group = state.llm.submit(reqs)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
         async for out in self.group.outputs():
             if out.finished:
-                self.left -= 1
-                self.state.in_flight -= 1
+                self._release(1)
                 self.state.metrics.observe(out)
             yield out
 
     def close(self) -> None:
         """Abort what is left (the client went away, or an error) and forget it."""
         self.group.abort()
-        self.state.in_flight -= self.left
-        self.left = 0
+        self._release(self.left)
+
+    def _release(self, n: int) -> None:
+        if n:
+            count = self.state.in_flight
+            with count.get_lock():
+                count.value -= n
+            self.left -= n
 
 
 async def _collect(flight: _Flight, raw: Request) -> dict[str, RequestOutput]:

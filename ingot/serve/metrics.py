@@ -8,13 +8,20 @@ engine's stats when Prometheus scrapes; latencies are observed per request
 when it finishes, from its RequestMetrics: time to first token, inter-token
 latency (each gap between two of its tokens counts once, at the request's mean
 gap) and end-to-end latency.
+
+With several API servers (``--api-server-count``) every one of them reads the
+same engine stats (the engine sends them to each), and the latency histograms
+are prometheus_client's multiprocess ones: each process writes its own file in
+``multiprocess_dir`` (``PROMETHEUS_MULTIPROC_DIR``, set before the process
+imported prometheus_client) and ``/metrics`` in any of them sums all files.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -65,17 +72,22 @@ class _EngineCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats], model: str) -> None:
+    def __init__(self, stats: Callable[[], EngineStats], model: str, multiprocess_dir: Optional[str] = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(stats, model))
+        # several processes: the histograms live in files, read back by the collector (registering
+        # them here as well would report this process's share twice)
+        own = self.registry if multiprocess_dir is None else None
+        if multiprocess_dir is not None:
+            MultiProcessCollector(self.registry, multiprocess_dir)
         self.model = model
         label = ["model_name"]
         self.ttft = Histogram("ingot:time_to_first_token_seconds", "Time to first token.", label,
-                              buckets=_TTFT_BUCKETS, registry=self.registry).labels(model)
+                              buckets=_TTFT_BUCKETS, registry=own).labels(model)
         self.itl = Histogram("ingot:inter_token_latency_seconds", "Time between two output tokens.", label,
-                             buckets=_ITL_BUCKETS, registry=self.registry).labels(model)
+                             buckets=_ITL_BUCKETS, registry=own).labels(model)
         self.e2e = Histogram("ingot:e2e_request_latency_seconds", "Arrival to finish, per request.", label,
-                             buckets=_E2E_BUCKETS, registry=self.registry).labels(model)
+                             buckets=_E2E_BUCKETS, registry=own).labels(model)
 
     def observe(self, out: RequestOutput) -> None:
         """One finished request's latencies."""

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import uvicorn
 
@@ -21,13 +21,14 @@ from ingot.config import EngineConfig
 from ingot.engine import event_loop
 from ingot.engine.async_llm import AsyncLLM
 from ingot.engine.heap import freeze_heap
+from ingot.engine.stats import EngineInfo
 from ingot.serve.app import ServerSettings, build_app
 from ingot.serve.tools import ToolSettings
 
 log = logging.getLogger("ingot.serve")
 
 API_KEY_ENV = "INGOT_API_KEY"
-_GRACE_S = 5  # how long responses of aborted requests may take to go out at shutdown
+GRACE_S = 5  # how long responses of aborted requests may take to go out at shutdown
 
 
 @dataclass
@@ -43,6 +44,7 @@ class ServeOptions:
     tool_call_parser: Optional[str] = None  # hermes | llama3_json | mistral: finds tool calls for "auto"
     enable_auto_tool_choice: bool = False
     reasoning_parser: Optional[str] = None  # qwen3 | deepseek_r1: <think> text as reasoning_content
+    api_server_count: int = 1  # API server processes sharing the socket and one engine process (api_servers.py)
 
 
 def model_name(config: EngineConfig) -> str:
@@ -69,10 +71,13 @@ class _Server(uvicorn.Server):
         self._captured_signals.clear()
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening socket (``reuse_port``: one of several on this address, SO_REUSEPORT)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -81,27 +86,43 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(config: EngineConfig, options: ServeOptions) -> int:
     """Build the engine, serve until a shutdown signal; returns the exit code."""
-    api_key = options.api_key if options.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    name = options.served_model_name or model_name(config)
     sock = bind(options.host, options.port)  # fail fast on a taken port, before loading the model
     llm = build_llm(config, options)
-    tools = ToolSettings(options.tool_call_parser, options.enable_auto_tool_choice, options.reasoning_parser)
-    settings = ServerSettings(name, api_key, options.max_queued_requests, tools)
-    app = build_app(llm, settings)
-    uv_config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=_GRACE_S,
-                               timeout_keep_alive=30, access_log=False)
-    server = _Server(uv_config, llm)
-    host, port = sock.getsockname()[:2]
-    info = llm.info
-    ready = (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {info.kv_capacity_tokens} tokens "
-             f"in {info.num_kv_blocks} blocks, max_model_len {info.max_model_len}, max_num_seqs {info.max_num_seqs})")
-    freeze_heap()  # what this process serves with lives until it exits
+    settings = server_settings(config, options)
+    ready = ready_line(sock.getsockname(), settings.model_name, llm.info)
     try:
-        event_loop.run(_serve(server, sock, ready))
+        run_server(llm, settings, options, sock, lambda _: print(ready, file=sys.stderr, flush=True))
     finally:
-        llm.shutdown()
         sock.close()
     return 0
+
+
+def ready_line(address: tuple, name: str, info: EngineInfo, more: str = "") -> str:
+    """The one line printed once the server accepts connections on ``address`` (``more``: said last)."""
+    host, port = address[:2]
+    return (f"ingot serve: ready on http://{host}:{port} (model {name}, KV cache {info.kv_capacity_tokens} tokens in "
+            f"{info.num_kv_blocks} blocks, max_model_len {info.max_model_len}, max_num_seqs {info.max_num_seqs}{more})")
+
+
+def server_settings(config: EngineConfig, options: ServeOptions, **extra: Any) -> ServerSettings:
+    api_key = options.api_key if options.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    name = options.served_model_name or model_name(config)
+    tools = ToolSettings(options.tool_call_parser, options.enable_auto_tool_choice, options.reasoning_parser)
+    return ServerSettings(name, api_key, options.max_queued_requests, tools, **extra)
+
+
+def run_server(llm: AsyncLLM, settings: ServerSettings, options: ServeOptions, sock: socket.socket,
+               on_started: Callable[["_Server"], None]) -> None:
+    """Serve the app on ``sock`` until a shutdown signal (``on_started`` once it accepts), then
+    stop ``llm``."""
+    uv_config = uvicorn.Config(build_app(llm, settings), log_level=options.log_level,
+                               timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=30, access_log=False)
+    server = _Server(uv_config, llm)
+    freeze_heap()  # what this process serves with lives until it exits
+    try:
+        event_loop.run(_serve(server, sock, on_started))
+    finally:
+        llm.shutdown()
 
 
 def build_llm(config: EngineConfig, options: ServeOptions) -> AsyncLLM:
@@ -111,13 +132,14 @@ def build_llm(config: EngineConfig, options: ServeOptions) -> AsyncLLM:
     return AsyncLLM.from_config(config)
 
 
-async def _serve(server: _Server, sock: socket.socket, ready: str) -> None:
+async def _serve(server: _Server, sock: socket.socket, on_started: Callable[[_Server], None]) -> None:
     async def announce() -> None:
         while not server.started and not server.should_exit:
             await asyncio.sleep(0.01)
         if server.started:
-            print(ready, file=sys.stderr, flush=True)
+            on_started(server)
 
+    server.llm.attach()
     task = asyncio.ensure_future(announce())
     try:
         await server.serve(sockets=[sock])
