@@ -11,6 +11,7 @@ are registered per op by ``ingot.ops.triton.register_cuda_kernels``.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from typing import Any
 
@@ -34,3 +35,17 @@ def _define(name: str, decl: reference.OpDecl) -> CustomOpDef:
 
 # name -> op: ``OPS["rms_norm"]`` defines ``torch.ops.ingot.rms_norm`` (its register_kernel, ...)
 OPS: dict[str, CustomOpDef] = {name: _define(name, decl) for name, decl in reference.DECLARED.items()}
+
+
+def schema_lines() -> list[str]:
+    """Every ingot op's schema, one line each, sorted."""
+    import torch
+
+    return sorted(str(getattr(torch.ops.ingot, name).default._schema) for name in OPS)
+
+
+def schema_digest() -> str:
+    """A digest of the ops' schemas. Code that Inductor compiled around the ops calls them with
+    these arguments, so its on-disk caches are only valid for them (``decode_compile`` puts the
+    digest in the compile cache key)."""
+    return hashlib.sha256("\n".join(schema_lines()).encode()).hexdigest()[:16]

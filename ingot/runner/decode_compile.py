@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch
 
 from ingot.config import EngineConfig
+from ingot.ops import library
 from ingot.runner import inductor_fallbacks
 from ingot.runner.compile_options import SKIP_MODULES, dynamo_limit_names, inductor_options
 
@@ -83,8 +84,22 @@ def configure_process() -> None:
         if not getattr(_THREAD, "limits_done", False):
             if not _PROCESS_DONE or _config_is_thread_local():
                 _raise_dynamo_limits()
+                _tag_compile_caches()
             _THREAD.limits_done = True
         _PROCESS_DONE = True
+
+
+def _tag_compile_caches() -> None:
+    """Put the ingot ops' schema digest in torch.compile's cache key (``cache_key_tag``, where
+    the installed PyTorch has it): a cached graph compiled against other schemas (an older
+    ingot, another checkout) would call the ops with the wrong arguments."""
+    import torch.compiler.config as compiler_config
+
+    if not hasattr(compiler_config, "cache_key_tag"):
+        return
+    tag = f"ingot-ops-{library.schema_digest()}"
+    if tag not in compiler_config.cache_key_tag.split():
+        compiler_config.cache_key_tag = " ".join([*compiler_config.cache_key_tag.split(), tag])
 
 
 def _ensure_thread_configured() -> None:
