@@ -108,16 +108,10 @@ class GemmaForCausalLM(LlamaForCausalLM):
             tensor = 1.0 + tensor.float()
         return super().load_tensor(name, tensor)
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy = DEFAULT_POLICY
-    ) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings times sqrt(hidden), the factor rounded to the model dtype first (HF's)."""
         x = self.embed_tokens(input_ids)
-        x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, meta, policy)
-        x, _ = self.norm(x, residual, policy)
-        return x
+        return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
 
     def compute_logits(self, hidden: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
         """The logits, soft-capped here once (Gemma 2): everything downstream (sampling,

@@ -208,12 +208,16 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, policy: OpPolicy = DEFAULT_POLICY
     ) -> torch.Tensor:
         """Final hidden states [T, hidden] of every input token."""
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, meta, policy)
         x, _ = self.norm(x, residual, policy)
         return x
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of ``input_ids`` (Gemma scales them)."""
+        return self.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
         return self.lm_head(hidden, policy)
