@@ -145,15 +145,14 @@ def launch_config(m: int, n: int, k: int, block_n: int, block_k: int, act_group:
         return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3, fp8_native=native)
     if m <= 16:
         return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
-    per_channel_w8a8 = act_group >= 0 and native and capability(device) >= (9, 0) and scaled_mm_fits(
-        n, k, block_n, block_k, act_group, dtype)
-    if gemv_rows(m, n, device) and not per_channel_w8a8:
+    fp8_dot = act_group >= 0 and native  # W8A8 on fp8 tensor cores
+    scaled = fp8_dot and capability(device) >= (9, 0) and scaled_mm_fits(n, k, block_n, block_k, act_group, dtype)
+    if gemv_rows(m, n, device) and not scaled:
         return QuantLaunch(True, True, 16, 32, 128, num_warps=4, num_stages=3, waves=4 if m <= 32 else 2, pdl=pdl,
                            fp8_native=native)
     block_m = 64 if m <= 64 else 128
     warps = 4 if block_m == 64 else 8
-    if act_group >= 0 and native:
-        scaled = capability(device) >= (9, 0) and scaled_mm_fits(n, k, block_n, block_k, act_group, dtype)
+    if fp8_dot:
         return QuantLaunch(False, True, block_m, 128, 128, num_warps=warps, num_stages=3, fp8_native=True,
                            fp8_dot=True, scaled_mm=scaled)
     return QuantLaunch(False, True, block_m, 128, 64, num_warps=warps, num_stages=3, fp8_native=native)
