@@ -162,9 +162,10 @@ def make_table(bench: DecodeBench):
         per_batch = ", ".join(f"{s['experts_hit_per_layer']:.1f} at {s['batch']}" for s in summary)
         weights = (f"{mb.weight_bytes / 1e9:.2f} GB dense weights + {mb.moe_layers} layers x experts hit "
                    f"({hit}: {per_batch}) x {mb.expert_bytes / 1e6:.1f} MB")
+    kv = "KV of the batch" + (", sliding layers' up to their window" if any(mb.layer_windows) else "")
     caption = (f"ms/step: each step timed alone (the device waits while the host launches it); back-to-back: "
-               f"steps queued while the one before runs, as overlap scheduling does; floor = ({weights} + KV of "
-               f"the batch) / {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile"
+               f"steps queued while the one before runs, as overlap scheduling does; floor = ({weights} + {kv}) "
+               f"/ {bw:,.0f} GB/s copy bandwidth; warm-up includes the compile"
                + ("; SM MHz: the SM clock right after the back-to-back steps (NVML)" if clocks else ""))
     return report.make_table(title, columns, rows, right_align=columns[2:] + ["batch"], section_ends=ends, caption=caption)
 

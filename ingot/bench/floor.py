@@ -48,11 +48,15 @@ class ModelBytes:
     num_experts: int = 0
     top_k: int = 0
     kv_parts: int = 2  # cached tensors per layer: K and V, or one (latent attention's entry)
+    layer_windows: tuple[int, ...] = ()  # each layer's sliding window (0: the whole context); () = none
 
     def kv_bytes(self, batch: int, context_len: int) -> int:
-        """K and V (or the one cache entry) of ``context_len`` cached tokens per sequence, every layer."""
-        return (batch * context_len * self.num_layers * self.kv_parts * self.num_kv_heads * self.head_dim
-                * self.kv_elem_size)
+        """K and V (or the one cache entry) of the cached tokens each layer reads, per sequence:
+        ``context_len`` for a global layer, at most its window for a sliding one (Gemma 2/3's
+        local layers, gpt-oss's: window-aware, so a 32k context costs the window there)."""
+        windows = self.layer_windows or (0,) * self.num_layers
+        tokens = sum(min(context_len, w) if w else context_len for w in windows)
+        return batch * tokens * self.kv_parts * self.num_kv_heads * self.head_dim * self.kv_elem_size
 
     def experts_hit(self, batch: int, hits: Optional[Sequence[int]] = None) -> float:
         """Distinct routed experts per sparse layer at ``batch`` tokens: the mean of the counted
@@ -81,7 +85,7 @@ class ModelBytes:
         sparse = [m for m in model.modules() if isinstance(m, FusedMoE)]
         entry = cfg.kv_cache_entry
         kv = dict(num_layers=cfg.num_layers, num_kv_heads=entry.heads, head_dim=entry.head_dim, kv_elem_size=elem,
-                  kv_parts=2 if entry.separate_values else 1)
+                  kv_parts=2 if entry.separate_values else 1, layer_windows=tuple(cfg.layer_windows))
         if not sparse:
             return cls(int(total), **kv)
         routed = sum(p.numel() * p.element_size() for m in sparse for p in m.parameters())

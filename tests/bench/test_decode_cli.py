@@ -112,10 +112,10 @@ def test_model_bytes_of_counts_tied_weights_once():
 
     from ingot.loading.model_config import KVCacheEntry
 
-    cfg = SimpleNamespace(num_layers=3, kv_cache_entry=KVCacheEntry(2, 8))
+    cfg = SimpleNamespace(num_layers=3, kv_cache_entry=KVCacheEntry(2, 8), layer_windows=())
     mb = ModelBytes.of(Tiny(), cfg, torch.bfloat16)
     assert mb == ModelBytes(weight_bytes=(40 + 4) * 2, num_layers=3, num_kv_heads=2, head_dim=8, kv_elem_size=2)
-    latent = ModelBytes.of(Tiny(), SimpleNamespace(num_layers=3, kv_cache_entry=KVCacheEntry(1, 576, False)), torch.bfloat16)
+    latent = ModelBytes.of(Tiny(), SimpleNamespace(num_layers=3, kv_cache_entry=KVCacheEntry(1, 576, False), layer_windows=()), torch.bfloat16)
     assert latent.kv_bytes(1, 1) == 3 * 576 * 2  # one cache entry per token and layer, no separate V
 
 
@@ -275,7 +275,7 @@ def test_json_round_trip(tmp_path):
     assert data["context_len"] == 100 and data["iters"] == 30 and data["modes"] == ["eager", "graph", "compiled"]
     assert data["copy_bandwidth_bytes_per_s"] == 4e12
     assert data["model_bytes"] == {"weight_bytes": 1_000_000_000, "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "kv_elem_size": 2,
-                                   "expert_bytes": 0, "moe_layers": 0, "num_experts": 0, "top_k": 0, "kv_parts": 2}
+                                   "expert_bytes": 0, "moe_layers": 0, "num_experts": 0, "top_k": 0, "kv_parts": 2, "layer_windows": []}
     # every measured number comes back exactly
     for row, got in zip(bench.rows, data["timings"]):
         assert got == {"batch": row.batch, "ms": row.ms, "back_to_back_ms": row.back_to_back_ms,
@@ -419,3 +419,12 @@ def test_quantizations_side_by_side(tmp_path, monkeypatch, capsys):
     assert all([t["batch"] for t in run["timings"]] == [1, 2] for run in doc["runs"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "decode", "-q", "int3"])
+
+
+def test_kv_bytes_window_aware_by_hand():
+    """Sliding layers read at most their window of the context; global layers all of it."""
+    mb = ModelBytes(weight_bytes=0, num_layers=4, num_kv_heads=2, head_dim=64, kv_elem_size=2,
+                    layer_windows=(100, 0, 100, 0))
+    per_token = 2 * 2 * 64 * 2  # K and V, 2 heads, 64 dims, 2 bytes
+    assert mb.kv_bytes(3, 1000) == 3 * (100 + 1000 + 100 + 1000) * per_token
+    assert mb.kv_bytes(3, 50) == 3 * 4 * 50 * per_token  # shorter than every window
