@@ -149,7 +149,8 @@ class GGUFCheckpoint:
             form = common_form({info.qtype for _, info in members})
             quantized = [info for _, info in members if native_form(info.qtype)]
             if form is None and quantized:
-                other = next(info for _, info in members if not native_form(info.qtype))
+                other = next((info for _, info in members if not native_form(info.qtype)), None) or next(
+                    info for _, info in members if info.qtype != quantized[0].qtype)  # MXFP4 with another type
                 raise CheckpointError(
                     f"tensor {other.name!r} is {other.qtype.name} but {quantized[0].name!r} is "
                     f"{quantized[0].qtype.name}: ingot holds {group.removeprefix('model.')} as one projection, served "
