@@ -205,10 +205,10 @@ class GGUFCheckpoint:
         raw = read_raw_blocks(self._buf, info)
         experts = raw if raw.dim() == 3 else raw[None]
         modules = iter(_modules(hf_name, info))
+        halves = (0, 1) if _is_gate_up(hf_name) else (None,)  # a fused gate_up expert: its gate rows, then its up rows
         for blocks in experts:
             canonical = blocks_to_canonical(blocks, info.qtype, form)
-            halves = _is_gate_up(hf_name)  # a fused gate_up expert: its gate rows, then its up rows
-            for rows in (0, 1) if halves else (None,):
+            for rows in halves:
                 module = next(modules)
                 for part, tensor in canonical.items():
                     if rows is not None:
