@@ -19,8 +19,9 @@ rotates without YaRN's magnitude factor, which is HF's rule when ``mscale`` equa
 ``mscale_all_dim`` (every released model).
 
 gpt-oss. llama.cpp fixes in code what HF configs set: every other layer slides (layer 0
-first), the clamped SwiGLU's alpha 1.702 and limit 7; its YaRN is gpt-oss's, without the
-rounding of the ramp's ends (HF's ``truncate: false``). Attention sinks are
+first), the clamped SwiGLU's alpha 1.702 and limit 7. ingot runs gpt-oss's own YaRN, the
+ramp's ends not rounded to whole dims (HF's ``truncate: false``; ggml's rope rounds them).
+Attention sinks are
 ``attn_sinks.weight``; the experts' gate and up come as two stacked tensors (or, with the
 converter's ``--fuse-gate-up-exps``, one ``ffn_gate_up_exps``, gate rows first) with biases,
 MXFP4 when converted from the released checkpoints (``gguf_quant``).
