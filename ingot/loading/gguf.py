@@ -5,19 +5,19 @@ file, all named the llama.cpp way. ``load_gguf`` maps them to an HF-style
 config dict, a ``tokenizers.Tokenizer`` and a lazy iterator of HF-named tensors,
 so the model code never sees the format. Tensors are dequantized with
 ``gguf.quants``, except with ``weights(..., dequantize=False)``, where the
-projections stored quantized come out in the canonical int form (``gguf_quant``,
+projections stored quantized come out in a canonical form (``gguf_quant``,
 described by ``quant``; experts stacked in one tensor split into per-expert
 modules; the shards of one projection ingot holds as one in one form).
 
-This module owns the llama.cpp -> HF mapping (architectures, metadata keys,
-tensor names, q/k row order); the container is read by ``gguf_file`` and the
+This module owns the llama.cpp -> HF tensor mapping (names, q/k row order, tensors
+joined or split); the config is built by ``gguf_config`` (with the per-family rules of
+``gguf_families`` and ``gguf_moe_families``), the container read by ``gguf_file`` and the
 tokenizer rebuilt by ``gguf_tokenizer``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import mmap
 import os
 import re
@@ -25,19 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from ingot.loading.errors import CheckpointError
-from ingot.loading.gguf_families import (
-    FAMILY_ARCHITECTURES,
-    NORM_PLUS_ONE,
-    PARTIAL_ROTARY,
-    block_overrides,
-    family_config,
-)
-from ingot.loading.gguf_families import meta_int as _meta_int
+from ingot.loading.gguf_config import ARCHITECTURES, hf_config
+from ingot.loading.gguf_families import NORM_PLUS_ONE, block_overrides
 from ingot.loading.gguf_file import (
     SUPPORTED_QUANT_TYPES,
     GGUFFormatError,
@@ -48,6 +41,7 @@ from ingot.loading.gguf_file import (
     read_raw_blocks,
     read_tensor,
 )
+from ingot.loading.gguf_moe_families import Join, join_kv_b, kv_b_joins, moe_block_names
 from ingot.loading.gguf_quant import NATIVE_FORMS, Form, blocks_to_canonical, common_form, native_form
 from ingot.loading.gguf_tokenizer import build_tokenizer, default_add_bos
 from ingot.loading.quant_pack import canonical_names
@@ -58,18 +52,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["GGUFCheckpoint", "load_gguf", "CheckpointError", "SUPPORTED_QUANT_TYPES"]
 
-_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",  # MixtralForCausalLM when the file has experts
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen2moe": "Qwen2MoeForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM",
-    "olmo2": "Olmo2ForCausalLM",
-    **FAMILY_ARCHITECTURES,
-}
-# llama.cpp renormalises the top-k routing weights per architecture unless the file says
-# otherwise ({arch}.expert_weights_norm): Mixtral and Qwen3-MoE yes, Qwen2-MoE no
-_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False}
+# families whose models hold no quantized layers: their projections are always dequantized at load
+_DENSE_ONLY = frozenset({"deepseek2"})
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {
@@ -92,11 +76,14 @@ _BLOCK_NAMES = {
     "ffn_gate_exps": "mlp.experts.gate_proj",
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_up_exps": "mlp.experts.gate_up_proj",  # the converter's --fuse-gate-up-exps: gate rows, then up rows
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# tensors whose HF parameter has no .weight / .bias suffix
+_BARE_PARAMETERS = {"attn_sinks": "self_attn.sinks", "exp_probs_b": "mlp.gate.e_score_correction_bias"}
 # early Mixtral GGUFs: one tensor per expert, blk.N.ffn_gate.E.weight
 _PER_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
 # Tensors with no HF parameter that are safe to drop: rope_freqs and Phi-3's rope_factors_* become
@@ -107,7 +94,7 @@ _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 # the projection tensors the models hold as one (one scheme): q/k/v, gate/up, all routed experts of a layer
 _HELD_AS_ONE = (
-    (re.compile(r"^(.*\.experts)\.(?:\d+\.)?(?:gate|up|down)_proj\.weight$"), r"\1"),
+    (re.compile(r"^(.*\.experts)\.(?:\d+\.)?(?:gate_up|gate|up|down)_proj\.weight$"), r"\1"),
     (re.compile(r"^(.*)\.[qkv]_proj\.weight$"), r"\1.qkv_proj"),
     (re.compile(r"^(.*)\.(?:gate|up)_proj\.weight$"), r"\1.gate_up_proj"),
 )
@@ -127,6 +114,8 @@ class GGUFCheckpoint:
     _buf: mmap.mmap = field(repr=False)
     _tensors: list[tuple[str, TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
     _plus_one: frozenset[str] = field(default=frozenset(), repr=False)  # HF names stored as 1 + w (Gemma norms)
+    _joins: dict[str, Join] = field(default_factory=dict, repr=False)  # HF name -> the file tensor read with its own
+    _dense_only: bool = field(default=False, repr=False)  # the family's models hold no quantized layers
 
     @property
     def quant(self) -> Optional[QuantConfig]:
@@ -152,7 +141,7 @@ class GGUFCheckpoint:
         type's own, or, where the shards of a projection held as one differ, ``common_form``'s.
         Raises CheckpointError where such a projection mixes types served quantized and others."""
         groups: dict[str, list[tuple[str, TensorInfo]]] = {}
-        for hf_name, info, _ in self._tensors:
+        for hf_name, info, _ in [] if self._dense_only else self._tensors:
             if _quantizable(hf_name, info):
                 groups.setdefault(_held_as_one(hf_name), []).append((hf_name, info))
         forms: dict[str, Form] = {}
@@ -160,19 +149,21 @@ class GGUFCheckpoint:
             form = common_form({info.qtype for _, info in members})
             quantized = [info for _, info in members if native_form(info.qtype)]
             if form is None and quantized:
-                other = next(info for _, info in members if not native_form(info.qtype))
+                other = next((info for _, info in members if not native_form(info.qtype)), None) or next(
+                    info for _, info in members if info.qtype != quantized[0].qtype)  # MXFP4 with another type
                 raise CheckpointError(
                     f"tensor {other.name!r} is {other.qtype.name} but {quantized[0].name!r} is "
                     f"{quantized[0].qtype.name}: ingot holds {group.removeprefix('model.')} as one projection, served "
-                    f"quantized only when every part is one of {', '.join(t.name for t in NATIVE_FORMS)} (load it "
-                    "dequantized instead)")
+                    f"quantized only when its parts share one form (types {', '.join(t.name for t in NATIVE_FORMS)}; "
+                    "MXFP4 alone) (load it dequantized instead)")
             forms.update((hf_name, form) for hf_name, _ in members if form is not None)
         return forms
 
     @property
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """HF tensor name -> shape, without reading any weight."""
-        return {hf_name: info.shape for hf_name, info, _ in self._tensors}
+        return {hf_name: self._joins[hf_name].shape if hf_name in self._joins else info.shape
+                for hf_name, info, _ in self._tensors}
 
     @property
     def num_tensors(self) -> int:
@@ -199,6 +190,8 @@ class GGUFCheckpoint:
                 yield from self._canonical(hf_name, info, heads, select, form)
                 continue
             tensor = read_tensor(self._buf, info)
+            if hf_name in self._joins:
+                tensor = join_kv_b(tensor, read_tensor(self._buf, self._joins[hf_name].second))
             if heads:
                 tensor = _unpermute_rows(tensor, heads)
             if hf_name in self._plus_one:
@@ -211,12 +204,19 @@ class GGUFCheckpoint:
                    form: Form) -> Iterator[tuple[str, torch.Tensor]]:
         raw = read_raw_blocks(self._buf, info)
         experts = raw if raw.dim() == 3 else raw[None]
-        for module, blocks in zip(_modules(hf_name, info), experts):
-            for part, tensor in blocks_to_canonical(blocks, info.qtype, form).items():
-                if heads:
-                    tensor = _unpermute_rows(tensor, heads)
-                name = f"{module}.{part}"
-                yield name, select_part(tensor, name, select)
+        modules = iter(_modules(hf_name, info))
+        halves = (0, 1) if _is_gate_up(hf_name) else (None,)  # a fused gate_up expert: its gate rows, then its up rows
+        for blocks in experts:
+            canonical = blocks_to_canonical(blocks, info.qtype, form)
+            for rows in halves:
+                module = next(modules)
+                for part, tensor in canonical.items():
+                    if rows is not None:
+                        tensor = tensor.chunk(2, dim=0)[rows].contiguous()
+                    if heads:
+                        tensor = _unpermute_rows(tensor, heads)
+                    name = f"{module}.{part}"
+                    yield name, select_part(tensor, name, select)
 
 
 def load_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
@@ -242,18 +242,23 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
     meta, tensors = read_header(buf)
     by_name = {t.name: t for t in tensors}
     arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise CheckpointError(f"unsupported architecture {arch!r} (supported: {', '.join(sorted(_ARCHITECTURES))})")
-    config = _config(meta, arch, by_name, buf)
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"unsupported architecture {arch!r} (supported: {', '.join(sorted(ARCHITECTURES))})")
+    config = hf_config(meta, arch, by_name, lambda name: read_tensor(buf, by_name[name]))
 
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    overrides = block_overrides(arch, by_name)
+    overrides = {**block_overrides(arch, by_name), **moe_block_names(arch)}
+    joins, superseded = kv_b_joins(arch, by_name)
+    second_parts = {join.second.name for join in joins.values()}
     plan: list[tuple[str, TensorInfo, int]] = []
     unknown: list[str] = []
     for info in tensors:
-        hf_name = _hf_name(info.name, overrides)
+        if info.name in second_parts:  # read with its first part
+            check_supported(info)
+            continue
+        hf_name = None if info.name in superseded else _hf_name(info.name, overrides)
         if hf_name is None:
-            if _SKIPPED.match(info.name):
+            if _SKIPPED.match(info.name) or info.name in superseded:
                 log.debug("gguf: skipping %s (no HF parameter)", info.name)
             else:
                 unknown.append(info.name)
@@ -285,6 +290,8 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
         _buf=buf,
         _tensors=plan,
         _plus_one=frozenset(n for n, info, _ in plan if arch in NORM_PLUS_ONE and info.name.endswith("norm.weight")),
+        _joins={hf_name: joins[info.name] for hf_name, info, _ in plan if info.name in joins},
+        _dense_only=arch in _DENSE_ONLY,
     )
 
 
@@ -304,7 +311,12 @@ def _unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def _is_projection(hf_name: str) -> bool:
     module, _, kind = hf_name.rpartition(".")
-    return kind == "weight" and module.rpartition(".")[2] in _PROJECTIONS
+    return kind == "weight" and (module.rpartition(".")[2] in _PROJECTIONS or _is_gate_up(hf_name))
+
+
+def _is_gate_up(hf_name: str) -> bool:
+    """Whether the tensor is the routed experts' gate and up stacked as one (``ffn_gate_up_exps``)."""
+    return hf_name.endswith(".experts.gate_up_proj.weight")
 
 
 def _quantizable(hf_name: str, info: TensorInfo) -> bool:
@@ -321,12 +333,14 @@ def _held_as_one(hf_name: str) -> str:
 
 
 def _modules(hf_name: str, info: TensorInfo) -> list[str]:
-    """The HF modules of a projection tensor: itself, or one per expert of a stacked [E, N, K] tensor."""
+    """The HF modules of a projection tensor: itself, or one per expert of a stacked [E, N, K]
+    tensor (two, its gate_proj and up_proj, of a fused gate_up one)."""
     module = hf_name.rpartition(".")[0]
     if len(info.shape) != 3:
         return [module]
     head, _, proj = module.rpartition(".")
-    return [f"{head}.{e}.{proj}" for e in range(info.shape[0])]
+    projections = ("gate_proj", "up_proj") if _is_gate_up(hf_name) else (proj,)
+    return [f"{head}.{e}.{p}" for e in range(info.shape[0]) for p in projections]
 
 
 def _hf_name(name: str, overrides: dict[str, str]) -> Optional[str]:
@@ -337,128 +351,11 @@ def _hf_name(name: str, overrides: dict[str, str]) -> Optional[str]:
         return f"model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight"
     if (m := _BLOCK_TENSOR.match(name)) is not None:
         layer, base, kind = m.groups()
+        if base in _BARE_PARAMETERS:
+            return f"model.layers.{layer}.{_BARE_PARAMETERS[base]}"
         names = {**_BLOCK_NAMES, **overrides}
         return f"model.layers.{layer}.{names[base]}.{kind}" if base in names else None
     base, _, kind = name.rpartition(".")
     if base in _GLOBAL_NAMES and kind in ("weight", "bias"):
         return f"{_GLOBAL_NAMES[base]}.{kind}"
     return None
-
-
-# ---------------------------------------------------------------- config
-
-
-def _config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo], buf: mmap.mmap) -> dict[str, Any]:
-    """llama.cpp metadata keys -> an HF config.json dict."""
-    p = arch + "."
-    hidden = _meta_int(meta, p + "embedding_length")
-    heads = _meta_int(meta, p + "attention.head_count")
-    kv_heads = _meta_int(meta, p + "attention.head_count_kv", heads)
-    head_dim = _meta_int(meta, p + "attention.key_length", hidden // heads)
-    rot_dim = _meta_int(meta, p + "rope.dimension_count", head_dim)
-    if rot_dim != head_dim and arch not in PARTIAL_ROTARY:
-        raise CheckpointError(f"partial rotary embeddings ({rot_dim} of {head_dim} dims) are not supported")
-    theta = float(meta.get(p + "rope.freq_base", 10000.0))
-    if p + "vocab_size" in meta:
-        vocab = _meta_int(meta, p + "vocab_size")
-    elif "token_embd.weight" in tensors:
-        vocab = tensors["token_embd.weight"].shape[0]
-    else:
-        vocab = len(meta.get("tokenizer.ggml.tokens", ()))
-    config = {
-        "architectures": [_ARCHITECTURES[arch]],
-        "model_type": arch,
-        "hidden_size": hidden,
-        "intermediate_size": _meta_int(meta, p + "feed_forward_length", 0 if arch.endswith("moe") else None),
-        "num_hidden_layers": _meta_int(meta, p + "block_count"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": theta,
-        "rope_scaling": _rope_scaling(meta, p, tensors, buf, theta, head_dim),
-        "max_position_embeddings": _meta_int(meta, p + "context_length"),
-        "vocab_size": vocab,
-        "tie_word_embeddings": "output.weight" not in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-    }
-    config.update(_moe_config(meta, arch, tensors))
-    config.update(family_config(meta, arch, config, tensors, lambda name: read_tensor(buf, tensors[name])))
-    return config
-
-
-def _moe_config(meta: dict[str, Any], arch: str, tensors: dict[str, TensorInfo]) -> dict[str, Any]:
-    """The HF MoE fields of a GGUF with experts ({} without): counts, widths, routing, dense layers."""
-    p = arch + "."
-    experts = _meta_int(meta, p + "expert_count", 0)
-    if not experts:
-        if arch.endswith("moe"):
-            raise CheckpointError(f"{arch} GGUF metadata has no {p}expert_count")
-        return {}
-    if arch not in _NORM_TOPK:
-        raise CheckpointError(f"mixture-of-experts {arch} GGUFs are not supported")
-    out: dict[str, Any] = {
-        "num_experts_per_tok": _meta_int(meta, p + "expert_used_count"),
-        "norm_topk_prob": bool(meta.get(p + "expert_weights_norm", _NORM_TOPK[arch])),
-    }
-    if arch == "llama":  # Mixtral: feed_forward_length is the expert width
-        out["architectures"] = ["MixtralForCausalLM"]
-        out["num_local_experts"] = experts
-        return out
-    out["num_experts"] = experts
-    out["moe_intermediate_size"] = _meta_int(meta, p + "expert_feed_forward_length")
-    layers = _meta_int(meta, p + "block_count")
-    shared = [tensors[n] for i in range(layers) if (n := f"blk.{i}.ffn_gate_shexp.weight") in tensors]
-    if shared:
-        out["shared_expert_intermediate_size"] = _meta_int(meta, p + "expert_shared_feed_forward_length", shared[0].shape[0])
-    out["mlp_only_layers"] = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]
-    return out
-
-
-def _rope_scaling(
-    meta: dict[str, Any], p: str, tensors: dict[str, TensorInfo], buf: mmap.mmap, theta: float, head_dim: int
-) -> Optional[dict[str, Any]]:
-    kind = meta.get(p + "rope.scaling.type")
-    factor = meta.get(p + "rope.scaling.factor", meta.get(p + "rope.scale_linear"))
-    if kind is None and factor is not None:
-        kind = "linear"  # old files: rope.scale_linear only
-    if kind in ("linear", "yarn") and factor is not None and float(factor) != 1.0:
-        out: dict[str, Any] = {"rope_type": kind, "factor": float(factor)}
-        if kind == "yarn":
-            out["original_max_position_embeddings"] = _meta_int(meta, p + "rope.scaling.original_context_length")
-        return out
-    if kind not in (None, "none", "linear", "yarn"):
-        raise CheckpointError(f"unsupported rope scaling type {kind!r} in GGUF metadata")
-    if "rope_freqs.weight" in tensors:
-        return _llama3_from_freqs(read_tensor(buf, tensors["rope_freqs.weight"]).float().numpy(), theta, head_dim)
-    return None
-
-
-def _llama3_from_freqs(divisors: np.ndarray, theta: float, head_dim: int) -> Optional[dict[str, Any]]:
-    """Recover Llama-3.1-style rope_scaling from llama.cpp's precomputed rope_freqs.
-
-    The file stores only the per-frequency divisors; the HF parameters are found
-    by trying the values Meta's models use and keeping the one that reproduces them.
-    """
-    factor = float(divisors.max())
-    if factor == 1.0:
-        return None
-    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * math.pi / inv
-    for ctx in (8192, 4096, 2048, 16384, 32768, 65536, 131072):
-        for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0), (2.0, 4.0)):
-            smooth = (ctx / wavelen - low) / (high - low)
-            medium = 1.0 / ((1 - smooth) / factor + smooth)
-            expect = np.where(wavelen < ctx / high, 1.0, np.where(wavelen > ctx / low, factor, medium))
-            if expect.shape == divisors.shape and np.allclose(expect, divisors, rtol=1e-3):
-                return {
-                    "rope_type": "llama3",
-                    "factor": factor,
-                    "low_freq_factor": low,
-                    "high_freq_factor": high,
-                    "original_max_position_embeddings": ctx,
-                }
-    raise CheckpointError("the GGUF's rope_freqs tensor matches no known llama3 rope scaling; not supported")

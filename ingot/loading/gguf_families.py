@@ -21,8 +21,8 @@ PARTIAL_ROTARY = frozenset({"phi3"})
 # llama.cpp's converter stores Gemma's RMSNorm weights as 1 + w (its norm multiplies by the
 # weight); HF's Gemma norm multiplies by 1 + w, so the loader subtracts the 1 again
 NORM_PLUS_ONE = frozenset(GEMMA_ARCHITECTURES)
-# llama.cpp: every n-th layer is global (Gemma 2: odd layers; Gemma 3: one in six)
-_SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
+# llama.cpp: every n-th layer is global (Gemma 2 and gpt-oss: odd layers; Gemma 3: one in six)
+_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}
 # llama.cpp's model sizes whose attention scale is 1/sqrt(hidden / heads), not 1/sqrt(head_dim)
 _SCALE_BY_WIDTH_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models
 
@@ -42,7 +42,7 @@ def meta_int(meta: dict[str, Any], key: str, default: Optional[int] = None) -> i
     return int(value)
 
 
-def _meta_float(meta: dict[str, Any], key: str, default: float) -> float:
+def meta_float(meta: dict[str, Any], key: str, default: float) -> float:
     value = meta.get(key, default)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise CheckpointError(f"GGUF metadata {key} should be a number, got {value!r}")
@@ -98,7 +98,7 @@ def _phi3_config(meta: dict[str, Any], config: dict[str, Any], tensors: Mapping[
     scaling: dict[str, Any] = {"rope_type": "longrope", "long_factor": long, "short_factor": short,
                                "original_max_position_embeddings": original}
     if "phi3.rope.scaling.attn_factor" in meta:
-        scaling["attention_factor"] = _meta_float(meta, "phi3.rope.scaling.attn_factor", 1.0)
+        scaling["attention_factor"] = meta_float(meta, "phi3.rope.scaling.attn_factor", 1.0)
     out.update(rope_scaling=scaling, original_max_position_embeddings=original)
     return out
 
@@ -120,21 +120,21 @@ def _gemma_config(meta: dict[str, Any], arch: str, config: dict[str, Any]) -> di
         "hidden_activation": "gelu_pytorch_tanh",
         "query_pre_attn_scalar": scalar,
         "sliding_window": window or None,
-        "layer_types": _layer_types(meta, arch, layers, window),
+        "layer_types": layer_types(meta, arch, layers, window),
         "attn_logit_softcapping": _softcap(meta, p + "attn_logit_softcapping", 50.0 if arch == "gemma2" else None),
         "final_logit_softcapping": _softcap(meta, p + "final_logit_softcapping", 30.0 if arch == "gemma2" else None),
     }
     if arch == "gemma3":
-        out["rope_local_base_freq"] = _meta_float(meta, p + "rope.freq_base_swa", 10000.0)
+        out["rope_local_base_freq"] = meta_float(meta, p + "rope.freq_base_swa", 10000.0)
     return out
 
 
 def _softcap(meta: dict[str, Any], key: str, default: Optional[float]) -> Optional[float]:
-    value = _meta_float(meta, key, default) if key in meta or default is not None else None
+    value = meta_float(meta, key, default) if key in meta or default is not None else None
     return value or None
 
 
-def _layer_types(meta: dict[str, Any], arch: str, layers: int, window: int) -> list[str]:
+def layer_types(meta: dict[str, Any], arch: str, layers: int, window: int) -> list[str]:
     """Each layer's attention type: llama.cpp's pattern (every n-th layer global), or the file's
     ``attention.sliding_window_pattern`` (a period, or one flag per layer: true = sliding)."""
     if not window:

@@ -30,7 +30,7 @@ from ingot.loading.errors import CheckpointError
 
 # Types whose dequantization gguf-py implements and our tests check.
 SUPPORTED_QUANT_TYPES = frozenset(
-    {QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K}
+    {QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.MXFP4}
 )
 # Float types torch reads straight from the file, skipping a float32 detour.
 _TORCH_FLOATS = {QT.F32: torch.float32, QT.F16: torch.float16, QT.BF16: torch.bfloat16}

@@ -23,6 +23,11 @@ repeated), zero point 0 with the shard's zero point folded into its mins
 (min - zero * scale), fp32 scales and mins. That is exact too: zero points are powers of two
 and u * scale has at most 6 + 18 bits, so each product and the sum (a weight the type itself
 represents in fp32) are exact.
+
+MXFP4 (gpt-oss's experts: blocks of 32 e2m1 values, one e8m0 exponent byte, then 16 bytes
+holding value j in the low and value j + 16 in the high nibble of byte j) is not an int form:
+it becomes ingot's fp8 one, exactly, as the HF MXFP4 checkpoints do (``mxfp4.py``: e4m3 codes
+and one fp32 power-of-two scale per 32 columns). It never shares a form with another type.
 """
 
 from __future__ import annotations
@@ -34,15 +39,17 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
 
+from ingot.loading.mxfp4 import SCHEME as MXFP4_SCHEME
+from ingot.loading.mxfp4 import mxfp4_to_fp8
 from ingot.loading.quant_pack import pack_int
-from ingot.loading.quant_scheme import IntWeights
+from ingot.loading.quant_scheme import IntWeights, LinearScheme
 
 
 @dataclass(frozen=True)
 class Form:
     """The canonical form a GGUF tensor is served in: its scheme and its scales' (and mins') dtype."""
 
-    scheme: IntWeights
+    scheme: LinearScheme
     scale_dtype: torch.dtype
 
 
@@ -56,6 +63,7 @@ NATIVE_FORMS: dict[QT, Form] = {
     QT.Q4_K: Form(IntWeights(bits=4, group_size=32, zero_point=0, has_mins=True), _F32),
     QT.Q5_K: Form(IntWeights(bits=8, group_size=32, zero_point=0, has_mins=True), _F32),
     QT.Q6_K: Form(IntWeights(bits=8, group_size=16, zero_point=32), _F32),
+    QT.MXFP4: Form(MXFP4_SCHEME, _F32),
 }
 
 
@@ -66,13 +74,15 @@ def native_form(qtype: QT) -> Optional[Form]:
 
 def common_form(qtypes: Collection[QT]) -> Optional[Form]:
     """The one form that holds tensors of every type in ``qtypes`` exactly (see the module
-    docstring); None when one of them has no native form."""
+    docstring); None when one of them has no native form, or MXFP4 comes with another type."""
     forms = {native_form(t) for t in qtypes}
     if None in forms:
         return None
     if len(forms) == 1:
         return forms.pop()
-    schemes = [f.scheme for f in forms]
+    schemes = [f.scheme for f in forms if isinstance(f.scheme, IntWeights)]
+    if len(schemes) < len(forms):  # MXFP4 with another type
+        return None
     bits, group = max(s.bits for s in schemes), min(s.group_size for s in schemes)
     return Form(IntWeights(bits=bits, group_size=group, zero_point=0, has_mins=True), _F32)
 
@@ -156,9 +166,13 @@ _DECODERS: dict[QT, Callable[[torch.Tensor, QT], Decoded]] = {
 def blocks_to_canonical(raw: torch.Tensor, qtype: QT, form: Optional[Form] = None) -> dict[str, torch.Tensor]:
     """One 2-D tensor's blocks (uint8 [N, K / block * block bytes], as ``read_raw_blocks`` gives
     them) -> qweight int32 [N, K * bits / 32], scales (and mins) [N, K / group], in ``form``
-    (None: ``qtype``'s native form; else one ``common_form`` gave for it)."""
+    (None: ``qtype``'s native form; else one ``common_form`` gave for it); MXFP4's: weight (fp8)
+    and weight_scale."""
+    if qtype == QT.MXFP4:
+        return _mxfp4_to_canonical(raw)
     native = NATIVE_FORMS[qtype]
     form = form or native
+    assert isinstance(form.scheme, IntWeights) and isinstance(native.scheme, IntWeights)
     _, type_size = GGML_QUANT_SIZES[qtype]
     u, scales, mins = _DECODERS[qtype](raw.reshape(raw.shape[0], -1, type_size), qtype)
     src, dst = native.scheme, form.scheme
@@ -172,3 +186,14 @@ def blocks_to_canonical(raw: torch.Tensor, qtype: QT, form: Optional[Form] = Non
     if dst.has_mins:
         out["mins"] = mins.to(form.scale_dtype) if mins is not None else torch.zeros_like(out["scales"])
     return out
+
+
+def _mxfp4_to_canonical(raw: torch.Tensor) -> dict[str, torch.Tensor]:
+    """MXFP4 blocks (uint8 [N, K / 32 * 17]) -> ``weight`` float8 e4m3 [N, K] and ``weight_scale``
+    fp32 [N, K / 32], through the HF MXFP4 conversion: ggml's nibble order (value j low, j + 16
+    high) restated as HF's (values 2j, 2j + 1 in byte j)."""
+    blocks = raw.reshape(raw.shape[0], -1, 17)
+    exponents, packed = blocks[..., 0], blocks[..., 1:]
+    codes = torch.cat((packed & 0x0F, packed >> 4), dim=-1)  # [N, K / 32, 32] in column order
+    weight, scale = mxfp4_to_fp8(codes[..., 0::2] | (codes[..., 1::2] << 4), exponents)
+    return {"weight": weight, "weight_scale": scale}
