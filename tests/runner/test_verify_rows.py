@@ -20,7 +20,7 @@ from ingot.engine.sequence import Sequence
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.graph_runner import DecodeGraphRunner
 from ingot.runner.kv_pool import blocks_for
-from ingot.runner.step_inputs import build_step_inputs
+from ingot.runner.step_inputs import StepInputs, build_step_inputs
 from tests.helpers import ingot_logits, write_tiny_checkpoint
 from tests.models.gpt_oss_cases import write_gpt_oss
 
@@ -43,12 +43,13 @@ def _sequence(tokens: list[int], computed: int, first_block: int, block_size: in
     return seq
 
 
-def test_verify_rows_equal_the_prefill_of_the_drafts(checkpoint):
-    """Three sequences (21 tokens with 4 drafts, 13 without, 10 with 2): their K/V up to the last
-    token prefilled, then one verify step of 5 + 1 + 3 rows. Each row's logits equal the full
-    prefill's at its position (windows of 8 tokens reach past the drafts' start)."""
-    engine = Engine(EngineConfig(model=str(checkpoint), dtype="float32", device="cpu", show_progress=False,
-                                 num_kv_blocks=64, max_num_seqs=8))
+def verify_rows_case(checkpoint, device: str, **engine_args) -> tuple[Engine, StepInputs, torch.Tensor]:
+    """An fp32 engine over ``checkpoint`` whose pool holds three sequences' K/V up to their last
+    token (21 tokens with 4 drafts, 13 without, 10 with 2), the inputs of their verify step
+    (5 + 1 + 3 rows), and the logits a full prefill of each sequence gives at those rows'
+    positions (windows of 8 tokens reach past the drafts' start)."""
+    engine = Engine(EngineConfig(model=str(checkpoint), dtype="float32", device=device, show_progress=False,
+                                 num_kv_blocks=64, max_num_seqs=8, **engine_args))
     runner, bs = engine.executor, engine.config.block_size
     gen = torch.Generator().manual_seed(0)
     full = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (21, 13, 10)]
@@ -56,20 +57,38 @@ def test_verify_rows_equal_the_prefill_of_the_drafts(checkpoint):
     references = [ingot_logits(engine, ids, prefill_len=len(ids)) for ids in full]  # blocks 1..2
     last = [len(ids) - 1 - k for ids, k in zip(full, num_drafts)]  # each sequence's last token
     seqs = [_sequence(ids[: p + 1], 0, 10 + 8 * i, bs) for i, (ids, p) in enumerate(zip(full, last))]
-    prefill = ScheduledBatch(seqs, True, last)
-    runner.raw_logits(build_step_inputs(prefill, bs, runner.device))
+    runner.raw_logits(build_step_inputs(ScheduledBatch(seqs, True, last), bs, runner.device))
     for seq, p in zip(seqs, last):
         seq.num_computed_tokens = p
     drafts = [ids[p + 1 :] for ids, p in zip(full, last)]
     verify = ScheduledBatch(seqs, False, [1 + k for k in num_drafts], draft_tokens=drafts)
-    inputs = build_step_inputs(verify, bs, runner.device)
     expected = torch.cat([ref[p:] for ref, p in zip(references, last)])
+    return engine, build_step_inputs(verify, bs, runner.device), expected
+
+
+def poison_rows(runner, inputs: StepInputs) -> None:
+    """NaN into every layer's cache at the verify rows' slots: a row that reads another row's
+    K/V before the step has written it gives NaN logits."""
+    slots = inputs.attn.slot_mapping
+    for attn in runner.model.attention_layers():
+        for cache in (attn.k_cache, attn.v_cache):
+            if cache is not None:
+                cache.view(-1, *cache.shape[2:])[slots] = float("nan")
+
+
+def test_verify_rows_equal_the_prefill_of_the_drafts(checkpoint):
+    """Each verify row's logits equal the full prefill's at its position, through the raw forward
+    and the padded bucket path (9 rows in the bucket of 12)."""
+    engine, inputs, expected = verify_rows_case(checkpoint, "cpu")
+    runner = engine.executor
+    poison_rows(runner, inputs)
     raw = runner.raw_logits(inputs)
     torch.testing.assert_close(raw, expected, rtol=1e-4, atol=1e-4)
     graphs = DecodeGraphRunner(runner.model, runner.config, runner.device, 8, runner.policy, store_first=True,
                                buckets=[4, 12])
     graphs.capture_all()  # on CPU: no graphs, the padded buffers only
-    padded = graphs.run(inputs)  # 9 rows in the bucket of 12
+    poison_rows(runner, inputs)
+    padded = graphs.run(inputs)
     assert padded.shape == raw.shape
     torch.testing.assert_close(padded, expected, rtol=1e-4, atol=1e-4)
 
