@@ -280,7 +280,8 @@ def test_json_round_trip(tmp_path):
     for row, got in zip(bench.rows, data["timings"]):
         assert got == {"batch": row.batch, "ms": row.ms, "back_to_back_ms": row.back_to_back_ms,
                        "warmup_s": row.warmup_s, "capture_s": row.capture_s,
-                       "auto_choice": row.auto_choice, "profiles": {}, "gpu_state": {}, "experts_hit": None}
+                       "auto_choice": row.auto_choice, "profiles": {}, "gpu_state": {}, "experts_hit": None,
+                       "speculative": {}}
     # and every derived number
     assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
     written = set(_numbers(data))
