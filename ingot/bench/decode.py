@@ -3,11 +3,12 @@
 Used by ``ingot bench decode`` (real checkpoints or random-weight model
 shapes). Each batch is a synthetic decode step: every sequence has
 ``context_len`` cached tokens in its own blocks, so attention reads real-sized
-context. With draft counts (``--speculative-k``) each mode's graphs are also timed
-against verify steps of the same sequences (``decode_spec.py``). The model comes from an ``Engine`` built for it (``decode_engine``),
-and the timing runs on its ModelRunner through ``Executor.run_on_ranks``
-(``bench_decode``): under tensor parallelism every rank times the same graph
-replays in lockstep, their collectives inside.
+context. With draft counts (``--speculative-k``) each mode's graphs are also
+timed against verify steps of the same sequences (``decode_spec.py``). The
+model comes from an ``Engine`` built for it (``decode_engine``), and the timing
+runs on its ModelRunner through ``Executor.run_on_ranks`` (``bench_decode``):
+under tensor parallelism every rank times the same graph replays in lockstep,
+their collectives inside.
 """
 
 from __future__ import annotations
