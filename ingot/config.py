@@ -219,6 +219,17 @@ class EngineConfig:
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
 
+    @property
+    def max_verify_rows(self) -> int:
+        """Rows of the largest verify step of speculative decoding (0 without it): at most
+        ``min(max_num_seqs, disable_by_batch_size)`` sequences speculate, each a row for its
+        last token and one per draft. Needs ``max_num_seqs`` resolved (``for_device``)."""
+        spec = self.speculative_config
+        if spec is None:
+            return 0
+        assert self.max_num_seqs is not None, "max_num_seqs is resolved once the device is known"
+        return min(self.max_num_seqs, spec.disable_by_batch_size) * (spec.num_speculative_tokens + 1)
+
     def for_device(self, device_memory: Optional[int]) -> "EngineConfig":
         """This config with the defaults that depend on the device filled in
         (``device_memory``: the GPU's total bytes, None on CPU); itself if none is left open."""

@@ -3,10 +3,12 @@
 Used by ``ingot bench decode`` (real checkpoints or random-weight model
 shapes). Each batch is a synthetic decode step: every sequence has
 ``context_len`` cached tokens in its own blocks, so attention reads real-sized
-context. The model comes from an ``Engine`` built for it (``decode_engine``),
-and the timing runs on its ModelRunner through ``Executor.run_on_ranks``
-(``bench_decode``): under tensor parallelism every rank times the same graph
-replays in lockstep, their collectives inside.
+context. With draft counts (``--speculative-k``) each mode's graphs are also
+timed against verify steps of the same sequences (``decode_spec.py``). The
+model comes from an ``Engine`` built for it (``decode_engine``), and the timing
+runs on its ModelRunner through ``Executor.run_on_ranks`` (``bench_decode``):
+under tensor parallelism every rank times the same graph replays in lockstep,
+their collectives inside.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from __future__ import annotations
 import array
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
+from ingot.bench.decode_spec import VerifyTiming, time_verify_steps
 from ingot.bench.floor import ModelBytes
 from ingot.bench.gemm_floor import gemm_only_ms
 from ingot.bench.gpu_state import gpu_state
 from ingot.bench.step_profile import StepProfile, profile_step
-from ingot.config import EngineConfig
+from ingot.config import EngineConfig, SpeculativeConfig
 from ingot.engine.engine import Engine
 from ingot.layers.fused_moe import FusedMoE
 from ingot.runner.auto_compile import time_ms
@@ -44,6 +47,7 @@ class BucketTiming:
     profiles: dict[str, StepProfile] = field(default_factory=dict)  # mode -> kernels of one replay, when profiled
     gpu_state: dict[str, dict] = field(default_factory=dict)  # mode -> clocks, power, limits after its timing (NVML)
     experts_hit: Optional[list[int]] = None  # distinct experts each sparse layer's routing picks for the step
+    speculative: dict[str, list[VerifyTiming]] = field(default_factory=dict)  # mode -> per draft count
 
 
 @dataclass
@@ -65,9 +69,11 @@ class SyntheticSeq:
         return (self.prompt_token_ids + self.output_token_ids)[start:end]
 
 
-def synthetic_decode_batch(batch: int, context_len: int, block_size: int, vocab_size: int = 1000, seed: int = 0) -> ScheduledBatch:
-    """Sequence i owns blocks 1 + i*n ... ; each decodes its token at position ``context_len``."""
-    n = blocks_for(context_len + 1, block_size)
+def synthetic_decode_batch(batch: int, context_len: int, block_size: int, vocab_size: int = 1000, seed: int = 0,
+                           drafts: int = 0) -> ScheduledBatch:
+    """Sequence i owns blocks 1 + i*n ... ; each decodes its token at position ``context_len``
+    (with blocks for ``drafts`` tokens more: a verify step's)."""
+    n = blocks_for(context_len + 1 + drafts, block_size)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, min(1000, vocab_size), (batch,), generator=gen).tolist()
     seqs = [
@@ -98,16 +104,19 @@ def time_back_to_back(fn, steps: int, device: torch.device, repeats: int = 5) ->
     return statistics.median(time_ms(queued, repeats, device, warmup=1)) / steps
 
 
-def decode_engine(config: EngineConfig, batches: list[int], context_len: int) -> Engine:
+def decode_engine(config: EngineConfig, batches: list[int], context_len: int, drafts: int = 0) -> Engine:
     """An engine over ``config``'s model for synthetic decode steps: no graphs of its own (the
     benchmark captures its own per mode), a KV pool where each of ``max(batches)`` sequences
-    owns the blocks of ``context_len + 1`` tokens, no step larger than the largest batch
-    (which sizes a tensor-parallel step buffer)."""
-    per_seq = blocks_for(context_len + 1, config.block_size)
+    owns the blocks of ``context_len + 1 + drafts`` tokens, no step larger than the largest
+    batch, or its verify step with ``drafts`` per sequence (which size a tensor-parallel step
+    buffer)."""
+    tokens = context_len + 1 + drafts
+    per_seq = blocks_for(tokens, config.block_size)
+    spec = SpeculativeConfig("ngram", drafts, disable_by_batch_size=max(batches)) if drafts else None
     return Engine(config.replace(
-        max_model_len=context_len + 1, num_kv_blocks=1 + max(batches) * per_seq, max_num_seqs=max(batches),
+        max_model_len=tokens, num_kv_blocks=1 + max(batches) * per_seq, max_num_seqs=max(batches),
         max_num_batched_tokens=max(batches), cudagraph_capture_sizes=tuple(batches), eager_mode=True,
-        show_progress=False))
+        speculative_config=spec, show_progress=False))
 
 
 def dtype_of(runner: ModelRunner) -> torch.dtype:
@@ -142,6 +151,7 @@ def bench_decode(
     modes: list[str],
     iters: int = 30,
     profile_steps: int = 0,
+    speculative_ks: Sequence[int] = (),
 ) -> tuple[list[BucketTiming], ModelBytes]:
     """ms per decode step per batch size for each mode: eager, graph, compiled, auto
     (per-bucket choice, see runner/auto_compile.py) and gemm_only (the model's linear
@@ -150,11 +160,15 @@ def bench_decode(
     > 0: also the kernels of the graph and compiled modes' replays, per step
     (``step_profile.py``). A MoE model's rows also count the experts each sparse layer's
     routing hits (``count_experts_hit``), which the floor then reads instead of the
-    uniform-routing expectation."""
+    uniform-routing expectation. ``speculative_ks``: also time verify steps of that many drafts
+    per sequence against the graph and compiled modes' decode steps (``decode_spec.py``; the
+    engine from ``decode_engine`` with ``drafts=max(speculative_ks)``)."""
     cfg = runner.model_config
     base = runner.config.replace(eager_mode=False)
-    per_seq = blocks_for(context_len + 1, base.block_size)
-    inputs_of = {b: runner.stage(synthetic_decode_batch(b, context_len, base.block_size, cfg.vocab_size)) for b in batches}
+    drafts = max(speculative_ks, default=0)
+    per_seq = blocks_for(context_len + 1 + drafts, base.block_size)
+    batch_of = {b: synthetic_decode_batch(b, context_len, base.block_size, cfg.vocab_size, drafts=drafts) for b in batches}
+    inputs_of = {b: runner.stage(batch_of[b]) for b in batches}
     results = {b: BucketTiming(b) for b in batches}
     if cfg.num_experts:  # timed replays route these same tokens: count once
         for b in batches:
@@ -186,6 +200,9 @@ def bench_decode(
                 results[b].gpu_state[mode] = state
             if mode in ("graph", "compiled") and profile_steps:
                 results[b].profiles[mode] = profile_step(step, profile_steps, cfg.num_layers)
+        if graphs is not None and mode in ("graph", "compiled") and speculative_ks:
+            for b, timings in time_verify_steps(runner, graphs, batch_of, list(speculative_ks), iters, time_cuda).items():
+                results[b].speculative[mode] = timings
         del graphs
         if runner.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -14,6 +14,9 @@ size (one graph of every projection and the lm_head), so "graph - GEMMs" is
 the time spent in attention, norms, rotary, activations and glue.
 ``--profile`` lists each bucket's kernels per graph-replayed step, and one
 decoder layer's kernels in launch order (``step_profile.py``).
+``--speculative-k 1,2,4,8`` also times, per batch size and draft count, speculative
+decoding's verify step (batch x (k + 1) rows through a verify graph, then the
+verification of greedy rows) against the plain decode step (``decode_spec.py``).
 
     ingot bench decode --shape qwen2.5-7b --batch-sizes 1,8,32,64,256 --json out.json --plot out.png
     ingot bench decode --model Qwen/Qwen2.5-1.5B-Instruct --decode-compile off
@@ -21,6 +24,7 @@ decoder layer's kernels in launch order (``step_profile.py``).
     ingot bench decode --batch-sizes 1,64 --decode-compile off --gemm-floor --profile
     ingot bench decode --shape qwen3-30b-a3b --batch-sizes 1,8,16,32,64,256 --decode-compile auto
     ingot bench decode --shape qwen2.5-7b --tp 2 --batch-sizes 1,64   # two GPUs, tensor parallel
+    ingot bench decode --shape qwen2.5-7b --batch-sizes 1,16,64 --speculative-k 1,2,4,8 --decode-compile off
 
 With ``--tp N`` the model is split over N GPUs (one process each, ``cuda:0`` ..);
 every timed step includes the broadcast of its inputs to the other ranks, and
@@ -35,7 +39,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from ingot.bench import report
+from ingot.bench import decode_spec, report
 from ingot.bench.decode import BucketTiming
 from ingot.bench.floor import ModelBytes, copy_bandwidth, floor_fraction, floor_ms, tokens_per_s
 from ingot.config import DTYPES
@@ -64,6 +68,7 @@ class DecodeBench:
     env: dict[str, Any] = field(default_factory=dict)
     tensor_parallel_size: int = 1  # the floor (model_bytes) is then one rank's
     quantization: str = "none"  # the model's (EngineConfig.quantization; none: the checkpoint's own)
+    speculative_ks: list[int] = field(default_factory=list)  # draft counts of the verify steps timed
 
 
 def summarize(bench: DecodeBench) -> list[dict[str, Any]]:
@@ -125,6 +130,8 @@ def to_json(bench: DecodeBench) -> dict[str, Any]:
         "model_bytes": asdict(bench.model_bytes),
         "timings": [asdict(r) for r in bench.rows],
         "summary": summarize(bench),
+        "speculative_ks": list(bench.speculative_ks),
+        "speculative": decode_spec.summarize(bench.rows),
     }
 
 
@@ -294,10 +301,11 @@ def run_one(args: argparse.Namespace, device: Any, config: Any, modes: list[str]
 
     from ingot.bench.decode import bench_decode, decode_engine, dtype_of
 
-    engine = decode_engine(config, args.batch_sizes, args.context_len)
+    ks = args.speculative_k or []
+    engine = decode_engine(config, args.batch_sizes, args.context_len, drafts=max(ks, default=0))
     try:
         rows, model_bytes = engine.executor.run_on_ranks(bench_decode, args.batch_sizes, args.context_len, modes,
-                                                         args.iters, args.profile or 0)
+                                                         args.iters, args.profile or 0, ks)
         dtype = engine.executor.run_on_ranks(dtype_of)
     finally:
         engine.close()
@@ -314,6 +322,7 @@ def run_one(args: argparse.Namespace, device: Any, config: Any, modes: list[str]
         env=report.env_info(),
         tensor_parallel_size=args.tp,
         quantization=config.quantization or "none",
+        speculative_ks=ks,
     )
     del engine
     if device.type == "cuda":
@@ -360,6 +369,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
                     print(f"batch {s['batch']}: graph - GEMMs {s['graph_minus_gemm_ms']:.3f} ms")
             for line in profile_lines(bench):
                 print(line)
+            if bench.speculative_ks:
+                console.print(decode_spec.make_table(bench.source, bench.context_len, bench.iters, bench.rows))
         if len(benches) > 1:
             console.print(quant_table(benches))
         if args.json:
@@ -414,6 +425,10 @@ def add_parser(subparsers) -> None:
                    help="also time the model's linear layers alone (mode gemm_only) and report graph - GEMMs")
     p.add_argument("--profile", type=report.positive_int, nargs="?", const=10, default=None, metavar="STEPS",
                    help="list each batch size's kernels per graph-replayed step (torch.profiler over STEPS replays, default 10)")
+    p.add_argument("--speculative-k", type=decode_spec.speculative_ks, default=None, metavar="K,K,...",
+                   help="also time speculative decoding's verify step with K drafts per sequence (batch x (K + 1) "
+                        "rows through a verify graph, then greedy verification) against the plain decode step, "
+                        "per batch size, in the graph and compiled modes")
     p.add_argument("--iters", type=report.positive_int, default=30, help="timed steps per mode and batch size; the median is reported (default 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
     p.add_argument("--plot", default=None, metavar="PATH.png", help="plot ms/step vs batch size (needs matplotlib)")

@@ -4,8 +4,9 @@ reading a verify step back (the verification itself: ``runner/spec_verify.py``).
 Each step, before scheduling, ``Speculator.propose`` gives every decoding sequence that may
 speculate up to ``num_speculative_tokens`` drafted tokens (``Sequence.draft_token_ids``);
 the scheduler grows its blocks for them (or drops them rather than preempt anyone) and
-the step becomes a verify step (``ScheduledBatch.draft_tokens``): one eager multi-token
-forward in which rows without drafts take one token, as in a decode step. A verify step
+the step becomes a verify step (``ScheduledBatch.draft_tokens``): a decode step with a row
+per token, the sequence's last token and each draft, replayed through the verify CUDA
+graphs (a sequence without drafts is one row, as in a decode step). A verify step
 is read back at once (no overlap: the next proposals need its tokens). Reading it back
 rolls each sequence's computed tokens back to what it kept, hands back the blocks only
 rejected drafts used, and applies the emitted tokens one position at a time through the

@@ -1,8 +1,9 @@
 """Paged attention: rotary, store this step's K/V into the cache, then attend over it.
 
 Decode runs the three as one op (``decode_attention_rope``: one kernel launch
-per layer on CUDA); prefill, and decode under a compile policy that keeps
-rotary in its PyTorch form (so Inductor can fuse it), run them one by one.
+per layer on CUDA); prefill, decode under a compile policy that keeps rotary in
+its PyTorch form (so Inductor can fuse it), and decode rows that read each
+other's K/V (``store_first``: a verify step's rows) run them one by one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ class AttentionMetadata:
     block_tables [B, M]: KV block ids of each sequence (unused entries 0).
     seq_lens [B]: tokens in each sequence's context, this step's included.
     cu_seqlens_q [B+1]: prefill only; offsets of each sequence's new tokens.
+    store_first: decode rows may read K/V that other rows of the step write (speculative
+    decoding's verify rows: one row per position of a sequence, each over the same block
+    table), so every row's K/V is stored before any row attends. A Python constant of
+    the forward (a graph is captured per value), never a tensor.
     """
 
     is_prefill: bool
@@ -33,6 +38,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     cu_seqlens_q: Optional[torch.Tensor] = None
+    store_first: bool = False
 
 
 class Attention(nn.Module):
@@ -66,10 +72,14 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D], not yet rotated -> [T, Hq, D]. ``qk_norm``: the
         per-head RMSNorms of q and k (Qwen3), applied first; the fused decode op folds them in.
-        ``sinks`` [Hq]: gpt-oss's per-head logits in the softmax's denominator (None: none)."""
+        ``sinks`` [Hq]: gpt-oss's per-head logits in the softmax's denominator (None: none).
+
+        The fused decode op stores each row's K/V and attends in one launch (a row's own K/V
+        from registers), so a row would read another row's K/V before that row's program
+        wrote it: ``meta.store_first`` rows take the three ops one by one instead."""
         extra = {} if sinks is None else {"sinks": sinks}  # the ops' calls unchanged for every other model
         assert self.k_cache is not None, "KV cache not bound: ModelRunner allocates it"
-        if not meta.is_prefill and not policy.is_native("rotary"):
+        if not meta.is_prefill and not meta.store_first and not policy.is_native("rotary"):
             norms = {} if qk_norm is None else dict(q_norm_weight=qk_norm[0].weight, k_norm_weight=qk_norm[1].weight,
                                                     norm_eps=qk_norm[0].eps)
             return torch.ops.ingot.decode_attention_rope(

@@ -14,9 +14,10 @@ V2-Lite, one tensor per layer, no separate V). Attention runs absorbed, for
 prefill and decode alike: each head's no-rope query goes through its slice of
 ``kv_b_proj`` (W_UK) into the latent space, the op attends over the cached
 entries as multi-query attention (``ops/reference_mla.py``), and the weighted
-latents go through W_UV before ``o_proj``. Prefill reads every context token
-from the cache (the chunk is stored first), so chunked prefill and prefix-cache
-hits need nothing more.
+latents go through W_UV before ``o_proj``. Prefill and decode read every context
+token from the cache (the step's entries are stored first, in a launch of their
+own), so chunked prefill, prefix-cache hits and a verify step's rows of one
+sequence (``AttentionMetadata.store_first``) need nothing more.
 
 Rope. DeepSeek rotates dims in pairs ``(2i, 2i + 1)`` (V2 always; V3 with
 ``rope_interleave``): the rope rows of q and k are reordered at load

@@ -44,9 +44,10 @@ class ScheduledBatch:
     # the batch rows that sample (in logits order); the allowed tokens of those with a grammar
     # (``TokenMask.rows`` index that list). The engine computes it on the host meanwhile.
     token_mask: Optional[Callable[[list[int]], Optional[TokenMask]]] = None
-    # Speculative decoding: a verify step (a decode step whose rows also feed their drafted
-    # tokens, ``num_new_tokens[i] = 1 + len(draft_tokens[i])``), run through the multi-token
-    # forward; every row samples (``runner/spec_verify.py``). None: a plain step.
+    # Speculative decoding: a verify step (a decode step whose sequences also feed their drafted
+    # tokens, ``num_new_tokens[i] = 1 + len(draft_tokens[i])``), run as one decode row per
+    # token (``step_inputs._verify_fields``); every sequence samples (``runner/spec_verify.py``).
+    # None: a plain step.
     draft_tokens: Optional[list[list[int]]] = None
 
     def samples(self, i: int) -> bool:

@@ -7,6 +7,11 @@ bucket. Everything that changes per step lives in the static buffers; padded
 rows write their K/V to the dummy slot 0 and attend only to it, and their
 logits are dropped.
 
+A runner holds one set of graphs: plain decode steps (a row per sequence), or with
+``store_first`` speculative decoding's verify steps (a row per position of each
+sequence, bucketed by rows: ``verify_buckets``), whose forward stores every row's K/V
+before any row attends. ``capture_sets`` captures several sets into one memory pool.
+
 On CPU there are no graphs; ``CPU_BUCKETS`` (a test hook, not a speed-up) runs the
 same padded bucket path without them, so the padding and buffer logic is exercised
 there.
@@ -59,15 +64,30 @@ def capture_sizes(config: EngineConfig) -> list[int]:
     return default_buckets(config.max_num_seqs)
 
 
+def verify_buckets(max_rows: int) -> list[int]:
+    """Row counts of the verify graphs: 2, 3, 4, 6, 8, 12, 16, 24, ... (each power of two and
+    the midpoint 3 * 2^n before the next), clipped to ``max_rows`` (always included): at most
+    a third of a bucket's rows are padding, with two graphs per doubling (a verify step has
+    up to ``num_speculative_tokens + 1`` times a decode step's rows, and each graph keeps its
+    logits in the pool)."""
+    sizes = {s for n in range(max_rows.bit_length()) for s in (1 << n, 3 << n) if 2 <= s <= max_rows}
+    return sorted(sizes | {max_rows})
+
+
 def graphs_enabled(config: EngineConfig, device: torch.device) -> bool:
     if config.eager_mode:
         return False
     return device.type == "cuda" or CPU_BUCKETS
 
 
-def make_decode_forward(model: nn.Module, policy: OpPolicy) -> DecodeForward:
+def make_decode_forward(model: nn.Module, policy: OpPolicy, store_first: bool = False) -> DecodeForward:
     """The decode step as a function of plain tensors (what gets compiled and captured),
-    its layers running their fusible ops as ``policy`` says."""
+    its layers running their fusible ops as ``policy`` says; with ``store_first`` a verify
+    step's (``AttentionMetadata.store_first``). The two are separate functions, so
+    torch.compile keeps a cache of its own for each (Dynamo's caches are per code object)."""
+
+    def logits(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return model.compute_logits(model(input_ids, positions, meta, policy), policy)
 
     def decode_forward(
         input_ids: torch.Tensor,
@@ -76,10 +96,19 @@ def make_decode_forward(model: nn.Module, policy: OpPolicy) -> DecodeForward:
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
     ) -> torch.Tensor:
-        meta = AttentionMetadata(False, slot_mapping, block_tables, seq_lens)
-        return model.compute_logits(model(input_ids, positions, meta, policy), policy)
+        return logits(input_ids, positions, AttentionMetadata(False, slot_mapping, block_tables, seq_lens))
 
-    return decode_forward
+    def verify_forward(
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        meta = AttentionMetadata(False, slot_mapping, block_tables, seq_lens, store_first=True)
+        return logits(input_ids, positions, meta)
+
+    return verify_forward if store_first else decode_forward
 
 
 @dataclass
@@ -161,9 +190,13 @@ class CapturedBucket:
 
 
 class DecodeGraphRunner:
+    """One set of graphs: decode steps, or with ``store_first`` verify steps (buckets of
+    rows: ``verify_buckets(config.max_verify_rows)``). ``buckets``: other sizes (benchmarks);
+    ``pool``: a memory pool to capture into (``capture_sets``)."""
+
     def __init__(
         self, model: nn.Module, config: EngineConfig, device: torch.device, max_blocks_per_seq: int, policy: OpPolicy,
-        tp: TensorParallel = SINGLE,
+        tp: TensorParallel = SINGLE, store_first: bool = False, buckets: Optional[list[int]] = None, pool=None,
     ) -> None:
         self.model = model
         self.policy = policy
@@ -172,15 +205,18 @@ class DecodeGraphRunner:
         self.device = device
         self.fake = device.type != "cuda"
         self.auto = config.decode_compile == "auto"
-        self.buckets = capture_sizes(config)
+        self.store_first = store_first
+        if buckets is None:
+            buckets = verify_buckets(config.max_verify_rows) if store_first else capture_sizes(config)
+        self.buckets = sorted(set(buckets))
         self.max_blocks = max_blocks_per_seq
         self.buffers = StaticBuffers.allocate(self.buckets[-1], max_blocks_per_seq, device)
-        self.raw_forward = make_decode_forward(model, policy)
+        self.raw_forward = make_decode_forward(model, policy, store_first)
         self._forward: Optional[DecodeForward] = None  # built lazily at the first capture
         self.entries: dict[int, CapturedBucket] = {}
         self.info: dict[int, BucketInfo] = {}
         self.decisions: dict[int, auto_compile.BucketDecision] = {}
-        self.pool = None
+        self.pool = pool
 
     # ------------------------------------------------------------------ build
     @property
@@ -189,7 +225,7 @@ class DecodeGraphRunner:
 
         The compiled one runs the ``compile_native_ops`` in their PyTorch form, for Inductor to fuse."""
         if self._forward is None:
-            native = make_decode_forward(self.model, self.policy.with_native(self.config.compile_native_ops))
+            native = make_decode_forward(self.model, self.policy.with_native(self.config.compile_native_ops), self.store_first)
             compiled = decode_compile.build_decode_forward(native, self.config, self.device)
             self._forward = compiled if getattr(compiled, "compiled", False) else self.raw_forward
         return self._forward
@@ -211,13 +247,16 @@ class DecodeGraphRunner:
     @torch.inference_mode()
     def capture_all(self) -> None:
         """Warm up and capture every bucket, largest first (smaller ones reuse its pool)."""
-        bar = tqdm(sorted(self.buckets, reverse=True), desc="Capturing decode graphs", unit=" bucket", disable=not self.config.show_progress)
+        kind = "verify" if self.store_first else "decode"
+        bar = tqdm(sorted(self.buckets, reverse=True), desc=f"Capturing {kind} graphs", unit=" bucket",
+                   disable=not self.config.show_progress)
         for size in bar:
             info = self.capture(size)
-            bar.set_postfix_str(f"bs={size} warmup {info.seconds_warmup:.1f}s capture {info.seconds_capture:.2f}s")
+            bar.set_postfix_str(f"{'rows' if self.store_first else 'bs'}={size} warmup {info.seconds_warmup:.1f}s "
+                                f"capture {info.seconds_capture:.2f}s")
         bar.close()
         total = sum(i.seconds_warmup + i.seconds_capture for i in self.info.values())
-        log.info("decode graphs ready: %d buckets in %.1fs (compiled: %s)", len(self.info), total,
+        log.info("%s graphs ready: %d buckets in %.1fs (compiled: %s)", kind, len(self.info), total,
                  sorted(s for s, e in self.entries.items() if e.compiled) or "none")
         if self.decisions:
             log.info("decode_compile=auto, per bucket:\n%s", auto_compile.decision_table(list(self.decisions.values())))
@@ -294,9 +333,21 @@ class DecodeGraphRunner:
 
     # ------------------------------------------------------------------ replay
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits of the real rows of a decode batch that fits a bucket."""
+        """Logits of the real rows of a decode batch (of this set's kind) that fits a bucket."""
+        assert inputs.attn.store_first == self.store_first and not inputs.attn.is_prefill
         b = inputs.num_seqs
         bucket = self.bucket_for(b)
         assert bucket is not None, "caller checks fits()"
         self.buffers.fill(inputs, bucket)
         return self.entries[bucket].replay(self.buffers.view(bucket))[:b]
+
+
+def capture_sets(runners: list[DecodeGraphRunner]) -> None:
+    """Capture every runner's graphs into one memory pool, the runner with the largest
+    bucket first (smaller graphs then fit the pool it made); one step replays at a time,
+    so graphs of both kinds can share it."""
+    pool = None
+    for runner in sorted(runners, key=lambda r: r.buckets[-1], reverse=True):
+        runner.pool = runner.pool if pool is None else pool
+        runner.capture_all()
+        pool = runner.pool

@@ -2,7 +2,10 @@
 
 Prefill steps, eager mode and CPU run the raw model. Decode steps on CUDA go
 through the DecodeGraphRunner (captured graphs, optionally compiled) when the
-batch fits a bucket.
+batch fits a bucket; speculative decoding's verify steps (decode rows of their
+own kind: ``step_inputs._verify_fields``) through a second set of graphs, the
+verify graphs, when their rows fit a bucket, else the same rows through the raw
+model.
 
 A step is ``stage`` (inputs to the device), ``run_model`` (the device part:
 forward and logits) and sampling. ``run_model`` is what every tensor-parallel
@@ -91,6 +94,7 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.kv: Optional[KVCachePool] = None
         self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
+        self.verify_graphs = None  # the verify steps' DecodeGraphRunner (with speculative decoding)
         kernels = False
         if device.type == "cuda" and config.triton_kernels:
             from ingot.ops.triton import register_cuda_kernels
@@ -180,24 +184,25 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ graphs
     def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
-        """Capture decode graphs on CUDA (or the fake padded path when asked)."""
-        from ingot.runner.graph_runner import DecodeGraphRunner, graphs_enabled
+        """Capture decode graphs on CUDA (or the fake padded path when asked), and verify
+        graphs with speculative decoding, into one memory pool."""
+        from ingot.runner.graph_runner import DecodeGraphRunner, capture_sets, graphs_enabled
 
         if not graphs_enabled(self.config, self.device):
             return
-        self.graphs = DecodeGraphRunner(self.model, self.config, self.device, max_blocks_per_seq, self.policy, self.tp)
-        self.graphs.capture_all()
+        args = (self.model, self.config, self.device, max_blocks_per_seq, self.policy, self.tp)
+        self.graphs = DecodeGraphRunner(*args)
+        if self.config.speculative_config is not None:
+            self.verify_graphs = DecodeGraphRunner(*args, store_first=True)
+        capture_sets([g for g in (self.graphs, self.verify_graphs) if g is not None])
 
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits [S, vocab] of the rows that sample this step."""
-        if (
-            self.graphs is not None
-            and not inputs.attn.is_prefill
-            and self.graphs.fits(inputs.num_seqs)
-        ):
-            return self.graphs.run(inputs)
+        """Logits [S, vocab] of the rows that sample this step (a verify step: of every row)."""
+        graphs = self.verify_graphs if inputs.attn.store_first else self.graphs
+        if graphs is not None and not inputs.attn.is_prefill and graphs.fits(inputs.num_seqs):
+            return graphs.run(inputs)
         return self.raw_logits(inputs)
 
     @torch.inference_mode()

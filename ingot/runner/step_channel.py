@@ -11,7 +11,8 @@ header also carries what to do: run a step, a call (a pickled function and its
 arguments follow), or stop.
 
 Header (int64): kind, is_prefill, tokens T, sampled rows S, sequences
-B, block-table width W, prompt-logprob spans P. Fields: spans [2P], ids [T],
+B, block-table width W, prompt-logprob spans P, store_first (a verify step's
+rows). Fields: spans [2P], ids [T],
 positions [T], slots [T], logits indices [S] (int64); sequence lengths [B],
 block table [B * W], cu_seqlens [B + 1] for prefill (int32).
 """
@@ -53,13 +54,15 @@ class Layout:
     seqs: int
     width: int
     spans: int
+    store_first: bool = False
 
     def header(self, kind: Kind) -> list[int]:
-        return [int(kind), int(self.is_prefill), self.tokens, self.sampled, self.seqs, self.width, self.spans] + [0] * (HEADER - 7)
+        return [int(kind), int(self.is_prefill), self.tokens, self.sampled, self.seqs, self.width, self.spans,
+                int(self.store_first)] + [0] * (HEADER - 8)
 
     @classmethod
     def from_header(cls, h: Sequence[int]) -> "Layout":
-        return cls(bool(h[1]), h[2], h[3], h[4], h[5], h[6])
+        return cls(bool(h[1]), h[2], h[3], h[4], h[5], h[6], bool(h[7]))
 
     @property
     def counts64(self) -> list[int]:  # spans, ids, positions, slots, logits indices
@@ -89,10 +92,13 @@ def _padded(n: int, align: int) -> int:
 def capacity_for(config: EngineConfig, max_blocks_per_seq: int) -> int:
     """Bytes of the largest step ``config`` allows: a prefill of ``max_num_batched_tokens``
     (or a decode of ``max_num_seqs``) over ``max_num_seqs`` sequences of full block tables,
-    every one sampling and asking for prompt logprobs."""
+    every one sampling and asking for prompt logprobs, or a verify step of
+    ``max_verify_rows`` rows (a block table row and logits each)."""
     seqs = config.max_num_seqs
     tokens = max(config.max_num_batched_tokens, seqs)
-    return Layout(True, tokens, seqs, seqs, max_blocks_per_seq, seqs).offsets()[2]
+    step = Layout(True, tokens, seqs, seqs, max_blocks_per_seq, seqs).offsets()[2]
+    rows = config.max_verify_rows
+    return max(step, Layout(False, rows, rows, rows, max_blocks_per_seq, 0, True).offsets()[2])
 
 
 class StepChannel:
@@ -107,7 +113,8 @@ class StepChannel:
     # ------------------------------------------------------------------ driver
     def stage(self, host: HostStep, spans: Sequence[Span], kind: Kind = Kind.STEP) -> StepInputs:
         """Copy a step into this rank's buffer (not sent yet); its inputs as views of the buffer."""
-        layout = Layout(host.is_prefill, len(host.ids), len(host.logits_indices), len(host.seq_lens), host.width, len(spans))
+        layout = Layout(host.is_prefill, len(host.ids), len(host.logits_indices), len(host.seq_lens), host.width, len(spans),
+                        host.store_first)
         starts64, starts32, size = layout.offsets()
         if size > self.buffer.numel():
             raise ValueError(f"a step of {size} bytes does not fit the {self.buffer.numel()}-byte step buffer")
@@ -163,5 +170,6 @@ class StepChannel:
             block_tables=table.view(layout.seqs, layout.width),
             seq_lens=seq_lens,
             cu_seqlens_q=cu if layout.is_prefill else None,
+            store_first=layout.store_first,
         )
         return StepInputs(ids, positions, attn, logits, sample_rows)

@@ -39,17 +39,20 @@ class HostStep:
     rows: int  # block table rows and width; ``table`` is the flat int32 [rows, width]
     width: int
     table: array.array
+    store_first: bool = False  # a verify step's rows (``AttentionMetadata.store_first``)
 
 
 def host_step(batch: ScheduledBatch, block_size: int) -> HostStep:
+    tables = [seq.block_ids for seq in batch.seqs]
     if batch.draft_tokens is not None:
         fields = _verify_fields(batch, block_size)
+        tables = [t for t, drafts in zip(tables, batch.draft_tokens) for _ in range(1 + len(drafts))]
     else:
         fields = _prefill_fields(batch, block_size) if batch.is_prefill else _decode_fields(batch, block_size)
     ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = fields
-    rows, width, table = padded_block_rows([seq.block_ids for seq in batch.seqs])
-    multi = batch.is_prefill or batch.draft_tokens is not None  # attention over several query tokens per row
-    return HostStep(multi, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width, table)
+    rows, width, table = padded_block_rows(tables)
+    return HostStep(batch.is_prefill, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width,
+                    table, store_first=batch.draft_tokens is not None)
 
 
 def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
@@ -71,6 +74,7 @@ def device_inputs(h: HostStep, device: torch.device) -> StepInputs:
         block_tables=table_t.view(h.rows, h.width),
         seq_lens=seq_lens_t,
         cu_seqlens_q=cu_t[0] if h.is_prefill else None,
+        store_first=h.store_first,
     )
     return StepInputs(
         input_ids=input_ids,
@@ -107,25 +111,25 @@ def _prefill_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], 
 
 
 def _verify_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:
-    """The fields of a verify step (speculative decoding): each row's last token and its
-    drafts as one query over its cached context, with logits at every one of them."""
+    """The fields of a verify step (speculative decoding): a sequence with ``k`` drafts is
+    ``k + 1`` decode rows, its last token then each draft, at consecutive positions, each
+    with its own slot and ``seq_len = position + 1`` (its block table row is repeated by
+    ``host_step``), so decode attention gives each row causal attention over the cache.
+    Every row has logits; the sequences are the rows that sample."""
     assert batch.draft_tokens is not None
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    seq_lens: list[int] = []
-    cu = [0]
     for seq, drafts in zip(batch.seqs, batch.draft_tokens):
         start = seq.num_computed_tokens
-        end = start + 1 + len(drafts)
         ids.extend(seq.tokens(start, start + 1))
         ids.extend(drafts)
-        positions.extend(range(start, end))
-        for pos in range(start, end):
+        for pos in range(start, start + 1 + len(drafts)):
+            positions.append(pos)
             slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
-        seq_lens.append(end)
-        cu.append(cu[-1] + end - start)
-    return ids, positions, slots, seq_lens, cu, list(range(cu[-1])), list(range(len(batch.seqs)))
+    rows = list(range(len(ids)))
+    seq_lens = [p + 1 for p in positions]
+    return ids, positions, slots, seq_lens, list(range(len(ids) + 1)), rows, list(range(len(batch.seqs)))
 
 
 def _decode_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:
@@ -147,7 +151,14 @@ def _decode_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], .
 
 
 def last_token_indices(batch: ScheduledBatch) -> list[int]:
-    """Index of each row's last new token in the step's flattened tokens."""
+    """Where each row's latest token sits in the step's flattened tokens (what ``TokenFeed``
+    fills): its last new token; a verify step's first row of each sequence (drafts follow it)."""
+    if batch.draft_tokens is not None:
+        starts, row = [], 0
+        for drafts in batch.draft_tokens:
+            starts.append(row)
+            row += 1 + len(drafts)
+        return starts
     if not batch.is_prefill:
         return list(range(len(batch.seqs)))
     out, end = [], 0

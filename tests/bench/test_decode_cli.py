@@ -280,7 +280,8 @@ def test_json_round_trip(tmp_path):
     for row, got in zip(bench.rows, data["timings"]):
         assert got == {"batch": row.batch, "ms": row.ms, "back_to_back_ms": row.back_to_back_ms,
                        "warmup_s": row.warmup_s, "capture_s": row.capture_s,
-                       "auto_choice": row.auto_choice, "profiles": {}, "gpu_state": {}, "experts_hit": None}
+                       "auto_choice": row.auto_choice, "profiles": {}, "gpu_state": {}, "experts_hit": None,
+                       "speculative": {}}
     # and every derived number
     assert data["summary"] == json.loads(json.dumps(decode_cli.summarize(bench)))
     written = set(_numbers(data))
@@ -374,6 +375,49 @@ def test_command_pipeline_with_cpu_timer(tmp_path, monkeypatch, capsys):
         assert set(row["modes"]) == {"eager", "graph", "compiled", "gemm_only"} and all(m["ms"] > 0 for m in row["modes"].values())
         assert all(row["modes"][m]["back_to_back_ms"] > 0 for m in ("eager", "graph", "compiled"))
         assert row["modes"]["gemm_only"]["back_to_back_ms"] is None
+
+
+def test_speculative_k_times_verify_steps_against_decode_steps(tmp_path, monkeypatch, capsys):
+    """``--speculative-k 1,3``: per batch size and draft count, a verify step of batch x (k + 1) rows
+    (the padded verify path on CPU: a bucket per row count) against the decode step, in a table
+    and the JSON; the engine's pool and block tables hold the drafts."""
+    from ingot.bench import decode as decode_mod
+    from ingot.bench import decode_spec
+    from tests.helpers import write_tiny_checkpoint
+
+    timed = []
+
+    def counting_timer(fn, iters, device, warmup=3):
+        fn()
+        timed.append(fn)
+        return 1.0 + len(timed)  # each timing its own number: the ratios are checked by hand below
+
+    tiny = write_tiny_checkpoint(tmp_path / "qwen3", "qwen3")
+    monkeypatch.setattr(decode_mod, "time_cuda", counting_timer)
+    monkeypatch.setattr(decode_mod, "time_back_to_back", lambda fn, steps, device: 1.0)
+    monkeypatch.setattr(decode_cli, "_cuda_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(decode_cli, "measure_copy_bandwidth", lambda device: 1e11)
+    rows_run = []
+    real_run = decode_spec.DecodeGraphRunner.run
+    monkeypatch.setattr(decode_spec.DecodeGraphRunner, "run",
+                        lambda self, inputs: rows_run.append((self.store_first, inputs.num_seqs)) or real_run(self, inputs))
+    out = tmp_path / "decode.json"
+    argv = ["bench", "decode", "--model", str(tiny), "--batch-sizes", "1,2", "--context-len", "30", "--iters", "1",
+            "--decode-compile", "off", "--dtype", "float32", "--json", str(out), "--quiet", "--speculative-k", "1,3"]
+    assert main(argv) == 0
+    assert "verify step vs decode step" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["speculative_ks"] == [1, 3]
+    spec = data["speculative"]
+    assert [(s["mode"], s["batch"], s["k"], s["rows"]) for s in spec] == [
+        ("graph", 1, 1, 2), ("graph", 1, 3, 4), ("graph", 2, 1, 4), ("graph", 2, 3, 8)]
+    for s in spec:
+        assert s["ratio"] == pytest.approx(s["verify_ms"] / s["decode_ms"])
+        assert s["graph_ratio"] == pytest.approx(s["verify_graph_ms"] / s["decode_graph_ms"])
+    assert {(True, 2), (True, 4), (True, 8)} <= set(rows_run) and (False, 2) in rows_run
+    assert build_parser().parse_args(["bench", "decode"]).speculative_k is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "decode", "--speculative-k", "17"])
 
 
 def test_command_pipeline_tensor_parallel_with_cpu_timer(tmp_path, monkeypatch, capsys):

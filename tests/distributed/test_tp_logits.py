@@ -110,3 +110,20 @@ def test_token_feed_reaches_every_rank(tmp_path):
         assert decode_tokens(engine, feed=True) == expected
     finally:
         engine.close()
+
+
+def test_tp2_verify_steps_give_tp1_greedy_tokens(tmp_path):
+    """Speculative decoding over two ranks: every rank runs each verify step's rows (their layout
+    and store_first come in the step buffer); greedy output is TP1's plain greedy decoding."""
+    path = str(write_tiny_checkpoint(tmp_path / "qwen3", "qwen3"))
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    prompts = ["the quick brown fox jumps over the lazy dog. the quick", "hello world hello world"]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    with LLM(path, device="cpu", dtype="float32", show_progress=False, **ENGINE) as llm:
+        plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with LLM(path, device="cpu", dtype="float32", show_progress=False, tensor_parallel_size=2, speculative_config=spec,
+             **ENGINE) as llm:
+        spec_tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        stats = llm.engine.stats()
+    assert spec_tokens == plain
+    assert stats.spec_decode_num_draft_tokens > 0

@@ -31,7 +31,7 @@ def run(path, spec, prompts, params, **engine):
 
 
 def same(a, b) -> None:
-    """Equal outputs; logprobs equal to fp32 rounding (verify logits come from the multi-token forward)."""
+    """Equal outputs; logprobs equal to fp32 rounding (verify logits come from the verify rows)."""
     assert len(a) == len(b)
     for ra, rb in zip(a, b):
         for (ta, xa, fa, sa, la), (tb, xb, fb, sb, lb) in zip(ra, rb):

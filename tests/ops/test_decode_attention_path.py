@@ -173,3 +173,32 @@ def test_head_norms_fold_into_the_fused_decode_op(monkeypatch):
     expected = ref.decode_attention(qr, kc, vc, meta.block_tables, meta.seq_lens, layer.scale)
     torch.testing.assert_close(fused, expected, rtol=0, atol=0)
     assert torch.equal(kc, fused_k_cache)
+
+
+def test_verify_rows_store_every_row_first_and_equal_a_causal_chunk(monkeypatch):
+    """A verify step's rows (``store_first``: three rows of one sequence at positions 5, 6, 7, one
+    block table repeated) run rotary, store_kv and decode_attention one by one, never the fused
+    op; each row attends causally, as prefill attention of the same three tokens as one chunk."""
+    spy = OpSpy()
+    monkeypatch.setattr(attention_mod, "torch", types.SimpleNamespace(ops=types.SimpleNamespace(ingot=spy)))
+    gen = torch.Generator().manual_seed(4)
+    hq, hkv, d, page = 4, 2, 16, 4
+    layer = Attention(hq, hkv, d, d**-0.5)
+    caches = (torch.randn(4, page, hkv, d, generator=gen), torch.randn(4, page, hkv, d, generator=gen))
+    rotary = RotaryEmbedding(d, 64, 10000.0)
+    positions = torch.tensor([5, 6, 7])
+    slots = torch.tensor([2 * page + 1, 2 * page + 2, 2 * page + 3])  # blocks [1, 2]: positions 4..7 in block 2
+    q, k, v = (torch.randn(3, h, d, generator=gen) for h in (hq, hkv, hkv))
+    rows = AttentionMetadata(False, slots, torch.tensor([[1, 2]] * 3, dtype=torch.int32),
+                             torch.tensor([6, 7, 8], dtype=torch.int32), store_first=True)
+    layer.k_cache, layer.v_cache = caches[0].clone(), caches[1].clone()
+    out = layer(positions, q, k, v, rows, rotary)
+    assert spy.calls == ["store_kv", "decode_attention"]  # rotary ran first, in its own module
+    row_caches = (layer.k_cache.clone(), layer.v_cache.clone())
+
+    chunk = AttentionMetadata(True, slots, torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([8], dtype=torch.int32),
+                              torch.tensor([0, 3], dtype=torch.int32))
+    layer.k_cache, layer.v_cache = caches[0].clone(), caches[1].clone()
+    expected = layer(positions, q, k, v, chunk, rotary)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(row_caches[0], layer.k_cache) and torch.equal(row_caches[1], layer.v_cache)

@@ -55,3 +55,20 @@ def test_mla_store_kv(K):  # noqa: F811
     K.mla_attention.mla_store_kv(latent, k_pe, cache, slots)
     ref.mla_store_kv(latent, k_pe, expected, slots)
     assert torch.equal(cache, expected)
+
+
+def test_mla_decode_attention_of_verify_rows(K):  # noqa: F811
+    """Speculative decoding's verify rows: the last 4 of 21 tokens of sequence 0 and the last 2 of
+    7 of sequence 1 as one decode row each (the sequence's block table repeated, ``seq_len =
+    position + 1``) equal the reference prefill of those tokens as causal chunks."""
+    gen = torch.Generator().manual_seed(8)
+    lens, new = [21, 7], [4, 2]
+    q_latent, q_pe, cache, table = mla_case(lens, 4, 32, 16, 8, torch.bfloat16, gen, rows=3)
+    rows = [(b, pos) for b, (m, n) in enumerate(zip(new, lens)) for pos in range(n - m, n)]
+    tables = table[[b for b, _ in rows]]
+    seq_lens = torch.tensor([pos + 1 for _, pos in rows], dtype=torch.int32)
+    out = K.mla_attention.mla_decode_attention(q_latent, q_pe, cache, tables, seq_lens, 0.2, num_splits=2)
+    cu = torch.tensor([0, new[0], sum(new)], dtype=torch.int32)
+    expected = ref.mla_prefill_attention(q_latent.float(), q_pe.float(), cache.float(), cu,
+                                         torch.tensor(lens, dtype=torch.int32), table, 0.2)
+    assert rel_err(out, expected) < 1e-2

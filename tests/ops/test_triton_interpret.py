@@ -306,6 +306,35 @@ def test_prefill_attention_window(K, q_lens, totals, page, window, softcap):
     assert rel_err(out, expected(window, 0.2, softcap)) < 1e-4
 
 
+@pytest.mark.parametrize("window,softcap,sinks,splits", [
+    (0, 0.0, False, None),
+    (0, 0.0, False, 3),  # several slices: the rows of one sequence in different programs
+    (6, 2.0, False, 2),  # each row's window starts one position later than the row before it
+    (0, 0.0, True, 1),
+])
+def test_decode_attention_of_verify_rows(K, window, softcap, sinks, splits):
+    """Speculative decoding's verify rows: sequence b's last ``q_lens[b]`` tokens as one decode
+    row each (its block table repeated, ``seq_len = position + 1``) plus a padding row, their
+    K/V stored first by the store_kv kernel into NaN slots: each row's decode attention equals
+    dense causal attention at its position (the kernel reads the repeated table only)."""
+    gen = torch.Generator().manual_seed(window + splits if splits else 31)
+    q_lens, totals, page = [4, 1, 3], [21, 9, 3], 4
+    (q, k, v, k_cache, v_cache, _, _, table), expected = prefill_window_case(q_lens, totals, 4, 2, 32, page, gen)
+    rows = [(b, pos) for b, (m, n) in enumerate(zip(q_lens, totals)) for pos in range(n - m, n)]
+    slots = torch.tensor([int(table[b, pos // page]) * page + pos % page for b, pos in rows] + [0])
+    k_cache.view(-1, 2, 32)[slots[:-1]] = float("nan")  # read before the store: NaN in the output
+    v_cache.view(-1, 2, 32)[slots[:-1]] = float("nan")
+    pad = [torch.randn(1, *x.shape[1:], generator=gen) for x in (q, k, v)]
+    q, k, v = (torch.cat([x, p]) for x, p in zip((q, k, v), pad))
+    tables = torch.cat([table[[b for b, _ in rows]], torch.zeros(1, table.shape[1], dtype=torch.int32)])
+    seq_lens = torch.tensor([pos + 1 for _, pos in rows] + [1], dtype=torch.int32)
+    sink = torch.randn(4, generator=gen) if sinks else None
+    K.kv_store.store_kv(k, v, k_cache, v_cache, slots)
+    out = K.decode_attention.decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.2, window, softcap, sink,
+                                              num_splits=splits)
+    assert rel_err(out[:-1], expected(window, 0.2, softcap, sink)) < 1e-4
+
+
 def test_store_kv(K):
     check_store_kv(K.kv_store.store_kv, t=9, hkv=2, d=64, page=16, nb=6, gen=torch.Generator().manual_seed(2))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 import uuid
@@ -561,3 +562,46 @@ def test_batch1_step_compiles_with_the_skinny_ops(tmp_path):
     source = "\n".join(str(g.graph) for g in graphs)
     assert "ingot.decode_attention" in source  # the opaque kernels stay
     assert all(op in source for op in ("ingot.skinny_linear", "ingot.rms_norm_linear", "ingot.silu_mul_linear"))
+
+
+def test_decode_and_verify_forwards_compile_apart(tmp_path):
+    """The verify forward (``store_first``: rows that read each other's K/V) is a function of its
+    own, so torch.compile traces it apart from the decode forward: each compiles once, the
+    decode graph calls the fused decode op, the verify graph stores K/V then attends, and a
+    further call of either recompiles nothing."""
+    from ingot.engine.engine import Engine
+    from ingot.runner.graph_runner import StaticBuffers, make_decode_forward
+    from tests.helpers import write_tiny_checkpoint
+
+    graphs = []
+
+    def record_aot(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+
+        graphs.append(gm)
+        return aot_autograd(fw_compiler=lambda g, _: g.forward)(gm, example_inputs)
+
+    path = write_tiny_checkpoint(tmp_path / "llama", "llama")
+    cfg = EngineConfig(model=str(path), dtype="float32", device="cpu", show_progress=False, decode_compile=True)
+    engine = Engine(cfg)
+    model, policy = engine.executor.model, engine.executor.policy
+    buf = StaticBuffers.allocate(2, 8, torch.device("cpu"))  # one sequence's rows at positions 0 and 1
+    buf.input_ids.copy_(torch.tensor([7, 9]))
+    buf.positions.copy_(torch.tensor([0, 1]))
+    buf.slot_mapping.copy_(torch.tensor([16, 17]))
+    buf.block_tables[:, 0] = 1
+    buf.seq_lens.copy_(torch.tensor([1, 2]))
+    forwards = {kind: make_decode_forward(model, policy, store_first=kind == "verify") for kind in ("decode", "verify")}
+    compiled = {kind: dc.build_decode_forward(f, cfg, "cpu", backend=record_aot, allow_cpu=True) for kind, f in forwards.items()}
+    with torch.inference_mode():
+        expected = forwards["verify"](*buf.view(2)).clone()
+        got = {kind: compiled[kind](*buf.view(2)).clone() for kind in ("decode", "verify")}
+        with dc.forbid_recompiles():
+            torch.testing.assert_close(compiled["verify"](*buf.view(2)), expected)
+            compiled["decode"](*buf.view(2))
+    assert len(graphs) == 2
+    decode_src, verify_src = (str(g.graph) for g in graphs)
+    assert "ingot.decode_attention_rope" in decode_src and "ingot.store_kv" not in decode_src
+    assert "ingot.decode_attention_rope" not in verify_src
+    assert "ingot.store_kv" in verify_src and re.search(r"ingot\.decode_attention\b", verify_src)
+    torch.testing.assert_close(got["verify"], expected)

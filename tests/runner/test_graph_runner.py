@@ -7,7 +7,7 @@ import pytest
 from ingot import LLM, SamplingParams
 from ingot.config import EngineConfig
 from ingot.runner import graph_runner
-from ingot.runner.graph_runner import capture_sizes, default_buckets
+from ingot.runner.graph_runner import capture_sizes, default_buckets, verify_buckets
 from tests.helpers import write_tiny_checkpoint
 
 
@@ -31,6 +31,36 @@ def test_default_buckets():
     assert default_buckets(512)[-9:] == [256, 288, 320, 352, 384, 416, 448, 480, 512]
     assert capture_sizes(EngineConfig(max_num_seqs=16, cudagraph_capture_sizes=(4, 32))) == [4]
     assert capture_sizes(EngineConfig(max_num_seqs=16, cudagraph_capture_sizes=(32,))) == [16]
+
+
+def test_verify_buckets():
+    assert verify_buckets(2) == [2]
+    assert verify_buckets(20) == [2, 3, 4, 6, 8, 12, 16, 20]
+    assert verify_buckets(160) == [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160]
+    assert verify_buckets(192)[-3:] == [96, 128, 192]
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    assert EngineConfig(max_num_seqs=256, speculative_config=spec).max_verify_rows == 32 * 5  # disable_by_batch_size
+    assert EngineConfig(max_num_seqs=3, speculative_config=spec).max_verify_rows == 15
+    assert EngineConfig(max_num_seqs=3).max_verify_rows == 0
+
+
+def test_verify_graphs_only_with_speculation_and_in_the_decode_graphs_pool(tiny, cpu_buckets, monkeypatch):
+    """Verify graphs are a set of their own, made with speculative decoding only; the set with
+    the largest bucket captures first and the other captures into its pool."""
+    assert make(tiny).engine.executor.verify_graphs is None
+    order = []
+    real = graph_runner.DecodeGraphRunner.capture_all
+
+    def capture_all(self):
+        order.append((self.store_first, self.pool))
+        real(self)
+        self.pool = f"pool of {'verify' if self.store_first else 'decode'}"  # (CPU: no pool of its own)
+
+    monkeypatch.setattr(graph_runner.DecodeGraphRunner, "capture_all", capture_all)
+    runner = make(tiny, speculative_config={"method": "ngram", "num_speculative_tokens": 2}).engine.executor
+    assert runner.graphs.buckets == [1, 2, 4, 8] and runner.verify_graphs.buckets == [2, 3, 4, 6, 8, 12, 16, 24]
+    assert runner.verify_graphs.store_first and not runner.graphs.store_first
+    assert order == [(True, None), (False, "pool of verify")]  # 24 verify rows > 8 decode rows
 
 
 def test_no_graphs_on_cpu_without_fake(tiny, monkeypatch):
@@ -99,8 +129,8 @@ def test_fake_capture_of_every_default_bucket_runs_no_warm_up_forward(tiny, monk
     calls = []
     real = graph_runner.make_decode_forward
 
-    def counting(model, policy):
-        forward = real(model, policy)
+    def counting(model, policy, store_first=False):
+        forward = real(model, policy, store_first)
         return lambda *args: calls.append(args[0].shape[0]) or forward(*args)
 
     monkeypatch.setattr(graph_runner, "make_decode_forward", counting)

@@ -8,7 +8,7 @@ import torch
 
 from ingot.runner.batch import ScheduledBatch
 from ingot.engine.sequence import Sequence
-from ingot.runner.step_inputs import build_step_inputs, padded_block_rows
+from ingot.runner.step_inputs import build_step_inputs, last_token_indices, padded_block_rows
 from ingot.sampling_params import SamplingParams
 
 
@@ -90,3 +90,23 @@ def test_decode_fast_path_equals_the_general_path():
         seqs.append(_seq(prompt, output, blocks, n - 1))
     batch = ScheduledBatch(seqs, False, [1] * len(seqs))
     assert _decode_fields(batch, 4) == _prefill_fields(batch, 4)
+
+
+def test_verify_step_is_one_decode_row_per_token_hand_computed():
+    """A verify step: seq a (position 6, drafts 40, 41) is rows at positions 6, 7, 8 (block 8's
+    slots 2..3, then block 9's slot 0), each over a's block table; seq b without drafts is one
+    row. Every row has logits, each sequence samples, and the rows store their K/V first."""
+    a = _seq([1, 2, 3, 4, 5, 6], [70], [5, 8, 9], 6)
+    b = _seq([9, 9, 9], [71, 72], [2, 6], 4)
+    batch = ScheduledBatch([a, b], False, [3, 1], draft_tokens=[[40, 41], []])
+    inp = build_step_inputs(batch, 4, torch.device("cpu"))
+    assert inp.input_ids.tolist() == [70, 40, 41, 72]
+    assert inp.positions.tolist() == [6, 7, 8, 4]
+    assert inp.attn.slot_mapping.tolist() == [8 * 4 + 2, 8 * 4 + 3, 9 * 4 + 0, 6 * 4 + 0]
+    assert inp.attn.seq_lens.tolist() == [7, 8, 9, 5]
+    assert inp.attn.block_tables.tolist() == [[5, 8, 9]] * 3 + [[2, 6, 0]]
+    assert not inp.attn.is_prefill and inp.attn.store_first and inp.attn.cu_seqlens_q is None
+    assert inp.logits_indices.tolist() == [0, 1, 2, 3] and inp.sample_rows == [0, 1]
+    assert last_token_indices(batch) == [0, 3]
+    plain = build_step_inputs(ScheduledBatch([a, b], False, [1, 1]), 4, torch.device("cpu"))
+    assert not plain.attn.store_first
