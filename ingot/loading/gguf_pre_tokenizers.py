@@ -96,7 +96,10 @@ _GPT2 = PreTokenizerRule(gpt2_regex=True)
 _GPT2_DIGITS = PreTokenizerRule(digits=True, gpt2_regex=True)
 _LLAMA3 = PreTokenizerRule((_CL100K,), ignore_merges=True, add_bos=True)
 
-# tokenizer.ggml.pre -> rule. Names as convert_hf_to_gguf.py writes them.
+# tokenizer.ggml.pre -> rule. Names as convert_hf_to_gguf.py writes them; ignore_merges
+# and add_bos as llama.cpp sets them per name ("smaug-bpe" and "dbrx", the cl100k files
+# of Smaug, DBRX and the models sharing that vocabulary, set neither). "default" (no
+# family recognized) is read as GPT-2's rule.
 PRE_TOKENIZERS: dict[str, PreTokenizerRule] = {
     "default": _GPT2,
     "gpt-2": _GPT2,
