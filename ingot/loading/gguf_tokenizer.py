@@ -2,62 +2,34 @@
 
 A GGUF carries its vocabulary, merges and token types as llama.cpp metadata
 rather than a tokenizer.json; this rebuilds the HF fast tokenizer that splits
-text the way llama.cpp does, for the byte-level (gpt2) and SentencePiece
-(llama) vocabularies.
+text the way the model's own tokenizer does, for the byte-level (gpt2)
+vocabularies with the split rule tokenizer.ggml.pre names
+(``gguf_pre_tokenizers``) and the SentencePiece (llama) ones.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from ingot.loading.errors import CheckpointError
+from ingot.loading.gguf_pre_tokenizers import PRE_TOKENIZERS, build_pre_tokenizer, pre_tokenizer_rule
 
 # token_type values in tokenizer.ggml.token_type (llama.cpp's llama_token_type)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
-
-# Split regexes by tokenizer.ggml.pre, as the model's tokenizer.json uses them.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# pre name -> (split regex or None for GPT-2's built-in one, digits split one by one first, ignore_merges)
-_PRE_TOKENIZERS: dict[str, tuple[Optional[str], bool, bool]] = {
-    "default": (None, False, False),
-    "gpt-2": (None, False, False),
-    "gpt2": (None, False, False),
-    "smollm": (None, True, False),
-    "starcoder": (None, True, False),
-    "refact": (None, True, False),
-    "llama-bpe": (_LLAMA3_SPLIT, False, True),
-    "llama3": (_LLAMA3_SPLIT, False, True),
-    "llama-v3": (_LLAMA3_SPLIT, False, True),
-    "smaug-bpe": (_LLAMA3_SPLIT, False, True),
-    "qwen2": (_QWEN2_SPLIT, False, False),
-    "deepseek-r1-qwen": (_QWEN2_SPLIT, False, False),
-    "tekken": (_TEKKEN_SPLIT, False, True),
-}
 
 
 def default_add_bos(meta: dict[str, Any]) -> bool:
     """llama.cpp's default when the file has no tokenizer.ggml.add_bos_token."""
     if meta.get("tokenizer.ggml.model") == "llama":
         return True
-    return meta.get("tokenizer.ggml.pre") in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "tekken")
+    rule = PRE_TOKENIZERS.get(meta.get("tokenizer.ggml.pre", "default"))
+    return rule is not None and rule.add_bos
 
 
 def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """A HF fast tokenizer equivalent to llama.cpp's for this vocabulary; adds no BOS/EOS itself."""
+    """A HF fast tokenizer that tokenizes this vocabulary as the model's own does; adds no BOS/EOS itself."""
     kind = meta.get("tokenizer.ggml.model")
     tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
     if not tokens:
@@ -85,23 +57,10 @@ def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
 
 def _byte_level_bpe(meta: dict[str, Any], vocab: dict[str, int]) -> Tokenizer:
     """GPT-2 style byte-level BPE; tokens and merges are stored in the byte alphabet already."""
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in _PRE_TOKENIZERS:
-        raise CheckpointError(
-            f"unsupported GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: {', '.join(sorted(_PRE_TOKENIZERS))}"
-        )
-    split, digits, ignore_merges = _PRE_TOKENIZERS[pre]
+    rule = pre_tokenizer_rule(meta.get("tokenizer.ggml.pre", "default"))
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
-    steps: list[pre_tokenizers.PreTokenizer] = []
-    if digits:
-        steps.append(pre_tokenizers.Digits(individual_digits=True))
-    if split is None:
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
-    else:
-        steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-    tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=rule.ignore_merges))
+    tok.pre_tokenizer = build_pre_tokenizer(rule)
     tok.decoder = decoders.ByteLevel()
     return tok
 
