@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ingot.bench.report import env_info, write_json
-from ingot.bench.serve import Workload, make_requests, parse_range
+from ingot.bench.workload import Workload, make_requests, parse_range
 from ingot.engine.block_manager import BlockManager
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status

@@ -29,14 +29,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional
 
 from ingot.bench.report import env_info, write_json
-from ingot.bench.serve import Workload, make_requests, parse_range, round_summary, run_workload, warm_up
+from ingot.bench.serve import round_order, round_summary, run_workload, warm_up
+from ingot.bench.workload import Workload, make_requests, parse_range
 from ingot.engine.heap import freeze_heap, unfreeze_heap
 from ingot.engine_args import add_model_args
-
-T = TypeVar("T")
 
 READY = re.compile(r"ingot serve: ready on (http://\S+)")
 
@@ -100,12 +99,6 @@ def build_offline_engine(args: argparse.Namespace):
 
     bench_args = build_parser().parse_args(["bench", "serve", *model_args(args), "--quiet"])
     return build_engine(bench_args, MODES["off"])
-
-
-def round_order(runs: list[T], r: int) -> list[T]:
-    """``runs`` as given in even rounds, reversed in odd ones: over two rounds each runs as
-    often first as second, so a machine that drifts within a round favours neither."""
-    return list(runs) if r % 2 == 0 else list(reversed(runs))
 
 
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"))

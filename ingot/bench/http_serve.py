@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from ingot.bench.serve import Request, RequestRecord, ServeMetrics, add_engine_counters, compute_metrics
+from ingot.bench.serve import RequestRecord, ServeMetrics, add_engine_counters, compute_metrics
+from ingot.bench.workload import Request
 from ingot.engine.stats import EngineStats
 
 

@@ -1,18 +1,10 @@
 """Serving benchmark: end-to-end throughput and latency on a synthetic workload.
 
-The workload is ``num_requests`` requests whose prompt and output lengths are
-drawn uniformly from inclusive ranges, with random prompt token ids, all from
-one seed. Requests arrive all at once (``request_rate=inf``) or as a Poisson
-process of the given rate (requests/s). The driver adds each request to the
-engine once its arrival time has passed and steps the engine in between.
-
-Prefix sharing: with ``shared_prefix_len`` N every prompt starts with the same
-N random tokens (a system prompt), then its own part drawn from ``input_len``.
-``kind="multi-turn"``: each of the ``num_requests`` is a conversation of
-``turns`` turns; a turn's prompt is the conversation so far (the previous
-prompt, the tokens the model answered, a new user message of ``input_len``
-tokens), sent as soon as the previous turn has finished. The engine's prefix
-cache hit rate over the run is reported (cached prompt tokens / prompt tokens).
+The workload (``ingot/bench/workload.py``) is a list of requests with arrival times.
+The driver adds each request to the engine once its arrival time has passed and
+steps the engine in between. The engine's prefix cache hit rate over the run is
+reported (cached prompt tokens / prompt tokens), and speculative decoding's drafts
+and the tokens kept, summed from each request's ``RequestOutput.metrics``.
 
 Metrics (pure functions, tested on hand-made streams):
 
@@ -38,147 +30,16 @@ import heapq
 import itertools
 import json
 import math
-import random
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
+from ingot.bench.workload import SPECIAL_MARGIN, Request, check_fits
 from ingot.engine.stats import EngineStats
 from ingot.sampling_params import SamplingParams, StructuredOutputsParams
 
-# Prompt token ids are drawn from [SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN):
-# special tokens (bos, eos, pad, chat markers) usually sit at either end of the vocab.
-SPECIAL_MARGIN = 10
 PERCENTILES = (50, 90, 99)
-KINDS = ("random", "multi-turn")
-
-
-class WorkloadError(ValueError):
-    """The workload is invalid or does not fit the model (the message says which bound)."""
-
-
-# ---------------------------------------------------------------- workload
-@dataclass(frozen=True)
-class Workload:
-    """What to send: counts, inclusive length ranges, arrival rate and seed."""
-
-    num_requests: int
-    input_len: tuple[int, int]
-    output_len: tuple[int, int]
-    request_rate: float = math.inf  # requests/s; inf = all at once
-    seed: int = 0
-    shared_prefix_len: int = 0  # tokens every prompt starts with
-    kind: str = "random"  # or "multi-turn": num_requests conversations
-    turns: tuple[int, int] = (1, 1)  # turns per conversation (multi-turn)
-
-    def __post_init__(self) -> None:
-        if self.num_requests < 1:
-            raise WorkloadError(f"num_requests must be >= 1, got {self.num_requests}")
-        if self.shared_prefix_len < 0:
-            raise WorkloadError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
-        if self.kind not in KINDS:
-            raise WorkloadError(f"workload must be one of {KINDS}, got {self.kind!r}")
-        if self.kind == "random" and self.turns != (1, 1):
-            raise WorkloadError("turns apply to the multi-turn workload only")
-        for name in ("input_len", "output_len", "turns"):
-            lo, hi = getattr(self, name)
-            if not 1 <= lo <= hi:
-                raise WorkloadError(f"{name} range must satisfy 1 <= low <= high, got {lo}-{hi}")
-        if not self.request_rate > 0:  # also rejects NaN
-            raise WorkloadError(f"request_rate must be > 0 (or inf), got {self.request_rate}")
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["input_len"], d["output_len"], d["turns"] = list(self.input_len), list(self.output_len), list(self.turns)
-        d["request_rate"] = format_rate(self.request_rate)
-        return d
-
-
-@dataclass(frozen=True)
-class Turn:
-    """A later turn of a conversation: the user's new message and the reply length."""
-
-    user_token_ids: list[int]
-    output_len: int
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt_token_ids: list[int]
-    output_len: int
-    arrival_s: float  # seconds after the start of the run
-    next_turns: tuple[Turn, ...] = ()  # sent one by one, each once the previous turn has finished
-
-    @property
-    def max_len(self) -> int:
-        """Tokens the last turn can reach: every prompt, reply and later message."""
-        return len(self.prompt_token_ids) + self.output_len + sum(len(t.user_token_ids) + t.output_len for t in self.next_turns)
-
-    def follow_up(self, output_token_ids: list[int], arrival_s: float) -> "Request":
-        """The next turn: this prompt, the reply the model gave, the next user message."""
-        turn, *rest = self.next_turns
-        return Request(self.prompt_token_ids + list(output_token_ids) + turn.user_token_ids, turn.output_len, arrival_s, tuple(rest))
-
-
-def parse_range(text: str) -> tuple[int, int]:
-    """``"64-1024"`` -> (64, 1024); ``"32"`` -> (32, 32). Bounds are inclusive."""
-    parts = text.strip().split("-")
-    try:
-        if len(parts) == 1:
-            lo = hi = int(parts[0])
-        elif len(parts) == 2:
-            lo, hi = int(parts[0]), int(parts[1])
-        else:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"expected a length or a range LOW-HIGH, got {text!r}") from None
-    if not 1 <= lo <= hi:
-        raise ValueError(f"range must satisfy 1 <= LOW <= HIGH, got {text!r}")
-    return lo, hi
-
-
-def parse_rate(text: str) -> float:
-    """Requests per second; ``inf`` (default) sends every request at once."""
-    rate = float(text)
-    if not rate > 0:
-        raise ValueError(f"request rate must be > 0 or inf, got {text!r}")
-    return rate
-
-
-def format_rate(rate: float) -> object:
-    return "inf" if math.isinf(rate) else rate
-
-
-def make_requests(workload: Workload, vocab_size: int) -> list[Request]:
-    """The workload's requests, in arrival order; the same seed gives the same requests.
-
-    Lengths and prompts come from one random stream, the shared prefix and arrival
-    gaps from others, so changing the rate or the prefix keeps the rest. The first
-    request arrives at 0. Multi-turn: one request per conversation, its later turns
-    in ``next_turns``.
-    """
-    lo_id, hi_id = SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN
-    if hi_id <= lo_id:
-        raise WorkloadError(f"vocab of {vocab_size} tokens is too small for random prompts")
-    rng = random.Random(workload.seed)
-    arrivals_rng = random.Random(f"arrivals-{workload.seed}")
-    prefix_rng = random.Random(f"prefix-{workload.seed}")
-    prefix = [prefix_rng.randrange(lo_id, hi_id) for _ in range(workload.shared_prefix_len)]
-    out: list[Request] = []
-    t = 0.0
-    for i in range(workload.num_requests):
-        turns = []
-        # a single-turn workload draws no turn count: its requests (lengths, ids) match those of
-        # the same seed drawn without any turns field, as in earlier result files
-        for _ in range(rng.randint(*workload.turns) if workload.kind == "multi-turn" else 1):
-            in_len = rng.randint(*workload.input_len)
-            out_len = rng.randint(*workload.output_len)
-            turns.append(Turn([rng.randrange(lo_id, hi_id) for _ in range(in_len)], out_len))
-        if i > 0 and not math.isinf(workload.request_rate):
-            t += arrivals_rng.expovariate(workload.request_rate)
-        first, *later = turns
-        out.append(Request(prefix + first.user_token_ids, first.output_len, t, tuple(later)))
-    return out
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- metrics (pure)
@@ -220,6 +81,35 @@ def inter_token_latencies(token_times: Sequence[float]) -> list[float]:
     return [b - a for a, b in zip(token_times, token_times[1:])]
 
 
+@dataclass(frozen=True)
+class SpecCounts:
+    """Speculative decoding over some requests: verify steps with drafts, drafted tokens,
+    the drafted tokens kept (``RequestOutput.metrics``' ``spec_*`` counts, or the engine's)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def __add__(self, other: "SpecCounts") -> "SpecCounts":
+        return SpecCounts(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
+                          self.accepted_tokens + other.accepted_tokens)
+
+    @classmethod
+    def of(cls, metrics: Any) -> "SpecCounts":
+        """A request's counts (a ``RequestMetrics``; None: none)."""
+        if metrics is None:
+            return cls()
+        return cls(metrics.spec_num_drafts, metrics.spec_num_draft_tokens, metrics.spec_num_accepted_tokens)
+
+    def fields(self) -> dict[str, Any]:
+        """As ``ServeMetrics`` fields: the counts, the acceptance rate (kept / drafted) and
+        the mean accepted length (kept per draft; each verify step emits one token more)."""
+        return {"spec_num_drafts": self.drafts, "spec_num_draft_tokens": self.draft_tokens,
+                "spec_num_accepted_tokens": self.accepted_tokens,
+                "spec_acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else None,
+                "spec_mean_accepted_length": self.accepted_tokens / self.drafts if self.drafts else None}
+
+
 @dataclass
 class RequestRecord:
     """One finished request: lengths and absolute (monotonic) times."""
@@ -229,6 +119,7 @@ class RequestRecord:
     arrival: float
     token_times: list[float]
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    spec: SpecCounts = field(default_factory=lambda: SpecCounts())  # speculation's drafts and the tokens kept
 
     @property
     def ttft(self) -> Optional[float]:
@@ -266,6 +157,13 @@ class ServeMetrics:
     # structured outputs (a JSON schema): outputs that do not validate, and the first one's problem
     schema_failures: Optional[int] = None
     schema_failure: Optional[str] = None
+    # speculative decoding: verify steps with drafts, drafted tokens, the tokens kept, kept /
+    # drafted, kept per draft (None without drafts)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_acceptance_rate: Optional[float] = None
+    spec_mean_accepted_length: Optional[float] = None
     requests: list[dict] = field(default_factory=list)  # per request: lengths, arrival, ttft, latency
 
 
@@ -287,6 +185,8 @@ def compute_metrics(records: Sequence[RequestRecord], start: float, end: float) 
             "ttft_ms": None if r.ttft is None else r.ttft * 1e3,
             "latency_s": (r.token_times[-1] - r.arrival) if r.token_times else None,
             "cached_tokens": r.cached_tokens,
+            "spec_num_draft_tokens": r.spec.draft_tokens,
+            "spec_num_accepted_tokens": r.spec.accepted_tokens,
         }
         for r in records
     ]
@@ -302,7 +202,14 @@ def compute_metrics(records: Sequence[RequestRecord], start: float, end: float) 
         itl_ms=summarize(itls, 1e3),
         tpot_ms=summarize(tpots, 1e3),
         requests=per_request,
+        **sum((r.spec for r in records), SpecCounts()).fields(),
     )
+
+
+def round_order(runs: Sequence[T], r: int) -> list[T]:
+    """``runs`` as given in even rounds, reversed in odd ones: over two rounds each runs as
+    often first as second, so a machine that drifts within a round favours neither."""
+    return list(runs) if r % 2 == 0 else list(reversed(runs))
 
 
 def median_round(runs: Sequence[ServeMetrics]) -> int:
@@ -343,16 +250,6 @@ def schema_failures(texts: Sequence[str], schema: dict) -> tuple[int, Optional[s
             failures += 1
             first = first or f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return failures, first
-
-
-def check_fits(requests: Sequence[Request], max_model_len: int) -> None:
-    """Every request (every turn of a conversation) must fit its prompt and output in the context."""
-    worst = max(r.max_len for r in requests)
-    if worst > max_model_len:
-        raise WorkloadError(
-            f"a request needs {worst} tokens (prompt + output) but max_model_len is {max_model_len}; "
-            "lower --input-len/--output-len or raise --max-model-len"
-        )
 
 
 def warm_up(engine, num_prompt: int = 8, num_output: int = 8, structured: Optional[StructuredOutputsParams] = None) -> float:
@@ -397,6 +294,7 @@ def run_workload(
     order = itertools.count(len(requests))
     live = []  # (request, sequence, scheduled arrival time)
     sent: dict[str, tuple[Request, object]] = {}  # request id -> (request, its sequence)
+    spec: dict[str, SpecCounts] = {}  # request id -> its speculation counts, from its final output
     before = engine.stats()
     start = clock()
     try:
@@ -411,6 +309,7 @@ def run_workload(
                 for out in engine.step():  # the requests the step advanced
                     if not out.finished:
                         continue
+                    spec[out.request_id] = SpecCounts.of(out.metrics)
                     if on_finish is not None:
                         on_finish()
                     req, seq = sent[out.request_id]
@@ -428,7 +327,8 @@ def run_workload(
                 engine.abort(seq.request_id)
             engine.requests.pop(seq.request_id, None)
     records = [
-        RequestRecord(len(req.prompt_token_ids), len(seq.output_token_ids), arrival, list(seq.token_times), seq.num_cached_tokens)
+        RequestRecord(len(req.prompt_token_ids), len(seq.output_token_ids), arrival, list(seq.token_times), seq.num_cached_tokens,
+                      spec.get(seq.request_id, SpecCounts()))
         for req, seq, arrival in live
     ]
     metrics = compute_metrics(records, start, end)
@@ -441,7 +341,14 @@ def run_workload(
 
 def add_engine_counters(metrics: ServeMetrics, before: EngineStats, after: EngineStats) -> None:
     """The engine's counters over the run (``after - before``): preemptions, prefix-cache
-    queries and hits, prefill and decode steps, the mean decode batch."""
+    queries and hits, prefill and decode steps, the mean decode batch; speculation's counts
+    where the requests' outputs gave none (over HTTP: a server's ``/metrics``)."""
+    if not metrics.spec_num_drafts:
+        spec = SpecCounts(after.spec_decode_num_drafts - before.spec_decode_num_drafts,
+                          after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens,
+                          after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens)
+        for name, value in spec.fields().items():
+            setattr(metrics, name, value)
     metrics.num_preemptions = after.num_preemptions - before.num_preemptions
     metrics.prefix_cache_queries = after.prefix_cache_queries - before.prefix_cache_queries
     metrics.prefix_cache_hits = after.prefix_cache_hits - before.prefix_cache_hits

@@ -7,12 +7,16 @@ and optionally write every number, the workload and the environment as JSON. Wit
 over HTTP to a running OpenAI-compatible server (``ingot serve`` or any other;
 see ingot/bench/http_serve.py) instead. With ``--json-schema FILE`` every request's output
 is constrained by that JSON schema (structured outputs), and the outputs that do not
-validate are counted.
+validate are counted. With ``--speculative-config`` the engine speculates and the table
+adds the acceptance rate and mean accepted length; ``--compare-speculative`` runs every
+round plainly and speculating on that one engine (ingot/bench/speculation.py) and reports
+the speed-up measured in the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -21,8 +25,10 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from ingot.bench.serve_table import header, render_table, speedup_lines
+from ingot.bench.speculation import as_json, describe, speculation_off, speculative_arg, speedup
 from ingot.config import DTYPES
 
 log = logging.getLogger(__name__)
@@ -32,7 +38,7 @@ MODES = {"off": False, "on": True, "auto": "auto"}
 
 
 def _range_arg(text: str) -> tuple[int, int]:
-    from ingot.bench.serve import parse_range
+    from ingot.bench.workload import parse_range
 
     try:
         return parse_range(text)
@@ -41,7 +47,7 @@ def _range_arg(text: str) -> tuple[int, int]:
 
 
 def _rate_arg(text: str) -> float:
-    from ingot.bench.serve import parse_rate
+    from ingot.bench.workload import parse_rate
 
     try:
         return parse_rate(text)
@@ -99,10 +105,13 @@ def add_parser(subparsers) -> None:
     w.add_argument("--seed", type=int, default=0, help="seed of lengths, prompts and arrival times (default 0)")
     w.add_argument("--shared-prefix-len", type=int, default=0, metavar="N",
                    help="every prompt starts with the same N random tokens (a shared system prompt), then its own --input-len tokens (default 0)")
-    w.add_argument("--workload", choices=["random", "multi-turn"], default="random",
-                   help="random: independent requests (default); multi-turn: --num-requests conversations, each turn resends "
-                        "the conversation so far (previous prompt, the model's reply, a new user message of --input-len tokens) "
-                        "once the previous turn has finished")
+    w.add_argument("--workload", choices=["random", "multi-turn", "copy"], default="random",
+                   help="random: independent requests of random token ids (default); multi-turn: --num-requests conversations, "
+                        "each turn resends the conversation so far (previous prompt, the model's reply, a new user message of "
+                        "--input-len tokens) once the previous turn has finished; copy: prompts of --input-len tokens (chat "
+                        "template included) asking to repeat standard-library code or text they hold, as code editing and "
+                        "summarising do, where n-gram speculation finds drafts (a --shape needs --tokenizer, e.g. default; "
+                        "random weights rarely copy, so acceptance stays low)")
     w.add_argument("--turns", type=_range_arg, default=None, metavar="LOW-HIGH", help="turns per conversation, multi-turn only (default 2-6)")
     w.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
                    help="constrain every request's output to this JSON schema (structured outputs; a request ends when its "
@@ -123,6 +132,15 @@ def add_parser(subparsers) -> None:
                    help="read each step back before queuing the next (default: step n+1 is queued before step n is read back)")
     g.add_argument("--prefill-wave-tokens", type=int, default=None, metavar="N",
                    help="while decoding, admit waiting prompts once they add up to N tokens (default: the engine's, 0 = at once)")
+    g.add_argument("--speculative-config", type=speculative_arg, default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s JSON form: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (docs/speculative.md); the table adds the '
+                        "acceptance rate and mean accepted length")
+    g.add_argument("--compare-speculative", action="store_true",
+                   help="with --speculative-config: every round runs the workload twice on the one engine, plainly (its "
+                        "speculation switched off) and speculating, the order alternating between rounds; reports both and "
+                        "the speculative / plain output tokens/s of each round and their median (use an even --repeat and "
+                        "--warmup-rounds 1)")
     g.add_argument("--repeat", type=_positive_arg, default=1, metavar="N",
                    help="rounds of the workload on each compile mode's one engine, the prefix cache emptied before every "
                         "round (default 1); the median round is reported (the shorter middle one for an even N), every "
@@ -167,6 +185,8 @@ def llm_kwargs(args: argparse.Namespace, decode_compile: Any) -> dict[str, Any]:
         kw["max_num_seqs"] = args.max_num_seqs
     if args.eager:
         kw["eager_mode"] = True
+    if getattr(args, "speculative_config", None) is not None:
+        kw["speculative_config"] = args.speculative_config
     if args.quiet:
         kw["show_progress"] = False
     return kw
@@ -212,17 +232,21 @@ def environment(eng, args: argparse.Namespace) -> dict[str, Any]:
         "eager": eng.config.eager_mode,
         "prefix_caching": eng.config.enable_prefix_caching,
         "overlap_scheduling": eng.config.overlap_scheduling,
+        "speculative_config": as_json(eng.config.speculative_config),
     }
 
 
 def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int = 1,
-             warmup_rounds: int = 0, structured: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+             warmup_rounds: int = 0, structured: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Build one engine for a compile mode, warm it up once, run ``warmup_rounds`` rounds
     that are not counted, then ``repeat`` rounds of the workload, the prefix cache emptied
-    before every round (a round never hits an earlier round's prompts): (the result, its
-    median round; environment). ``structured`` constrains every request (and the warm-up,
-    which so compiles the grammar before the timed rounds)."""
-    from ingot.bench.serve import check_fits, make_requests, median_round, round_summary, run_workload, warm_up
+    before every run (a run never hits an earlier run's prompts): (the results, each its
+    median round; environment). With ``--compare-speculative`` a round runs the workload
+    plainly and speculating (``round_order``), and the speculative result holds the
+    speed-up. ``structured`` constrains every request (and the warm-up, which so compiles
+    the grammar before the timed rounds)."""
+    from ingot.bench.serve import round_order, run_workload, warm_up
+    from ingot.bench.workload import check_fits, make_requests
     from ingot.engine.heap import freeze_heap, unfreeze_heap
 
     say = (lambda *a: None) if args.quiet else console.print
@@ -231,30 +255,30 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int
     eng = build_engine(args, MODES[mode])
     load_s = time.perf_counter() - t0
     device = eng.executor.device
+    spec = eng.config.speculative_config
+    variants = ["plain", describe(spec)] if args.compare_speculative else [describe(spec) if spec else None]
     try:
         if mode != "off" and device.type != "cuda":
             console.print(f"[yellow]note[/]: decode compile only applies on CUDA; on {device} decode runs uncompiled, as with off")
-        requests = make_requests(workload, eng.model_config.vocab_size)
+        requests = make_requests(workload, eng.model_config.vocab_size, eng.tokenizer)
         check_fits(requests, eng.max_model_len)
         warmup_s = warm_up(eng, structured=structured)
         say(f"warm-up {warmup_s:.2f} s")
         freeze_heap()  # as the engine and server processes do once started (ingot/engine/heap.py)
-        runs = []
+        runs: dict[Any, list] = {v: [] for v in variants}
         total = warmup_rounds + repeat
         for r in range(total):
-            emptied = eng.reset_prefix_cache()
-            assert emptied, "the engine is idle between runs"
-            rounds = f"round {r + 1}/{total}{' (warm-up)' if r < warmup_rounds else ''}: " if total > 1 else ""
-            say(f"[bold]{rounds}[/]running {len(requests)} requests")
-            runs.append(_run_with_progress(eng, requests, args.quiet, console, run_workload, structured))
-        warm, counted = runs[:warmup_rounds], runs[warmup_rounds:]
-        k = median_round(counted)
-        result = {"mode": mode, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(counted[k])}
-        if repeat > 1:
-            result["median_round"] = k
-            result["rounds"] = [round_summary(m) for m in counted]
-        if warm:
-            result["warmup_rounds"] = [round_summary(m) for m in warm]
+            for variant in round_order(variants, r):
+                emptied = eng.reset_prefix_cache()
+                assert emptied, "the engine is idle between runs"
+                rounds = f"round {r + 1}/{total}{' (warm-up)' if r < warmup_rounds else ''}: " if total > 1 else ""
+                say(f"[bold]{rounds}[/]running {len(requests)} requests{f' ({variant})' if variant else ''}")
+                with speculation_off(eng) if variant == "plain" else contextlib.nullcontext():
+                    runs[variant].append(_run_with_progress(eng, requests, args.quiet, console, run_workload, structured))
+        results = [_result(mode, v, runs[v], warmup_rounds, load_s, warmup_s) for v in variants]
+        if args.compare_speculative:
+            plain, speculative = (runs[v][warmup_rounds:] for v in variants)
+            results[1]["speedup"] = speedup([m.output_throughput for m in plain], [m.output_throughput for m in speculative])
         env = environment(eng, args)
         if structured is not None:
             env["json_schema"] = str(args.json_schema)
@@ -267,18 +291,34 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int
             import torch
 
             torch.cuda.empty_cache()
-    return result, env
+    return results, env
+
+
+def _result(mode: str, variant: Optional[str], runs: list, warmup_rounds: int, load_s: float, warmup_s: float) -> dict[str, Any]:
+    """One column of the table: the median counted round, every round's summary."""
+    from ingot.bench.serve import median_round, round_summary
+
+    warm, counted = runs[:warmup_rounds], runs[warmup_rounds:]
+    k = median_round(counted)
+    result = {"mode": mode, "speculative": variant, "load_s": load_s, "warmup_s": warmup_s, **dataclasses.asdict(counted[k])}
+    if len(counted) > 1:
+        result["median_round"] = k
+        result["rounds"] = [round_summary(m) for m in counted]
+    if warm:
+        result["warmup_rounds"] = [round_summary(m) for m in warm]
+    return result
 
 
 def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str, Any], dict[str, Any]]:
     """The workload over HTTP to ``args.url``: (result, environment)."""
     import ingot
     from ingot.bench.http_serve import run_http
-    from ingot.bench.serve import make_requests
+    from ingot.bench.workload import make_requests
     from ingot.engine import event_loop
 
-    vocab = args.vocab_size or _vocab_of(args.tokenizer or args.model)
-    requests = make_requests(workload, vocab)
+    tokenizer = _tokenizer_of(args.tokenizer or args.model) if workload.kind == "copy" or not args.vocab_size else None
+    vocab = args.vocab_size or tokenizer.vocab_size
+    requests = make_requests(workload, vocab, tokenizer)
     if not args.quiet:
         console.print(f"[bold]{args.url}[/]: sending {len(requests)} requests")
     out = event_loop.run(run_http(args.url, requests, args.served_model_name, args.api_key, args.max_concurrency))
@@ -295,11 +335,11 @@ def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str
     return result, env
 
 
-def _vocab_of(model) -> int:
-    """Vocabulary size of ``model``'s tokenizer ('default' or None: the default model)."""
+def _tokenizer_of(model) -> Any:
+    """``model``'s tokenizer ('default' or None: the default model's)."""
     from ingot.loading.checkpoint import open_tokenizer
 
-    return open_tokenizer(model or "default").vocab_size
+    return open_tokenizer(model or "default")
 
 
 def _run_with_progress(eng, requests, quiet: bool, console, run_workload, structured: Any = None):
@@ -312,85 +352,9 @@ def _run_with_progress(eng, requests, quiet: bool, console, run_workload, struct
         return run_workload(eng, requests, on_finish=lambda: bar.advance(task), structured=structured)
 
 
-def _fmt(value: Any, digits: int) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def header(workload, env: dict[str, Any]) -> str:
-    from ingot.bench.serve import format_rate
-
-    w = workload
-    what = f"{w.num_requests} requests, input {w.input_len[0]}-{w.input_len[1]}"
-    if w.kind == "multi-turn":
-        what = f"{w.num_requests} conversations of {w.turns[0]}-{w.turns[1]} turns, user messages {w.input_len[0]}-{w.input_len[1]}"
-    if w.shared_prefix_len:
-        what += f" after a shared {w.shared_prefix_len}-token prefix"
-    if env.get("json_schema"):
-        what += f", outputs constrained by the JSON schema {env['json_schema']}"
-    if env.get("device") == "http":  # a server: only what it told about itself
-        known = [f"max_model_len {env['max_model_len']}" if env.get("max_model_len") else "",
-                 f"server version {env['server_version']}" if env.get("server_version") else ""]
-        details = ", ".join(k for k in known if k)
-        machine = f"{env.get('model') or 'model'}{f' ({details})' if details else ''} at {env['url']}, {env['date']}"
-    else:
-        machine = (f"{env['model']} ({env['architecture']}, {env['dtype']}, max_model_len {env['max_model_len']}, "
-                   f"max_num_seqs {env['max_num_seqs']}) on {env['device_name']} [{env['device']}], "
-                   f"torch {env['torch']}, {env['date']}")
-    return (
-        f"[bold]ingot bench serve[/]: {what}, "
-        f"output {w.output_len[0]}-{w.output_len[1]} tokens, rate {format_rate(w.request_rate)} req/s, seed {w.seed}\n"
-        + machine
-    )
-
-
-def render_table(results: list[dict[str, Any]]):
-    from rich.table import Table
-
-    table = Table()
-    table.add_column("metric")
-    for r in results:
-        table.add_column("server" if r["mode"] == "http" else f"compile {r['mode']}", justify="right")
-    rows: list[tuple[str, Any]] = [
-        ("duration (s)", lambda r: _fmt(r["duration_s"], 2)),
-        ("requests/s", lambda r: _fmt(r["request_throughput"], 2)),
-        ("output tokens/s", lambda r: _fmt(r["output_throughput"], 1)),
-        ("total tokens/s", lambda r: _fmt(r["total_throughput"], 1)),
-        ("input / output tokens", lambda r: f"{r['input_tokens']:,} / {r['output_tokens']:,}"),
-    ]
-    sections = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")]
-    ends = {4}
-    for key, name in sections:
-        for stat in ("mean", "p50", "p90", "p99"):
-            rows.append((f"{name} {stat} (ms)", lambda r, k=key, s=stat: _fmt((r.get(k) or {}).get(s), 1)))
-        ends.add(len(rows) - 1)
-    rows += [
-        ("prefix cache hit rate", lambda r: "-" if r.get("prefix_cache_hit_rate") is None else f"{r['prefix_cache_hit_rate']:.1%}"),
-        ("preemptions", lambda r: str(r.get("num_preemptions", "-"))),
-        ("prefill / decode steps", lambda r: f"{r['prefill_steps']:,} / {r['decode_steps']:,}" if r.get("decode_steps") else "-"),
-        ("mean decode batch", lambda r: _fmt(r.get("mean_decode_batch"), 1)),
-        ("failed requests", lambda r: str(r.get("failed", 0))),
-        ("schema failures", lambda r: "-" if r.get("schema_failures") is None else str(r["schema_failures"])),
-        ("load / warm-up (s)", lambda r: f"{r['load_s']:.2f} / {r['warmup_s']:.2f}" if "load_s" in r else "-"),
-    ]
-    if any("rounds" in r for r in results):
-        rows.append(("rounds", _rounds_cell))
-    for i, (name, cell) in enumerate(rows):
-        table.add_row(name, *[cell(r) for r in results], end_section=i in ends)
-    return table
-
-
-def _rounds_cell(r: dict[str, Any]) -> str:
-    """``3 (5.65 / 5.86 / 7.64 s)``: the durations of every round, in round order."""
-    rounds = r.get("rounds")
-    if not rounds:
-        return "1"
-    durations = " / ".join(f"{x['duration_s']:.2f}" for x in rounds)
-    return f"{len(rounds)} ({durations} s)"
-
-
 def _structured(args: argparse.Namespace) -> Any:
     """``--json-schema``'s file as the constraint of every request (None without it)."""
-    from ingot.bench.serve import WorkloadError
+    from ingot.bench.workload import WorkloadError
     from ingot.engine import structured
     from ingot.sampling_params import StructuredOutputsParams
 
@@ -409,7 +373,7 @@ def _structured(args: argparse.Namespace) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ingot.bench.serve import Workload, WorkloadError
+    from ingot.bench.workload import Workload, WorkloadError
 
     err = Console(stderr=True)
     results: list[dict[str, Any]] = []
@@ -423,6 +387,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if (args.repeat > 1 or args.warmup_rounds) and args.url:
             raise WorkloadError("--repeat and --warmup-rounds run on a local engine only (not with --url): a server's prefix cache "
                                 "cannot be emptied between rounds, so later rounds would hit the first round's prompts")
+        if args.compare_speculative and args.speculative_config is None:
+            raise WorkloadError("--compare-speculative needs --speculative-config (the speculation to compare with plain decoding)")
+        if args.url and (args.speculative_config is not None or args.compare_speculative):
+            raise WorkloadError("--speculative-config and --compare-speculative configure a local engine (not with --url): "
+                                "start the server with ingot serve --speculative-config JSON")
         turns = (args.turns or (2, 6)) if multi else (1, 1)
         structured = _structured(args)
         workload = Workload(args.num_requests, args.input_len, args.output_len, args.request_rate, args.seed,
@@ -431,14 +400,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             result, env = run_http_mode(args, workload, err)
             results.append(result)
         for mode in [] if args.url else args.compile_modes:
-            result, env = run_mode(args, workload, mode, err, args.repeat, args.warmup_rounds, structured)
-            results.append(result)
+            mode_results, env = run_mode(args, workload, mode, err, args.repeat, args.warmup_rounds, structured)
+            results += mode_results
     except WorkloadError as exc:
         print(f"ingot: error: {exc}", file=sys.stderr)
         return 2
     out = Console()
     out.print(header(workload, env), highlight=False)
     out.print(render_table(results))
+    for line in speedup_lines(results):
+        out.print(line, highlight=False)
     if args.json is not None:
         from ingot.bench.report import write_json
 

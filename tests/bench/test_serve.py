@@ -12,20 +12,16 @@ import pytest
 
 from ingot.bench.serve import (
     RequestRecord,
-    Workload,
-    WorkloadError,
     compute_metrics,
     inter_token_latencies,
-    make_requests,
     median_round,
-    parse_range,
-    parse_rate,
     percentile,
     round_summary,
     run_workload,
     summarize,
     ttft,
 )
+from ingot.bench.workload import Workload, WorkloadError, make_requests, parse_range, parse_rate
 from ingot.cli import main
 from ingot.engine.stats import EngineStats
 from tests.helpers import TINY, write_tiny_checkpoint
@@ -167,6 +163,7 @@ class _FakeSeq:
         self.request_id, self.n = rid, n
         self.output_token_ids, self.token_times = [], []
         self.num_cached_tokens = 0
+        self.metrics = None  # (it stands for its own RequestOutput too: no speculation counts)
 
     @property
     def finished(self):
@@ -219,7 +216,7 @@ class _Clock:
 
 
 def test_driver_adds_requests_at_their_arrival_times():
-    from ingot.bench.serve import Request
+    from ingot.bench.workload import Request
 
     reqs = [Request([11], 3, 0.0), Request([12], 2, 0.125), Request([13], 2, 2.0)]
     clock = _Clock()
@@ -375,7 +372,7 @@ def test_multi_turn_workload():
 
 
 def test_driver_sends_each_turn_after_the_previous_one_finished():
-    from ingot.bench.serve import Request, Turn
+    from ingot.bench.workload import Request, Turn
 
     reqs = [Request([11], 2, 0.0, (Turn([12, 13], 1), Turn([14], 2))), Request([15], 3, 0.0)]
     clock = _Clock()
@@ -399,7 +396,7 @@ def test_driver_sends_each_turn_after_the_previous_one_finished():
 
 
 def test_check_fits_counts_every_turn():
-    from ingot.bench.serve import Request, Turn, check_fits
+    from ingot.bench.workload import Request, Turn, check_fits
 
     conv = Request([1] * 10, 5, 0.0, (Turn([2] * 10, 5),))
     check_fits([conv], 30)

@@ -49,7 +49,7 @@ def test_bench_serve_over_http(tmp_path, capsys, where):
         data = json.loads(out.read_text())
     (result,) = data["results"]
     assert result["failed"] == 0 and result["num_requests"] == 24
-    from ingot.bench.serve import Workload, make_requests
+    from ingot.bench.workload import Workload, make_requests
 
     reqs = make_requests(Workload(24, (4, 40), (3, 9)), 300)
     assert result["output_tokens"] == sum(r.output_len for r in reqs)
