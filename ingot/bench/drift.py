@@ -154,7 +154,11 @@ class DecodeModes:
         self.ids = {"eager": None}
 
 
-def _prefill(engine: Engine, prompts: list[list[int]], steps: int) -> list:
+def prefill(engine: Engine, prompts: list[list[int]], steps: int) -> list:
+    """Add ``prompts`` (greedy, room for ``steps`` decode steps after the first token) and step
+    until each has its first token; their sequences. On an engine that overlaps steps a decode
+    step queued behind the prefill is still in flight (``Sequence.num_pending``) when the
+    caller schedules its own steps, which then repeat the first token once."""
     params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
     seqs = [engine.add_request(p, params) for p in prompts]
     while any(not s.output_token_ids for s in seqs):
@@ -162,7 +166,8 @@ def _prefill(engine: Engine, prompts: list[list[int]], steps: int) -> list:
     return seqs
 
 
-def _groups(prompts: list[list[int]], size: int) -> Iterator[list[list[int]]]:
+def prompt_groups(prompts: list[list[int]], size: int) -> Iterator[list[list[int]]]:
+    """``prompts`` ``size`` at a time (the last group may be smaller)."""
     for i in range(0, len(prompts), size):
         yield prompts[i : i + size]
 
@@ -175,7 +180,7 @@ def teacher_forced(modes: DecodeModes, prompts: list[list[int]], steps: int, ref
     lp_diff = {m: 0.0 for m in others}
     bitwise = {m: True for m in others}
     count = 0
-    for group in _groups(prompts, modes.bucket):
+    for group in prompt_groups(prompts, modes.bucket):
         count += _teacher_forced_group(modes, group, steps, reference, others, agree, rel, lp_diff, bitwise)
     return [
         TeacherForced(m, reference, modes.bucket, steps, agree[m] / count, max(rel[m]), sum(rel[m]) / len(rel[m]), lp_diff[m], bitwise[m])
@@ -185,7 +190,7 @@ def teacher_forced(modes: DecodeModes, prompts: list[list[int]], steps: int, ref
 
 def _teacher_forced_group(modes, prompts, steps, reference, others, agree, rel, lp_diff, bitwise) -> int:
     engine = modes.engine
-    seqs = _prefill(engine, prompts, steps)
+    seqs = prefill(engine, prompts, steps)
     count = 0
     for _ in range(steps):
         batch = engine.scheduler.schedule()
@@ -217,7 +222,7 @@ def free_running(modes: DecodeModes, prompts: list[list[int]], steps: int, refer
     for mode in modes.modes:
         outputs[mode] = []
         with modes.serving(mode):
-            for group in _groups(prompts, modes.bucket):
+            for group in prompt_groups(prompts, modes.bucket):
                 seqs = [engine.add_request(p, params) for p in group]
                 while engine.has_unfinished():
                     engine.step()

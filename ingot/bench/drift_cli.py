@@ -11,6 +11,14 @@ The gated mode is ``compiled``, or ``eager`` where compile is unavailable
     ingot check drift --model ./tiny --device cpu --fake-graphs --steps 8
     ingot check drift --shape qwen3-30b-a3b --num-layers 8 --buckets 1,8,32   # random weights, 8 of 48 layers
     ingot check drift --shape qwen2.5-1.5b --tp 2   # every mode tensor parallel over two GPUs
+    ingot check drift --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
+
+With ``--speculative-config`` it checks speculative decoding instead: greedy decoding with
+and without the speculation on one engine (``ingot/bench/spec_drift.py``), the built-in
+prompts joined by ``COPY_PROMPTS`` prompts of the copy workload (text to repeat, where
+drafts are kept); it exits 1 if plain decoding's teacher-forced agreement with the
+speculative tokens is below ``--threshold`` in any bucket, or a bucket drafted nothing.
+It runs on CPU too (no graphs needed), where fp32 must agree exactly.
 
 With random weights (``--shape``, ``--load-format dummy``; ``--num-layers`` keeps the
 first N decoder layers' shapes) the prompts are random token ids (``RANDOM_PROMPTS`` of
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from ingot.bench import report
+from ingot.bench.speculation import speculative_arg
 from ingot.config import DTYPES
 
 REFERENCE = "graph"
@@ -46,6 +55,8 @@ PLAIN_PROMPTS: list[str] = [
 PromptSpec = Union[str, list[dict[str, str]]]
 # random-weight shapes: prompts of random token ids (lengths 12..60), seeded
 RANDOM_PROMPTS = 8
+# the speculative check adds copy-workload prompts of this many tokens to the built-in ones
+COPY_PROMPTS, COPY_PROMPT_TOKENS = 3, 192
 
 
 class DriftInputError(ValueError):
@@ -136,8 +147,9 @@ def _random_weights(args: argparse.Namespace) -> bool:
 
 
 def _build_engine(args: argparse.Namespace, model_dir: Optional[str]):
-    """The engine to check, its own decode graphs off (each mode builds its own); ``model_dir``:
-    a reduced shape's configuration (``--num-layers``) written there."""
+    """The engine to check, its own decode graphs off (each mode builds its own) unless it checks
+    speculation (then as it serves: its graphs, the speculation); ``model_dir``: a reduced
+    shape's configuration (``--num-layers``) written there."""
     from ingot.config import EngineConfig
     from ingot.engine.engine import Engine
     from ingot.engine_args import model_overrides
@@ -148,10 +160,14 @@ def _build_engine(args: argparse.Namespace, model_dir: Optional[str]):
     if args.max_model_len:
         overrides["max_model_len"] = args.max_model_len
     # every mode decodes the same prompts: each must prefill them itself, not reuse the KV
-    # another mode left in the prefix cache
+    # another mode left in the prefix cache; steps are not overlapped (which changes when
+    # tokens are read back, not which), so the teacher-forced steps start on a settled engine
+    if args.speculative_config is not None:
+        overrides["speculative_config"] = args.speculative_config
     config = EngineConfig.create(dtype=args.dtype, device=args.device, max_num_seqs=max(args.buckets),
-                                 cudagraph_capture_sizes=tuple(args.buckets), eager_mode=True, tensor_parallel_size=args.tp,
-                                 enable_prefix_caching=False, show_progress=False, **overrides)
+                                 cudagraph_capture_sizes=tuple(args.buckets), eager_mode=args.speculative_config is None,
+                                 tensor_parallel_size=args.tp, enable_prefix_caching=False, overlap_scheduling=False,
+                                 show_progress=False, **overrides)
     return Engine(config)
 
 
@@ -177,6 +193,8 @@ def _model_label(args: argparse.Namespace) -> str:
 
 
 def _device_error(args: argparse.Namespace) -> Optional[str]:
+    if args.speculative_config is not None:
+        return "--fake-graphs compares decode modes; the speculative check runs as the engine serves" if args.fake_graphs else None
     if args.fake_graphs:
         return None
     import torch
@@ -209,22 +227,53 @@ def cmd_drift(args: argparse.Namespace) -> int:
             engine.close()  # a tensor-parallel engine's workers too
 
 
-def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> int:
+def _encode(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> list[list[int]]:
+    """The prompts' token ids (random ones for random weights without ``--prompts``; the
+    speculative check's built-in set adds copy prompts); DriftInputError if one is too long."""
+    from ingot.bench.copy_workload import copy_prompts
+
+    if _random_weights(args) and not args.prompts:
+        prompts = random_prompts(engine.model_config.vocab_size)
+    else:
+        prompts = encode_prompts(engine.tokenizer, specs)
+        if args.speculative_config is not None and not args.prompts:
+            prompts += [p.token_ids for p in copy_prompts(engine.tokenizer, [COPY_PROMPT_TOKENS] * COPY_PROMPTS, seed=0)]
+    need = max(len(p) for p in prompts) + args.steps + 1
+    if need > engine.max_model_len:
+        raise DriftInputError(f"the longest prompt ({max(len(p) for p in prompts)} tokens) + {args.steps} steps does not "
+                              f"fit max_model_len {engine.max_model_len}; use fewer --steps or shorter prompts")
+    return prompts
+
+
+def _meta(args: argparse.Namespace, engine: Any, prompts: list[list[int]]) -> dict[str, Any]:
+    """What the JSON says of the run besides its results."""
     from ingot.bench.decode import dtype_of
+
+    return {
+        "env": report.env_info(),
+        "model": _model_label(args),
+        "dtype": str(engine.executor.run_on_ranks(dtype_of)).removeprefix("torch."),
+        "device": str(engine.executor.device),
+        "fake_graphs": args.fake_graphs,
+        "tensor_parallel_size": args.tp,
+        "steps": args.steps,
+        "threshold": args.threshold,
+        "prompts": {"source": args.prompts or ("random token ids" if _random_weights(args) else "built-in"),
+                    "count": len(prompts),
+                    "tokens": [len(p) for p in prompts]},
+    }
+
+
+def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> int:
     from ingot.bench.drift import DecodeModes, as_dicts, free_running, teacher_forced
 
     try:
-        if _random_weights(args) and not args.prompts:
-            prompts = random_prompts(engine.model_config.vocab_size)
-        else:
-            prompts = encode_prompts(engine.tokenizer, specs)
-        need = max(len(p) for p in prompts) + args.steps + 1
-        if need > engine.max_model_len:
-            raise DriftInputError(f"the longest prompt ({max(len(p) for p in prompts)} tokens) + {args.steps} steps does not "
-                                  f"fit max_model_len {engine.max_model_len}; use fewer --steps or shorter prompts")
-    except (DriftInputError, report.ReportError) as exc:
+        prompts = _encode(args, engine, specs)
+    except (ValueError, report.ReportError) as exc:  # DriftInputError; a copy prompt the tokenizer cannot make
         print(f"ingot check drift: error: {exc}", file=sys.stderr)
         return 2
+    if args.speculative_config is not None:
+        return _check_speculative(args, engine, prompts)
 
     con = report.console(width=140)
     results: dict[int, dict[str, Any]] = {}
@@ -256,22 +305,33 @@ def _check(args: argparse.Namespace, engine: Any, specs: list[PromptSpec]) -> in
     else:
         for line in failures:
             print(f"FAIL: {line}")
+    return _write(args, to_json(_meta(args, engine, prompts), results, passed), passed)
+
+
+def _check_speculative(args: argparse.Namespace, engine: Any, prompts: list[list[int]]) -> int:
+    """Speculative against plain greedy decoding per bucket (``spec_drift.check_bucket``)."""
+    from ingot.bench.spec_drift import bucket_table, check_bucket, failures
+    from ingot.bench.speculation import as_json, describe
+
+    rows = [check_bucket(engine, prompts, args.steps, bucket) for bucket in args.buckets]
+    report.console(width=160).print(bucket_table(rows, args.threshold, describe(args.speculative_config)))
+    failed = failures(rows, args.threshold)
+    for line in failed:
+        print(f"FAIL: {line}")
+    if not failed:
+        print(f"PASS: plain decoding's teacher-forced agreement with speculative decoding >= {100 * args.threshold:.2f}% "
+              "in every bucket")
+    doc = {"command": "ingot check drift", **_meta(args, engine, prompts), "reference": "plain",
+           "speculative_config": as_json(args.speculative_config), "passed": not failed,
+           "buckets": {r.bucket: r.to_json(args.threshold) for r in rows}}
+    return _write(args, doc, not failed)
+
+
+def _write(args: argparse.Namespace, doc: dict[str, Any], passed: bool) -> int:
+    """The exit code: 0 passed, 1 failed, 2 when ``--json`` cannot be written."""
     if args.json:
-        meta = {
-            "env": report.env_info(),
-            "model": _model_label(args),
-            "dtype": str(engine.executor.run_on_ranks(dtype_of)).removeprefix("torch."),
-            "device": str(engine.executor.device),
-            "fake_graphs": args.fake_graphs,
-            "tensor_parallel_size": args.tp,
-            "steps": args.steps,
-            "threshold": args.threshold,
-            "prompts": {"source": args.prompts or ("random token ids" if _random_weights(args) else "built-in"),
-                        "count": len(prompts),
-                        "tokens": [len(p) for p in prompts]},
-        }
         try:
-            print(f"wrote {report.write_json(args.json, to_json(meta, results, passed))}")
+            print(f"wrote {report.write_json(args.json, doc)}")
         except report.ReportError as exc:
             print(f"ingot check drift: error: {exc}", file=sys.stderr)
             return 2
@@ -295,7 +355,8 @@ def add_parser(subparsers) -> None:
         help="compare compiled and eager decode with graph decode (teacher-forced and free-running greedy)",
         description="Decode the prompts with every mode (eager, graph, compiled graph) per bucket and compare with "
                     "graph decode. Exit code 1 if the compiled mode's teacher-forced top-1 agreement (eager's, where "
-                    "compile is unavailable) is below --threshold in any bucket.",
+                    "compile is unavailable) is below --threshold in any bucket. With --speculative-config: greedy decoding "
+                    "with that speculation against plain greedy decoding instead.",
     )
     from ingot.engine_args import add_model_args
 
@@ -318,5 +379,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--fake-graphs", action="store_true",
                    help="run the padded graph path without CUDA graphs (works on CPU; compile is then unavailable "
                         "and eager is compared with graph)")
+    p.add_argument("--speculative-config", type=speculative_arg, default=None, metavar="JSON",
+                   help="check speculative decoding instead of the decode modes: greedy decoding with this speculation "
+                        "(vLLM's JSON form, docs/speculative.md) against plain greedy decoding on one engine, per bucket; "
+                        "the built-in prompts gain 3 copy prompts; runs on CPU too (exact in fp32)")
     p.add_argument("--quiet", action="store_true", help="no logs")
     p.set_defaults(func=cmd_drift)
