@@ -25,8 +25,8 @@ def speculative_arg(text: str) -> SpeculativeConfig:
     loads): argparse reports what is wrong with it as the option's error."""
     try:
         return SpeculativeConfig.from_dict(speculative_config_arg(text))
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ConfigError as exc:  # (argparse names the option itself)
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--speculative-config: ")) from None
 
 
 def describe(config: Optional[SpeculativeConfig]) -> str:
