@@ -540,8 +540,8 @@ def test_launch_configs_are_the_measured_defaults(K):
     cpu = torch.device("cpu")  # 132 SMs assumed off-GPU, as on the H200
     da, sg, rn, pa = K.decode_attention, K.skinny_gemm, K.rms_norm, K.prefill_attention
     assert da.launch_config(128, 64 * 2, cpu) == da.DecodeConfig(128, 4, 3, waves=1)  # batch 64
-    assert da.launch_config(128, 2, cpu) == da.DecodeConfig(64, 8, 2, waves=1)  # batch 1
-    assert da.launch_config(256, 2, cpu) == da.DecodeConfig(32, 8, 2, waves=1)
+    assert da.launch_config(128, 2, cpu) == da.DecodeConfig(64, 8, 2, waves=2)  # batch 1
+    assert da.launch_config(256, 2, cpu) == da.DecodeConfig(64, 4, 3, waves=2)
     assert sg.launch_config(1, 2048, 1536, cpu) == sg.SkinnyConfig(False, 16, 256, 4, 4, waves=4)
     assert sg.launch_config(1, 2048, 1536, cpu, sg.NORM).block_n == 32
     assert sg.launch_config(1, 1536, 8960, cpu, sg.SILU).block_n == 32

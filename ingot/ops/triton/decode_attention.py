@@ -308,20 +308,28 @@ def launch_config(head_dim: int, programs: int, device: torch.device) -> DecodeC
     """Launch parameters for a head dim and a count of (sequence, KV head) programs; fixed,
     no autotune; ``python -m benchmarks.kernels --sweep decode`` re-measures them. With at
     least half as many programs as SMs (batch 64: bandwidth-bound) 128-token tiles, 4 warps,
-    3 stages; below that (batch 1: latency-bound, every slice one tile) 64-token tiles,
-    8 warps, 2 stages (about 10% faster at batch 1, context 512). Half the tile at D=256.
-    One wave of programs: fewer, longer slices beat more waves of short ones at batch 64,
-    context 2048. Programmatic dependent launch (``pdl.py``) on the latency-bound branch only."""
+    3 stages, one wave of programs (fewer, longer slices beat more waves of short ones at
+    batch 64, context 2048); half the tile, 8 warps, 2 stages at D=256. Below that (batch 1:
+    latency-bound) two waves, so a long context is read by enough programs at once, and
+    64-token tiles: 8 warps, 2 stages at D <= 128 (about 10% faster at batch 1, context 512);
+    4 warps, 3 stages at D=256. H200, batch 1, a 32,768-token context, the kernel alone
+    (``bench-decode-families-2026-12-03.json``): a Gemma-2-9B global layer (16 / 8 heads of
+    256) 74.5 us at 32 slices against 154 us as launched before (17 slices of 32-token tiles,
+    8 warps), a local one (window 4,096) 15.8 against 23.7 us; Qwen2.5-7B (28 / 4 heads of
+    128) 38.4 us at 64 slices against 45.7 at 33. Slices past a short context read no tile.
+    Programmatic dependent launch (``pdl.py``) on the latency-bound branch only."""
     latency_bound = 2 * programs < num_sms(device)
     if not latency_bound:
-        block_n, num_warps, num_stages = 128, 4, 3
+        block_n, num_warps, num_stages, waves = 128, 4, 3, 1
+        if next_pow2(head_dim) > 128:
+            block_n, num_warps, num_stages = 64, 8, 2
     else:
-        block_n, num_warps, num_stages = 64, 8, 2
-    if next_pow2(head_dim) > 128:
-        block_n, num_warps, num_stages = block_n // 2, 8, 2
+        block_n, num_warps, num_stages, waves = 64, 8, 2, 2
+        if next_pow2(head_dim) > 128:
+            num_warps, num_stages = 4, 3
     # PDL only where its neighbours are the skinny GEMVs (few rows); at batch 64 of Qwen2.5-1.5B,
     # between cuBLAS GEMMs, it would make the step 0.6-1.0% slower
-    return DecodeConfig(block_n, num_warps, num_stages, pdl=latency_bound and pdl_supported(device))
+    return DecodeConfig(block_n, num_warps, num_stages, waves, pdl=latency_bound and pdl_supported(device))
 
 
 def choose_num_splits(
