@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton.int4_tiles import group_params, int4_tile_dot
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 
 MAX_GEMV_ROWS = 64  # rows the split-K GEMV takes (tl.dot on rows padded to 16, 32 or 64)
@@ -241,6 +242,7 @@ def _gemv_kernel(
     FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
     DIRECT: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, PDL: tl.constexpr,
+    INT4_DOT: tl.constexpr = False, EVEN_K: tl.constexpr = False, group_shift=0,
 ):
     """``ACT_Q``: x holds fp8 activations and ``xs`` their scales [M, n_act], one per
     ``act_group`` columns (``PER_TOKEN``: one per row, applied to the sums)."""
@@ -260,7 +262,26 @@ def _gemv_kernel(
         bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     wait_for_producer(PDL)  # from here on, what the previous kernels wrote
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    if INT4_DOT:  # int4 tiles in one group each: the dot on u - zero, scaled per tile (int4_tiles.py)
+        rows = tl.minimum(offs_n, N - 1)  # rows past N and M repeat the last one, never stored: no masks
+        s_rows = (rows // scale_bn) * stride_sn
+        w_rows = w_ptr.to(tl.pointer_type(tl.int8)) + rows.to(tl.int64) * (stride_wn * 4)
+        x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None] * stride_xm
+        g_scale, g_zero, g_mins = group_params(s_ptr + s_rows, z_ptr + s_rows, mn_ptr + s_rows, k_lo >> group_shift,
+                                               zero_point, HAS_ZEROS, HAS_MINS)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                x = tl.load(x_rows + offs_k[None, :])
+            else:
+                x = tl.load(x_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
+            next_scale, next_zero, next_mins = group_params(  # the next tile's (the last tile's own at the end)
+                s_ptr + s_rows, z_ptr + s_rows, mn_ptr + s_rows, tl.minimum(k0 + BLOCK_K, K - 1) >> group_shift,
+                zero_point, HAS_ZEROS, HAS_MINS)
+            acc = int4_tile_dot(acc, x, w_rows, g_scale, g_zero, g_mins, k0, K, PRMT, DOT_F32, HAS_MINS, EVEN_K,
+                                BLOCK_N, BLOCK_K)
+            g_scale, g_zero, g_mins = next_scale, next_zero, next_mins
+    for k0 in range(k_lo, k_hi if not INT4_DOT else k_lo, BLOCK_K):
         values, scale, mins = _weight_tile(
             w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
             FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
@@ -430,6 +451,9 @@ def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
         m, n, k, w.data.shape[1], w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn, w.group_k, act_group, xs.shape[-1],
         x.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
         **_flags(w, cfg, act_scales, act_group, y), HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot,
+        INT4_DOT=cfg.use_dot and not w.fp8 and w.bits == 4 and group_tile(block_k, w.group_k, k) == block_k
+        and y.dtype != torch.float32 and act_scales is None, EVEN_K=k % block_k == 0,
+        group_shift=(w.group_k.bit_length() - 1) if w.group_k < k else 31,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
