@@ -1,15 +1,16 @@
 """int_linear on CUDA: int4 / int8 weights (the canonical int form) served at their own byte
-count, unpacked and dequantized tile by tile in registers (kernels: quant_gemm.py).
+count, unpacked tile by tile in registers (kernels: quant_gemm.py, quant_tiles.py).
 
 At batch 1 a projection's time is reading its weight: int4 reads a quarter of bf16's bytes
 (plus 2-3 bytes of scale and zero per group), so the GEMV's target is that byte count at
-copy bandwidth. More rows go to the tiled GEMM, whose dequantization cost per weight is
-spread over the tile's rows.
+copy bandwidth, which leaves the K loop about 3.5 sm_90 instructions an int4 weight. More
+rows go to the tiled GEMM, whose unpacking cost per weight is spread over the tile's rows.
 
 Numerics: weights are ``(u - zero) * scale (+ min)`` in fp32, as the reference computes
-them. The reference rounds them to the model dtype before its GEMM; the GEMM here does the
-same, while the GEMVs compute with exact weights (one row: fp32 products; the tl.dot form,
-where a K tile lies in one group: ``u - zero``, exact in bf16, dotted, the sums scaled).
+them. With groups of 64 columns or more (16-bit models) every path dots ``u - zero``, exact
+in bf16 / fp16, and scales the sums per K tile: the weights are never rounded (the reference
+rounds them to the model dtype before its GEMM). Narrower groups: the GEMVs compute with
+exact weights (one row: fp32 products), the GEMM rounds each weight as the reference does.
 Sums in fp32, rounded once.
 """
 

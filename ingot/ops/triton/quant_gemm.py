@@ -1,37 +1,35 @@
 """The kernels behind int_linear.py and fp8_linear.py: y = x @ W.T (+ b) with W quantized,
-dequantized tile by tile in registers (never a full-precision copy of W).
+made dot operands tile by tile in registers (never a full-precision copy of W).
 
-One weight-tile loader serves both forms (``loading/quant_scheme.py``): int4 / int8 words
-unpacked and taken as ``u - zero``, or float8 e4m3 bytes as their value, each run of
-``GS_TILE`` columns of a row sharing one scale (and one min): the tile is held as
-``[BLOCK_N, BLOCK_K / GS_TILE, GS_TILE]``, so groups smaller than the K tile (GGUF's 32)
-and groups spanning several tiles (128, a whole row) are one code path; a tile never
-straddles a group.
-
-* ``_gemv_kernel`` (few rows, a decode batch): skinny_gemm's split-K GEMV. Each program
+* ``_gemv_kernel`` (a decode batch, up to 64 rows): skinny_gemm's split-K GEMV. Each program
   streams a ``BLOCK_N x K/S`` slab of W, the last of a tile's S programs sums the fp32
-  partials (split counters of ``_common``), adds the bias and writes. One row: a
-  multiply-reduce with the scale applied per group to the partial sums
-  (``sum((u - z) * x) * s + min * sum(x)``: one multiply-add per weight); more rows:
-  ``tl.dot`` on rows padded to 16, on the exact values (u - z, fp8 values: exact in
-  bf16) scaled after the dot where the K tile lies in one group, else on the tile
-  dequantized to x's dtype.
-* ``_gemm_kernel`` (more rows): a tiled ``tl.dot`` GEMM (grouped tile order for L2 reuse)
-  whose B tiles are dequantized in registers; or, for fp8 W8A8 on fp8 tensor cores
-  (``FP8_DOT``), fp8 x fp8 dots whose fp32 results are scaled per K tile by the
-  activation and weight block scales (K tiles divide both groups).
+  partials (split counters of ``_common``), adds the bias and writes.
+* ``_gemm_kernel`` (more rows): a tiled GEMM, grouped tile order for L2 reuse.
+
+Both take one of two K loops:
+
+* ``TILES`` (16-bit models, W's groups of 64 columns or more): quant_tiles.py's
+  ``tile_sums``, each K tile in one group of W (and of x's W8A8 scales), dotted on tensor
+  cores from one row up (rows padded to 16) on W's exact values (``u - zero``; fp8 values),
+  the sums scaled per tile, or once at the end where one group spans K. int4 becomes
+  ``128 + u`` in bf16 with no float op per weight; fp8 W8A8 (``FP8_DOT``) dots the fp8
+  activations with the raw tile. Counted on sm_90 (``benchmarks/quant_sass.py``): 1.7 to
+  3.7 instructions a weight, where HBM leaves about 3.5 to an int4 weight at batch 1.
+* otherwise (GGUF's groups of 16 and 32, fp32 models): the tile held as
+  ``[BLOCK_N, BLOCK_K / GS_TILE, GS_TILE]`` (``_weight_tile``: each run of ``GS_TILE``
+  columns of a row shares a scale and a min), dequantized to x's dtype and dotted, or for
+  one row (``USE_DOT`` off) streamed through a multiply-reduce with the scales applied per
+  group to the partial sums (``sum((u - z) * x) * s + min * sum(x)``).
 
 Integer values become floats by the exponent trick (the value's bits under 0x4B000000 make
 ``2**23 + u``, minus ``2**23 + zero``: exact, no int-to-float conversion); on a GPU one
-``prmt`` a value (``_unpack``). fp8 bytes convert in hardware on sm_89+ (``fp8_native``),
-else by moving their bits under fp32's and scaling by 2**120. ALU cost matters: at batch 1
-an int4 weight must cost about 3.5 sm_90 instructions to keep up with HBM, and the
-launch tables were chosen by counting the K loop's instructions per weight (ptxas -v
-and cuobjdump work without a GPU).
+``prmt`` a value (quant_tiles.py). fp8 bytes convert in hardware on sm_89+ (``fp8_native``),
+else by moving their bits under fp32's and scaling by 2**120. Column groups are powers of
+two or whole rows (else the ops run the reference): indices by shifts (``shift_of``).
 
 W8A8 (fp8 weights only): x holds fp8 activations (``fp8_linear.act_quant``), exact in bf16,
 and their scales apply to the sums: per K tile for groups (a tile lies in one group), once
-at the end per token. Groups below K are powers of two (else the ops run the reference).
+at the end per token.
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ def gemv_rows(m: int, n: int, device: torch.device) -> bool:
 class QuantLaunch:
     """Launch parameters of the quantized GEMV / GEMM (each op's ``launch_config`` picks them)."""
 
-    gemv: bool  # split-K GEMV (at most 16 rows), else the tiled GEMM
+    gemv: bool  # split-K GEMV (at most 64 rows), else the tiled GEMM
     use_dot: bool  # GEMV: tl.dot on rows padded to 16, else a one-row multiply-reduce
     block_m: int  # GEMM rows per tile (the GEMV pads rows to 16 or takes one)
     block_n: int
@@ -74,9 +72,9 @@ class QuantLaunch:
     group_m: int = 8  # GEMM: row tiles per band of the tile order
     pdl: bool = False  # GEMV: programmatic dependent launch (pdl.py)
     fp8_native: bool = False  # fp8: hardware conversions (sm_89+), else bit decoding
-    fp8_dot: bool = False  # fp8 W8A8 GEMM on fp8 tensor cores (needs fp8_native)
+    fp8_dot: bool = False  # fp8 W8A8 dots on fp8 tensor cores, GEMV and GEMM (needs fp8_native)
     scaled_mm: bool = False  # fp8 W8A8 GEMM by torch._scaled_mm where its scale layouts fit
-    prmt: bool = True  # int: unpack by prmt (inline asm, GPU only), else by shifts and masks
+    prmt: bool = True  # int: unpack by prmt / lop3 (inline asm, GPU only), else by shifts and masks
 
 
 @dataclass(frozen=True)
