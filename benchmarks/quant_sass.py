@@ -45,6 +45,7 @@ SHAPES = {
 # name -> ("int", bits, group (0: per channel), zeros, mins) or ("fp8", block_n, block_k, act_group)
 FORMATS = {
     "int4-g128": ("int", 4, 128, True, False),
+    "int4-g128-sym": ("int", 4, 128, False, False),  # online int4 (-q int4), GPTQ symmetric: zero point 8
     "int4-g32-mins": ("int", 4, 32, False, True),
     "int8-g128": ("int", 8, 128, False, False),
     "int8-channel": ("int", 8, 0, False, False),
