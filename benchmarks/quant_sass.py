@@ -2,6 +2,7 @@
 
     python -m benchmarks.quant_sass [--out PATH] [--shapes 7b] [--batches 1,16,64,256]
                                     [--formats int4-g128,...] [--arch 90] [--dump DIR]
+                                    [--set block_n=128,num_warps=8,...]
 
 No GPU needed: each (format, batch, projection) goes through its op (``int_linear`` /
 ``fp8_linear``) with the op's own ``launch_config`` as an sm_90 GPU would choose it (fp8
@@ -17,7 +18,8 @@ largest range closed by a backward branch. Reported per kernel (duplicates folde
 * the loop's length, registers, spills, and its most frequent opcodes.
 
 Prints a table and writes JSON (default benchmarks/results/quant-sass-<date>.json).
-``--dump DIR`` also writes each kernel's SASS there.
+``--dump DIR`` also writes each kernel's SASS there; ``--set`` overrides launch fields of
+every table entry (a sweep without a GPU: registers, spills and instructions per weight).
 """
 
 from __future__ import annotations
