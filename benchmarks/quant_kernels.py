@@ -106,9 +106,10 @@ def run_rows(args, copy_gbps: float) -> list:
     return rows
 
 
-SWEEP_GEMV_1 = [dict(block_n=bn, block_k=bk, num_warps=w, waves=wv) for bn, bk, w, wv in
-                itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (2, 4))]
-SWEEP_GEMV_16 = [dict(block_n=bn, block_k=bk, waves=wv) for bn, bk, wv in itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4))]
+SWEEP_GEMV_1 = ([dict(block_n=bn, num_warps=w, waves=wv) for bn, w, wv in itertools.product((64, 128, 256), (4, 8), (2, 4, 8))]
+                + [dict(use_dot=False, block_m=1, block_n=64, block_k=256, num_warps=4, waves=4)])  # the multiply-reduce
+SWEEP_GEMV_16 = [dict(block_n=bn, num_warps=w, waves=wv, num_stages=st) for bn, w, wv, st in
+                 itertools.product((64, 128, 256), (4, 8), (1, 2, 4), (3, 4))]
 SWEEP_GEMM = [dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s) for bm, bn, bk, (w, s) in
               itertools.product((64, 128), (64, 128, 256), (64, 128), ((4, 3), (8, 3), (8, 4)))]
 SWEPT = ("int4-g128", "fp8-block-w8a16", "fp8-block-w8a8")

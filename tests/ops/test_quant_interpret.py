@@ -57,6 +57,8 @@ INT_CASES = [
     (1, 24, 160, 8, 16, False, False, False, {}),  # GGUF Q6_K: int8 groups of 16, a zero point, K tail
     (5, 30, 96, 8, 16, False, True, False, {"splits": 1}),  # a Q4_K_M q/k/v's common form: int8 g16, mins
     (37, 33, 160, 8, 16, True, False, False, {"gemv": False, "block_k": 64}),  # GEMM, four groups per K tile
+    (70, 24, 256, 4, 128, True, False, False, {"gemv": False, "block_m": 64}),  # GEMM, 64-row tiles: int4 in column order
+    (3, 40, 200, 4, 200, False, False, True, {}),  # int4 per channel: the scale once at the end, K tail
 ]
 
 
@@ -66,6 +68,13 @@ def test_int_linear(K, m, n, k, bits, group, zeros, mins, bias, fields):
     cfg = int_config(K, m, n, k, group, **fields)
     check_int_linear(lambda *a: K.int_linear.int_linear(*a, config=cfg), args)
     assert_counters_zero()
+
+
+@pytest.mark.parametrize("m,bits", [(1, 4), (5, 4), (40, 4), (3, 8)])
+def test_int_linear_fp16(K, m, bits):
+    """fp16 models: int4 tiles as 1024 + u in fp16 (bf16's 128 + u otherwise), int8 as bf16 does."""
+    args = int_case(m, 40, 256, bits, 128, True, False, True, torch.float16, torch.Generator().manual_seed(m + bits))
+    check_int_linear(lambda *a: K.int_linear.int_linear(*a, config=int_config(K, m, 40, 256, 128)), args)
 
 
 @pytest.mark.parametrize("m", [1, 3, 20])
@@ -118,6 +127,8 @@ FP8_CASES = [
     (20, 40, 256, 128, 128, 128, True, {"fp8_native": True, "fp8_dot": True}),  # fp8 tensor-core GEMM
     (33, 36, 192, 0, 0, 0, False, {"fp8_native": True, "fp8_dot": True}),  # fp8 GEMM, per tensor x per token
     (20, 48, 256, 1, 0, 0, True, {"fp8_native": True, "scaled_mm": True}),  # torch._scaled_mm
+    (4, 40, 256, 128, 128, 128, True, {"fp8_native": True, "fp8_dot": True}),  # GEMV on fp8 tensor cores, per 128
+    (1, 24, 320, 0, 0, 0, False, {"fp8_native": True, "fp8_dot": True, "splits": 3}),  # per tensor x per token
 ]
 
 
@@ -169,12 +180,16 @@ def test_fp8_linear_fp16_and_empty(K):
 def test_launch_tables(K):
     """Which path the tables pick off-GPU (no fp8 hardware assumed) and with an sm_90 GPU's answers."""
     il, fl = K.int_linear, K.fp8_linear
-    assert il.launch_config(1, 4608, 3584, 128, CPU).gemv and not il.launch_config(1, 4608, 3584, 128, CPU).use_dot
+    one = il.launch_config(1, 4608, 3584, 128, CPU)
+    assert one.gemv and one.use_dot and one.block_k == 128  # one row on tensor cores, K tiles in one group
+    assert not il.launch_config(1, 4608, 3584, 32, CPU).use_dot  # GGUF's groups of 32: the multiply-reduce
+    assert not il.launch_config(1, 4608, 3584, 128, CPU, torch.float32).use_dot
     assert il.launch_config(16, 4608, 3584, 128, CPU).use_dot
     assert il.launch_config(64, 4608, 3584, 128, CPU).gemv and not il.launch_config(65, 4608, 3584, 128, CPU).gemv
     assert not il.launch_config(32, 37888, 3584, 128, CPU).gemv  # 296 GEMM tiles fill the SMs
     assert il.launch_config(8, 4608, 3584, 128, CPU, torch.float32).block_k == 32  # FMA dots: small tiles
     big = fl.launch_config(256, 4608, 3584, 128, 128, 128, CPU)
     assert not big.gemv and not big.fp8_dot and not big.fp8_native  # the interpreter: bit decoding, bf16 math
+    assert fl.launch_config(1, 4608, 3584, 0, 0, 0, CPU).use_dot and not fl.launch_config(1, 4608, 3584, 0, 0, 0, CPU).fp8_dot
     assert fl.scaled_mm_fits(4608, 3584, 1, 0, 0, BF16) and not fl.scaled_mm_fits(4608, 3584, 128, 128, 0, BF16)
     assert not fl.scaled_mm_fits(4608, 3584, 1, 0, 128, BF16) and not fl.scaled_mm_fits(4608, 3584, 0, 0, 0, torch.float16)

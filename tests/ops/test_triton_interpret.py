@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTER
 
 KERNEL_MODULES = (
     "softcap", "rounding", "activation", "decode_attention", "kv_store", "prefill_attention", "prefill_dispatch", "rms_norm", "rotary",
-    "skinny_gemm", "quant_gemm", "int_linear", "fp8_linear", "fused_moe_quant", "mla_attention",
+    "skinny_gemm", "quant_tiles", "quant_gemm", "int_linear", "fp8_linear", "fused_moe_quant", "mla_attention",
 )
 
 

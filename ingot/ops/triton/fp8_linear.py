@@ -3,15 +3,17 @@ registers (kernels: quant_gemm.py); W8A16, and W8A8 with dynamic activation scal
 
 W8A8 quantizes the activations first (``act_quant``: one small kernel, byte for byte the
 reference's ``quantize_fp8_activations``): every path then reads fp8 activations, exact in
-bf16, and applies their scales to the sums. At few rows fp8 tensor cores save nothing, but
-unrounded activations would differ from the reference by 2-3% (e4m3 keeps 3 mantissa
-bits), beyond bf16 tolerance, so the GEMV computes with the fp8 values too.
+bf16, and applies their scales to the sums. Unrounded activations would differ from the
+reference by 2-3% (e4m3 keeps 3 mantissa bits), beyond bf16 tolerance, so the GEMV computes
+with the fp8 values too: on sm_89+ it dots them with the raw fp8 weight tiles, which spares
+converting every weight (1.7 sm_90 instructions a weight against 3.8 converting both).
 
 Paths, chosen by ``launch_config`` from shapes and device:
 
-* few rows (a decode batch): the split-K GEMV; weights become fp32 in registers, times
-  their block's scale (the tl.dot form of 2-16 rows dots the exact fp8 values and scales
-  the sums, where a K tile lies in one block).
+* few rows (a decode batch, up to 64 while the GEMM would not fill the GPU): the split-K
+  GEMV on tensor cores from one row up, K tiles in one block, the sums scaled per tile
+  (blocks of 64 columns or more, 16-bit models; else weights fp32 in registers, times
+  their block's scale).
 * more rows, W8A8 on sm_90+, per-token activations and per-tensor or per-channel weights
   (the layouts of ``torch._scaled_mm``'s rowwise scaling): ``torch._scaled_mm``, the bias
   added after it.
@@ -19,11 +21,11 @@ Paths, chosen by ``launch_config`` from shapes and device:
   per 128 columns: DeepSeek / Qwen3 FP8): the Triton GEMM on fp8 tensor cores, each K tile's
   fp32 product scaled by its activation and weight scales.
 * more rows, W8A16 (or W8A8 where GPUs lack fp8 tensor cores: the fp8 activations in bf16
-  math): the Triton GEMM with B tiles dequantized to x's dtype.
+  math): the Triton GEMM on the tiles' fp8 values converted to x's dtype, scaled per K tile.
 
-Numerics: products and sums in fp32 as the reference, except that the dequantizing GEMM
-rounds each weight (times its scale) to x's dtype; sums rounded once (``_scaled_mm``
-rounds before the bias is added).
+Numerics: products and sums in fp32 as the reference, except that the W8A16 GEMM over
+blocks narrower than 64 columns rounds each weight (times its scale) to x's dtype; sums
+rounded once (``_scaled_mm`` rounds before the bias is added).
 """
 
 from __future__ import annotations
@@ -128,34 +130,44 @@ def launch_config(m: int, n: int, k: int, block_n: int, block_k: int, act_group:
     """Launch parameters for ``m`` rows (of ``dtype``) and an [n, k] fp8 weight with
     ``block_n x block_k`` scale blocks and activations per ``act_group``.
 
-    A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``): the GEMV
-    tiles of int_linear (one row: 64 x 256, 16 KB of fp8 per iteration, 4.2 sm_90 instructions
-    a weight where 7 are spent at HBM bandwidth; up to 64 rows as int_linear, except per-channel
-    W8A8, whose ``torch._scaled_mm`` beat the GEMV at 32 and 64 rows on the 7B shapes); W8A8 GEMMs on fp8 tensor cores with 128-wide
-    K tiles (one 128-block per tile), rowwise layouts on sm_90+ by ``torch._scaled_mm``; W8A16
-    GEMMs with 64-wide K tiles. None spills on sm_90. fp32 rows: small tiles (see int_linear).
+    int_linear's tiles, chosen by counting the sm_90 instructions of the K loop per weight
+    (``benchmarks/quant_sass.py``; an fp8 weight has about 7 to spend at HBM bandwidth), to be
+    swept on the GPU (``benchmarks/quant_kernels.py --sweep``). 16-bit rows, blocks of 64
+    columns or more: tensor-core dots from 1 row up (rows padded to 16), K tiles of 128 in one
+    block, 128 weight rows a program; W8A8 dots the fp8 activations with the raw tiles (sm_89+:
+    1.7 instructions a weight at 1 to 16 rows, 1.2 to 1.9 at 64, against 3.8 to 5.5 converting
+    both to bf16), W8A16 converts the tile (3.6). A split-K GEMV up to 64 rows while the GEMM's
+    tiles would not fill the GPU (``gemv_rows``), then GEMMs: W8A8 on fp8 tensor cores,
+    rowwise layouts on sm_90+ by ``torch._scaled_mm``; W8A16 64 x 128 tiles (128 x 128 spill
+    with block scales). fp32 rows and narrower blocks: one row by the multiply-reduce, small
+    tiles (see int_linear).
     """
     native = capability(device) >= (8, 9)
     pdl = pdl_supported(device)
-    if m == 1:
-        return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl, fp8_native=native)
-    if dtype == torch.float32:
-        if m <= 16:
-            return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
-        return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3, fp8_native=native)
-    if m <= 16:
-        return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl, fp8_native=native)
     fp8_dot = act_group >= 0 and native  # W8A8 on fp8 tensor cores
+    narrow = 0 < block_k < min(64, k)
+    if dtype == torch.float32 or narrow:
+        if m == 1:
+            return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl, fp8_native=native)
+        if m <= 16 or dtype == torch.float32:
+            return QuantLaunch(m <= 16, True, 16 if m <= 16 else 32, 32 if dtype == torch.float32 else 64,
+                               32 if dtype == torch.float32 else 64, num_warps=4, num_stages=3, waves=2, pdl=pdl,
+                               fp8_native=native)
+    elif m <= 16:
+        return QuantLaunch(True, True, 16, 128, 128, num_warps=4, num_stages=3, waves=4 if m == 1 else 2, pdl=pdl,
+                           fp8_native=native, fp8_dot=fp8_dot)
     scaled = fp8_dot and capability(device) >= (9, 0) and scaled_mm_fits(n, k, block_n, block_k, act_group, dtype)
-    if gemv_rows(m, n, device) and not scaled:
-        return QuantLaunch(True, True, 16, 32, 128, num_warps=4, num_stages=3, waves=4 if m <= 32 else 2, pdl=pdl,
-                           fp8_native=native)
+    if gemv_rows(m, n, device) and not narrow:
+        return QuantLaunch(True, True, 16, 128, 128, num_warps=4, num_stages=3, waves=4 if m <= 32 else 2, pdl=pdl,
+                           fp8_native=native, fp8_dot=fp8_dot)
     block_m = 64 if m <= 64 else 128
     warps = 4 if block_m == 64 else 8
     if fp8_dot:
         return QuantLaunch(False, True, block_m, 128, 128, num_warps=warps, num_stages=3, fp8_native=True,
                            fp8_dot=True, scaled_mm=scaled)
-    return QuantLaunch(False, True, block_m, 128, 64, num_warps=warps, num_stages=3, fp8_native=native)
+    if narrow:
+        return QuantLaunch(False, True, block_m, 128, 64, num_warps=warps, num_stages=3, fp8_native=native)
+    return QuantLaunch(False, True, 64, 128, 128, num_warps=4, num_stages=3, fp8_native=native)
 
 
 def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

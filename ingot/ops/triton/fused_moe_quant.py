@@ -47,7 +47,10 @@ from ingot.ops.triton.fused_moe import (
     _block_rows, _store_activation, _store_pairs, _sum_kernel, _sum_when_last, _token_ids,
 )
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
-from ingot.ops.triton.quant_gemm import QuantWeight, _dequantize, _dot, _flags, _weight_args, _weight_tile, fits_tiles, group_tile
+from ingot.ops.triton.quant_gemm import (
+    QuantWeight, _dequantize, _flags, _weight_args, _weight_tile, fits_tiles, group_tile, shift_of,
+)
+from ingot.ops.triton.quant_tiles import dot
 from ingot.ops.triton.rounding import round_to
 
 
@@ -140,7 +143,7 @@ def _x_tile(
 @triton.jit
 def _product(
     acc, x, xs, w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn,
-    group_k, FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
+    group_shift, FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
     FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr,
     DOT_F32: tl.constexpr, IEEE: tl.constexpr, GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GS_TILE: tl.constexpr,
@@ -151,21 +154,21 @@ def _product(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
                     mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-        s_w = tl.load(s_ptr + (offs_n // scale_bn) * stride_sn + k0 // group_k, mask=n_mask, other=0.0)
-        part = _dot(tl.zeros(acc.shape, dtype=tl.float32), x, w, DOT_F32, False) * s_w[None, :]
+        s_w = tl.load(s_ptr + (offs_n // scale_bn) * stride_sn + (k0 >> group_shift), mask=n_mask, other=0.0)
+        part = dot(tl.zeros(acc.shape, dtype=tl.float32), x, w, DOT_F32, False) * s_w[None, :]
         if GROUP_ACT:
             part = part * xs[:, None]
         acc += part
     else:
         values, scale, mins = _weight_tile(
-            w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
+            w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_shift,
             FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
         if GROUPED:
             w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
             if GROUP_ACT:
-                acc += _dot(tl.zeros(acc.shape, dtype=tl.float32), x, w, DOT_F32, IEEE) * xs[:, None]
+                acc += dot(tl.zeros(acc.shape, dtype=tl.float32), x, w, DOT_F32, IEEE) * xs[:, None]
             else:
-                acc = _dot(acc, x, w, DOT_F32, IEEE)
+                acc = dot(acc, x, w, DOT_F32, IEEE)
         else:  # one row: exact weights, the scales (and mins) applied per group of the sums
             sums = tl.sum(values * x, axis=2)
             if HAS_MINS:
@@ -179,7 +182,7 @@ def _product(
 @triton.jit
 def _expert_sums(
     x_rows, row_mask, K, w_ptr, s_ptr, z_ptr, mn_ptr, w2_ptr, s2_off, offs_n, n_mask, KW, G, stride_wn, stride_sn,
-    zero_point, scale_bn, group_k, dtype: tl.constexpr, FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    zero_point, scale_bn, group_shift, dtype: tl.constexpr, FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr,
     HAS_MINS: tl.constexpr, FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr,
     FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr, GROUPED: tl.constexpr, TWO: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr,
@@ -195,11 +198,11 @@ def _expert_sums(
     for k0 in range(0, K, BLOCK_K):
         x, xs = _x_tile(x_rows, row_mask, k0, K, s_tok, dtype, ACT_Q, PER_TOKEN, FP8_DOT, GROUPED, BLOCK_K, GS_TILE)
         acc = _product(acc, x, xs, w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn,
-                       zero_point, scale_bn, group_k, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, ACT_Q, PER_TOKEN,
+                       zero_point, scale_bn, group_shift, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, ACT_Q, PER_TOKEN,
                        FP8_DOT, DOT_F32, IEEE, GROUPED, BLOCK_N, BLOCK_K, GS_TILE)
         if TWO:
             acc2 = _product(acc2, x, xs, w2_ptr, s_ptr + s2_off, z_ptr + s2_off, mn_ptr + s2_off, offs_n, n_mask, k0, K,
-                            KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k, FP8, BITS, HAS_ZEROS, HAS_MINS,
+                            KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_shift, FP8, BITS, HAS_ZEROS, HAS_MINS,
                             FP8_NATIVE, PRMT, ACT_Q, PER_TOKEN, FP8_DOT, DOT_F32, IEEE, GROUPED, BLOCK_N, BLOCK_K, GS_TILE)
     if ACT_Q and PER_TOKEN:
         acc *= s_tok[:, None]
@@ -211,7 +214,7 @@ def _expert_sums(
 @triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, a_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rs_ptr, bias_ptr, alpha, limit,
-    P, H, I, KW, G, zero_point, scale_bn, group_k, up_rows, stride_x, stride_we, stride_wn, stride_se, stride_sn,
+    P, H, I, KW, G, zero_point, scale_bn, group_shift, up_rows, stride_x, stride_we, stride_wn, stride_se, stride_sn,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr, FP8_NATIVE: tl.constexpr,
     PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr,
     IEEE: tl.constexpr, TOP_K: tl.constexpr, GROUPED: tl.constexpr, HAS_SCALE: tl.constexpr, BF16: tl.constexpr,
@@ -234,7 +237,7 @@ def _gate_up_kernel(
             row_scale = tl.load(rs_ptr + tok, mask=row_mask, other=0.0)[:, None]
         acc_g, acc_u = _expert_sums(
             x_ptr + tok * stride_x, row_mask, H, w_g, s_ptr + s_off, z_ptr + s_off, mn_ptr + s_off, w_g + I * stride_wn,
-            up_rows * stride_sn, offs_n, n_mask, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k, dtype, FP8,
+            up_rows * stride_sn, offs_n, n_mask, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_shift, dtype, FP8,
             BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, ACT_Q, PER_TOKEN, FP8_DOT, DOT_F32, IEEE, GROUPED, True,
             BLOCK_M, BLOCK_N, BLOCK_K, GS_TILE)
         release_dependents(PDL)  # the down projection may launch while the tiles finish
@@ -248,7 +251,7 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     a_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, y_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr, out_ptr, counter_ptr,
-    bias_ptr, P, H, I, KW, G, zero_point, scale_bn, group_k, stride_we, stride_wn, stride_se, stride_sn,
+    bias_ptr, P, H, I, KW, G, zero_point, scale_bn, group_shift, stride_we, stride_wn, stride_se, stride_sn,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr, FP8_NATIVE: tl.constexpr,
     PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr,
     IEEE: tl.constexpr, ROUND_PRODUCT: tl.constexpr, GROUPED: tl.constexpr, BF16: tl.constexpr, SUM_HERE: tl.constexpr,
@@ -273,7 +276,7 @@ def _down_kernel(
             ids = _token_ids(ids_ptr, t, TOP_K, K_POW2)
         acc, _ = _expert_sums(
             a_ptr + rows.to(tl.int64) * I, row_mask, I, w_ptr + e.to(tl.int64) * stride_we, s_ptr + s_off, z_ptr + s_off,
-            mn_ptr + s_off, w_ptr, 0, offs_n, n_mask, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k, dtype,
+            mn_ptr + s_off, w_ptr, 0, offs_n, n_mask, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_shift, dtype,
             FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, ACT_Q, PER_TOKEN, FP8_DOT, DOT_F32, IEEE, GROUPED, False,
             BLOCK_M, BLOCK_N, BLOCK_K, GS_TILE)
         release_dependents(PDL)  # the next kernel may launch while the token sums run
@@ -356,7 +359,7 @@ def _weight_launch(w: QuantWeight, launch: QuantMoeLaunch, tile: tuple[int, int,
     fp8_dot = launch.fp8_dot and launch.fp8_native and launch.grouped and act and block_k >= 32 and (
         w.group_k >= w.k or block_k <= w.group_k)
     flags = _flags(w, launch, a if act else None, act_group if 0 < act_group < w.k else w.k, a)
-    args = (*_weight_args(w, a), w.data.shape[-1], w.scales.shape[-1], w.zero_point, w.scale_bn, w.group_k)
+    args = (*_weight_args(w, a), w.data.shape[-1], w.scales.shape[-1], w.zero_point, w.scale_bn, shift_of(w.group_k, w.k))
     return args, dict(flags, FP8_DOT=fp8_dot, BLOCK_N=block_n, BLOCK_K=block_k,
                       GS_TILE=group_tile(block_k, w.group_k, w.k), num_warps=warps, num_stages=stages)
 

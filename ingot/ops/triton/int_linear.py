@@ -1,15 +1,16 @@
 """int_linear on CUDA: int4 / int8 weights (the canonical int form) served at their own byte
-count, unpacked and dequantized tile by tile in registers (kernels: quant_gemm.py).
+count, unpacked tile by tile in registers (kernels: quant_gemm.py, quant_tiles.py).
 
 At batch 1 a projection's time is reading its weight: int4 reads a quarter of bf16's bytes
 (plus 2-3 bytes of scale and zero per group), so the GEMV's target is that byte count at
-copy bandwidth. More rows go to the tiled GEMM, whose dequantization cost per weight is
-spread over the tile's rows.
+copy bandwidth, which leaves the K loop about 3.5 sm_90 instructions an int4 weight. More
+rows go to the tiled GEMM, whose unpacking cost per weight is spread over the tile's rows.
 
 Numerics: weights are ``(u - zero) * scale (+ min)`` in fp32, as the reference computes
-them. The reference rounds them to the model dtype before its GEMM; the GEMM here does the
-same, while the GEMVs compute with exact weights (one row: fp32 products; the tl.dot form,
-where a K tile lies in one group: ``u - zero``, exact in bf16, dotted, the sums scaled).
+them. With groups of 64 columns or more (16-bit models) every path dots ``u - zero``, exact
+in bf16 / fp16, and scales the sums per K tile: the weights are never rounded (the reference
+rounds them to the model dtype before its GEMM). Narrower groups: the GEMVs compute with
+exact weights (one row: fp32 products), the GEMM rounds each weight as the reference does.
 Sums in fp32, rounded once.
 """
 
@@ -29,30 +30,41 @@ def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
                   dtype: torch.dtype = torch.bfloat16) -> QuantLaunch:
     """Launch parameters for ``m`` rows (of ``dtype``) and an [n, k] int weight with groups of ``group_size``.
 
-    A first table, to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``), chosen by
-    counting the sm_90 instructions of the K loop per weight (the one-row int4 GEMV has
-    about 3.5 to spend at HBM bandwidth): one row streams 64 x 256 tiles (8 KB of int4 per
-    iteration, as skinny_gemm's bf16 tiles; 5.1 instructions a weight, 32 x 256 costs 6.8)
-    over 4 waves; up to 16 rows, 64 x 128 ``tl.dot`` tiles (6.2) over 2 waves; up to 64 rows
-    where the GEMM's tiles would not fill the GPU (``gemv_rows``), 32 x 128 (the sweep's best
-    at 32 and 64 rows); more rows a tiled GEMM with 64-wide K tiles, its row tile growing with
-    M. None spills on sm_90.
-    fp32 rows: dots in IEEE fp32 run on FMA units, whose operands sit in registers: small tiles.
+    Chosen by counting the sm_90 instructions of the K loop per weight without a GPU
+    (``benchmarks/quant_sass.py``; at batch 1 an int4 weight has about 3.5 to spend at HBM
+    bandwidth, an int8 one 7), to be swept on the GPU (``benchmarks/quant_kernels.py --sweep``).
+    16-bit rows, groups of 64 columns or more (``quant_gemm.tiles_fit``): every row count goes
+    through tensor-core dots on exact values, K tiles of 128 in one group (quant_tiles.py),
+    128 weight rows a program so that each warp's share of x (its columns permuted for int4)
+    serves 32 rows: int4 2.7 instructions a weight from 1 to 16 rows (the one-row
+    multiply-reduce costs 5.0), 3.5 at 32 and 64 rows (wgmma, x from shared memory); int8 per
+    channel 3.6. A split-K GEMV up to 64 rows while the GEMM's tiles would not fill the GPU
+    (``gemv_rows``), then a GEMM: 64 x 128 tiles (128 x 128 spill), 128 x 128 where one group
+    spans K. Narrower groups (GGUF's 16 and 32) dequantize tiles across groups: one row by the
+    multiply-reduce (6.0), more by 64 x 128 dots. fp32 rows: IEEE dots on FMA units, small tiles.
     """
     pdl = pdl_supported(device)
+    one_group = group_size >= k or group_size <= 0
+    if dtype == torch.float32 or (group_size < 64 and not one_group):
+        if m == 1:
+            return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
+        if dtype == torch.float32:
+            if m <= 16:
+                return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl)
+            return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3)
+        if gemv_rows(m, n, device):
+            return QuantLaunch(True, True, 16, 64 if m <= 16 else 32, 128, num_warps=4, num_stages=3,
+                               waves=2 if m <= 16 else 4, pdl=pdl)
+        return QuantLaunch(False, True, 64 if m <= 64 else 128, 128, 64, num_warps=4 if m <= 64 else 8, num_stages=3)
     if m == 1:
-        return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
-    if dtype == torch.float32:
-        if m <= 16:
-            return QuantLaunch(True, True, 16, 32, 32, num_warps=4, num_stages=3, waves=2, pdl=pdl)
-        return QuantLaunch(False, True, 32, 64, 32, num_warps=4, num_stages=3)
+        return QuantLaunch(True, True, 16, 128, 128, num_warps=4, num_stages=3, waves=4, pdl=pdl)
     if m <= 16:
-        return QuantLaunch(True, True, 16, 64, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl)
+        return QuantLaunch(True, True, 16, 128, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl)
     if gemv_rows(m, n, device):
-        return QuantLaunch(True, True, 16, 32, 128, num_warps=4, num_stages=3, waves=4 if m <= 32 else 2, pdl=pdl)
-    if m <= 64:
-        return QuantLaunch(False, True, 64, 128, 64, num_warps=4, num_stages=4)
-    return QuantLaunch(False, True, 128, 128, 64, num_warps=8, num_stages=3)
+        return QuantLaunch(True, True, 16, 128, 128, num_warps=4, num_stages=3, waves=4 if m <= 32 else 2, pdl=pdl)
+    if m <= 64 or not one_group:
+        return QuantLaunch(False, True, 64, 128, 128, num_warps=4, num_stages=3)
+    return QuantLaunch(False, True, 128, 128, 128, num_warps=8, num_stages=3)
 
 
 @cuda_kernel

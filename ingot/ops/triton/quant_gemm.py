@@ -1,37 +1,35 @@
 """The kernels behind int_linear.py and fp8_linear.py: y = x @ W.T (+ b) with W quantized,
-dequantized tile by tile in registers (never a full-precision copy of W).
+made dot operands tile by tile in registers (never a full-precision copy of W).
 
-One weight-tile loader serves both forms (``loading/quant_scheme.py``): int4 / int8 words
-unpacked and taken as ``u - zero``, or float8 e4m3 bytes as their value, each run of
-``GS_TILE`` columns of a row sharing one scale (and one min): the tile is held as
-``[BLOCK_N, BLOCK_K / GS_TILE, GS_TILE]``, so groups smaller than the K tile (GGUF's 32)
-and groups spanning several tiles (128, a whole row) are one code path; a tile never
-straddles a group.
-
-* ``_gemv_kernel`` (few rows, a decode batch): skinny_gemm's split-K GEMV. Each program
+* ``_gemv_kernel`` (a decode batch, up to 64 rows): skinny_gemm's split-K GEMV. Each program
   streams a ``BLOCK_N x K/S`` slab of W, the last of a tile's S programs sums the fp32
-  partials (split counters of ``_common``), adds the bias and writes. One row: a
-  multiply-reduce with the scale applied per group to the partial sums
-  (``sum((u - z) * x) * s + min * sum(x)``: one multiply-add per weight); more rows:
-  ``tl.dot`` on rows padded to 16, on the exact values (u - z, fp8 values: exact in
-  bf16) scaled after the dot where the K tile lies in one group, else on the tile
-  dequantized to x's dtype.
-* ``_gemm_kernel`` (more rows): a tiled ``tl.dot`` GEMM (grouped tile order for L2 reuse)
-  whose B tiles are dequantized in registers; or, for fp8 W8A8 on fp8 tensor cores
-  (``FP8_DOT``), fp8 x fp8 dots whose fp32 results are scaled per K tile by the
-  activation and weight block scales (K tiles divide both groups).
+  partials (split counters of ``_common``), adds the bias and writes.
+* ``_gemm_kernel`` (more rows): a tiled GEMM, grouped tile order for L2 reuse.
+
+Both take one of two K loops:
+
+* ``TILES`` (16-bit models, W's groups of 64 columns or more): quant_tiles.py's
+  ``tile_sums``, each K tile in one group of W (and of x's W8A8 scales), dotted on tensor
+  cores from one row up (rows padded to 16) on W's exact values (``u - zero``; fp8 values),
+  the sums scaled per tile, or once at the end where one group spans K. int4 becomes
+  ``128 + u`` in bf16 with no float op per weight; fp8 W8A8 (``FP8_DOT``) dots the fp8
+  activations with the raw tile. Counted on sm_90 (``benchmarks/quant_sass.py``): 1.7 to
+  3.7 instructions a weight, where HBM leaves about 3.5 to an int4 weight at batch 1.
+* otherwise (GGUF's groups of 16 and 32, fp32 models): the tile held as
+  ``[BLOCK_N, BLOCK_K / GS_TILE, GS_TILE]`` (``_weight_tile``: each run of ``GS_TILE``
+  columns of a row shares a scale and a min), dequantized to x's dtype and dotted, or for
+  one row (``USE_DOT`` off) streamed through a multiply-reduce with the scales applied per
+  group to the partial sums (``sum((u - z) * x) * s + min * sum(x)``).
 
 Integer values become floats by the exponent trick (the value's bits under 0x4B000000 make
 ``2**23 + u``, minus ``2**23 + zero``: exact, no int-to-float conversion); on a GPU one
-``prmt`` a value (``_unpack``). fp8 bytes convert in hardware on sm_89+ (``fp8_native``),
-else by moving their bits under fp32's and scaling by 2**120. ALU cost matters: at batch 1
-an int4 weight must cost about 3.5 sm_90 instructions to keep up with HBM, and the
-launch tables were chosen by counting the K loop's instructions per weight (ptxas -v
-and cuobjdump work without a GPU).
+``prmt`` a value (quant_tiles.py). fp8 bytes convert in hardware on sm_89+ (``fp8_native``),
+else by moving their bits under fp32's and scaling by 2**120. Column groups are powers of
+two or whole rows (else the ops run the reference): indices by shifts (``shift_of``).
 
 W8A8 (fp8 weights only): x holds fp8 activations (``fp8_linear.act_quant``), exact in bf16,
 and their scales apply to the sums: per K tile for groups (a tile lies in one group), once
-at the end per token. Groups below K are powers of two (else the ops run the reference).
+at the end per token.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ import triton
 import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, interpreting, next_pow2, num_sms, split_counters
+from ingot.ops.triton.quant_tiles import act_in, dot, e4m3_to_f32, tile_sums, unpack
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
 
 MAX_GEMV_ROWS = 64  # rows the split-K GEMV takes (tl.dot on rows padded to 16, 32 or 64)
@@ -61,7 +60,7 @@ def gemv_rows(m: int, n: int, device: torch.device) -> bool:
 class QuantLaunch:
     """Launch parameters of the quantized GEMV / GEMM (each op's ``launch_config`` picks them)."""
 
-    gemv: bool  # split-K GEMV (at most 16 rows), else the tiled GEMM
+    gemv: bool  # split-K GEMV (at most 64 rows), else the tiled GEMM
     use_dot: bool  # GEMV: tl.dot on rows padded to 16, else a one-row multiply-reduce
     block_m: int  # GEMM rows per tile (the GEMV pads rows to 16 or takes one)
     block_n: int
@@ -73,9 +72,9 @@ class QuantLaunch:
     group_m: int = 8  # GEMM: row tiles per band of the tile order
     pdl: bool = False  # GEMV: programmatic dependent launch (pdl.py)
     fp8_native: bool = False  # fp8: hardware conversions (sm_89+), else bit decoding
-    fp8_dot: bool = False  # fp8 W8A8 GEMM on fp8 tensor cores (needs fp8_native)
+    fp8_dot: bool = False  # fp8 W8A8 dots on fp8 tensor cores, GEMV and GEMM (needs fp8_native)
     scaled_mm: bool = False  # fp8 W8A8 GEMM by torch._scaled_mm where its scale layouts fit
-    prmt: bool = True  # int: unpack by prmt (inline asm, GPU only), else by shifts and masks
+    prmt: bool = True  # int: unpack by prmt / lop3 (inline asm, GPU only), else by shifts and masks
 
 
 @dataclass(frozen=True)
@@ -107,74 +106,9 @@ def group_tile(block_k: int, group_k: int, k: int) -> int:
 
 
 # ----------------------------------------------------------------------------- device helpers
-_PRMT4 = tl.constexpr("{ .reg .b32 lo, hi; and.b32 lo, $8, 0x0F0F0F0F; shr.u32 hi, $8, 4; and.b32 hi, hi, 0x0F0F0F0F; "
-          + " ".join(f"prmt.b32 ${2 * i}, lo, 0x4B000000, {0x7650 + i}; prmt.b32 ${2 * i + 1}, hi, 0x4B000000, {0x7650 + i};"
-                     for i in range(4)) + " }")
-_PRMT8 = tl.constexpr("{ " + " ".join(f"prmt.b32 ${i}, $4, 0x4B000000, {0x7650 + i};" for i in range(4)) + " }")
-
-
-@triton.jit
-def _interleave(e0, e1, e2, e3, e4, e5, e6, e7, BITS: tl.constexpr):
-    """The values of a word's elements (``e_j``: element j of each word, [..., W]) -> [..., W, 2, 2(, 2)],
-    in little-endian order once the trailing dims are merged (element 4p + 2q + c at [p, q, c])."""
-    if BITS == 4:
-        return tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
-    else:
-        return tl.join(tl.join(e0, e2), tl.join(e1, e3))
-
-
-@triton.jit
-def _unpack(words, BITS: tl.constexpr, PRMT: tl.constexpr):
-    """int32 words [..., W] -> ``2**23 + u`` in fp32 for each value u, [..., W, 2, 2(, 2)] (``_interleave``).
-    On a GPU each value is one ``prmt`` (its byte under the exponent bits 0x4B), after three
-    ops per int4 word that put the even and odd nibbles in bytes; shifting and masking every
-    value costs about three integer ops, which made the one-row int4 GEMV ALU-bound. Without
-    ``PRMT`` (the interpreter runs no inline asm) by shifts and masks."""
-    if not PRMT:
-        if BITS == 4:
-            t = _interleave(words & 0xF, (words >> 4) & 0xF, (words >> 8) & 0xF, (words >> 12) & 0xF,
-                            (words >> 16) & 0xF, (words >> 20) & 0xF, (words >> 24) & 0xF, (words >> 28) & 0xF, BITS)
-        else:
-            t = _interleave(words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF,
-                            words, words, words, words, BITS)
-        return (t | 0x4B000000).to(tl.float32, bitcast=True)
-    else:
-        if BITS == 4:
-            e = tl.inline_asm_elementwise(_PRMT4, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
-                                          dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
-                                                 tl.float32, tl.float32), is_pure=True, pack=1)
-            return _interleave(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], BITS)
-        else:
-            e = tl.inline_asm_elementwise(_PRMT8, "=r,=r,=r,=r,r", [words],
-                                          dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
-            return _interleave(e[0], e[1], e[2], e[3], e[0], e[0], e[0], e[0], BITS)
-
-
-@triton.jit
-def _e4m3_to_f32(raw, NATIVE: tl.constexpr):
-    """float8 e4m3fn (fp8 values, or their bytes without ``NATIVE``) -> fp32. By bits: sign,
-    exponent and mantissa moved under fp32's, then scaled by 2**120 (the exponent biases'
-    difference); e4m3 subnormals land on fp32 subnormals, which that product scales exactly."""
-    if NATIVE:
-        return raw.to(tl.float32)
-    else:
-        b = raw.to(tl.uint32)
-        bits = ((b & 0x80) << 24) | ((b & 0x7F) << 20)
-        return bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
-
-
-@triton.jit
-def _act_in(x, dtype: tl.constexpr, ACT_Q: tl.constexpr, NATIVE: tl.constexpr):
-    """An activation tile in ``dtype``: fp8 activations (``ACT_Q``) exactly, by value."""
-    if ACT_Q:
-        return _e4m3_to_f32(x, NATIVE).to(dtype)
-    else:
-        return x.to(dtype)
-
-
 @triton.jit
 def _weight_tile(
-    w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
+    w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_shift,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
     FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr,
 ):
@@ -184,7 +118,7 @@ def _weight_tile(
     of its own, so that its divisibility lets the word loads vectorize)."""
     NG: tl.constexpr = BLOCK_K // GS_TILE
     offs_g = tl.arange(0, NG)
-    gidx = (k0 + offs_g * GS_TILE) // group_k
+    gidx = (k0 + offs_g * GS_TILE) >> group_shift
     g_mask = n_mask[:, None] & (gidx < G)[None, :]
     s_off = (offs_n // scale_bn)[:, None] * stride_sn + gidx[None, :]
     scale = tl.load(s_ptr + s_off, mask=g_mask, other=0.0).to(tl.float32)
@@ -195,14 +129,14 @@ def _weight_tile(
     if FP8:
         cols = k0 + offs_g[:, None] * GS_TILE + tl.arange(0, GS_TILE)[None, :]
         raw = tl.load(rows + cols[None, :, :], mask=n_mask[:, None, None] & (cols < K)[None, :, :], other=0.0)
-        values = _e4m3_to_f32(raw, FP8_NATIVE)
+        values = e4m3_to_f32(raw, FP8_NATIVE)
     else:
         PACK: tl.constexpr = 32 // BITS
         GW: tl.constexpr = GS_TILE // PACK
         # (k0 // BLOCK_K) * words per tile, not k0 // PACK: its divisibility lets the loads vectorize
         kw = (k0 // BLOCK_K) * (BLOCK_K // PACK) + offs_g[:, None] * GW + tl.arange(0, GW)[None, :]
         words = tl.load(rows + kw[None, :, :], mask=n_mask[:, None, None] & (kw < KW)[None, :, :], other=0)
-        u = tl.reshape(_unpack(words, BITS, PRMT), (BLOCK_N, NG, GS_TILE))  # 2**23 + u
+        u = tl.reshape(unpack(words, BITS, PRMT), (BLOCK_N, NG, GS_TILE))  # 2**23 + u
         if HAS_ZEROS:
             zero = tl.load(z_ptr + s_off, mask=g_mask, other=0).to(tl.float32)
         else:
@@ -220,30 +154,21 @@ def _dequantize(values, scale, mins, HAS_MINS: tl.constexpr):
         return values * scale[:, :, None]
 
 
-@triton.jit
-def _dot(acc, a, b, DOT_F32: tl.constexpr, IEEE: tl.constexpr):
-    """acc + a @ b.T; fp32 operands in IEEE precision (``IEEE``), the interpreter's in fp32."""
-    if DOT_F32:  # the interpreter's dot mishandles bf16 operands
-        return acc + tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
-    elif IEEE:
-        return tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, tl.trans(b), acc)
-
-
 # ----------------------------------------------------------------------------- kernels
 @triton.jit
 def _gemv_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, b_ptr, y_ptr, part_ptr, counter_ptr,
-    M, N, K, KW, G, k_per_split, zero_point, scale_bn, group_k, act_group, n_act,
+    M, N, K, KW, G, k_per_split, zero_point, scale_bn, group_shift, act_shift, n_act,
     stride_xm, stride_wn, stride_sn, stride_ym,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
     FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
     DIRECT: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, PDL: tl.constexpr,
+    TILES: tl.constexpr, FP8_DOT: tl.constexpr, EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):
     """``ACT_Q``: x holds fp8 activations and ``xs`` their scales [M, n_act], one per
-    ``act_group`` columns (``PER_TOKEN``: one per row, applied to the sums)."""
+    ``1 << act_shift`` columns (``PER_TOKEN``: one per row, applied to the sums). Groups of weight
+    columns (one scale each): ``1 << group_shift`` (31: the whole row)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -260,38 +185,44 @@ def _gemv_kernel(
         bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     wait_for_producer(PDL)  # from here on, what the previous kernels wrote
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        values, scale, mins = _weight_tile(
-            w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn, group_k,
-            FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
-        if USE_DOT:
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                        mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-            x = _act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
-            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            if NG == 1:  # one group: the dot on the exact values (u - z, fp8 values), its sums scaled
-                part = _dot(part, x, tl.reshape(values, (BLOCK_N, BLOCK_K)).to(x.dtype), DOT_F32, IEEE)
-                part *= tl.reshape(scale, (BLOCK_N,))[None, :]
+    if TILES:  # each K tile in one group of W (and of x's scales): quant_tiles.tile_sums
+        acc = tile_sums(
+            acc, x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn,
+            stride_sn, zero_point, scale_bn, group_shift, act_shift, n_act, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE,
+            PRMT, ACT_Q, GROUPED_ACT, FP8_DOT, DOT_F32, EVEN_K, ONE_GROUP, BLOCK_K, y_ptr.dtype.element_ty)
+    else:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            values, scale, mins = _weight_tile(
+                w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn,
+                group_shift, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
+            if USE_DOT:
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                            mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+                x = act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
+                part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                if NG == 1:  # one group: the dot on the exact values (u - z, fp8 values), its sums scaled
+                    part = dot(part, x, tl.reshape(values, (BLOCK_N, BLOCK_K)).to(x.dtype), DOT_F32, IEEE)
+                    part *= tl.reshape(scale, (BLOCK_N,))[None, :]
+                    if HAS_MINS:
+                        part += tl.sum(x.to(tl.float32), axis=1)[:, None] * tl.reshape(mins, (BLOCK_N,))[None, :]
+                else:
+                    w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
+                    part = dot(part, x, w, DOT_F32, IEEE)
+                if GROUPED_ACT:  # the K tile lies in one activation group
+                    part *= tl.load(xs_ptr + offs_m * n_act + (k0 >> act_shift), mask=m_mask, other=0.0)[:, None]
+                acc += part
+            else:  # one row: W streamed through a multiply-reduce, scales applied per group of the sums
+                cols = k0 + tl.arange(0, NG)[:, None] * GS_TILE + tl.arange(0, GS_TILE)[None, :]
+                x = act_in(tl.load(x_ptr + cols, mask=cols < K, other=0.0), tl.float32, ACT_Q, FP8_NATIVE)
+                if GROUPED_ACT:
+                    x *= tl.load(xs_ptr + (cols >> act_shift), mask=cols < K, other=0.0)
+                sums = tl.sum(values * x[None, :, :], axis=2)
                 if HAS_MINS:
-                    part += tl.sum(x.to(tl.float32), axis=1)[:, None] * tl.reshape(mins, (BLOCK_N,))[None, :]
-            else:
-                w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
-                part = _dot(part, x, w, DOT_F32, IEEE)
-            if GROUPED_ACT:  # the K tile lies in one activation group
-                part *= tl.load(xs_ptr + offs_m * n_act + k0 // act_group, mask=m_mask, other=0.0)[:, None]
-            acc += part
-        else:  # one row: W streamed through a multiply-reduce, scales applied per group of the sums
-            cols = k0 + tl.arange(0, NG)[:, None] * GS_TILE + tl.arange(0, GS_TILE)[None, :]
-            x = _act_in(tl.load(x_ptr + cols, mask=cols < K, other=0.0), tl.float32, ACT_Q, FP8_NATIVE)
-            if GROUPED_ACT:
-                x *= tl.load(xs_ptr + cols // act_group, mask=cols < K, other=0.0)
-            sums = tl.sum(values * x[None, :, :], axis=2)
-            if HAS_MINS:
-                sums = sums * scale + mins * tl.sum(x, axis=1)[None, :]
-            else:
-                sums = sums * scale
-            acc += tl.sum(sums, axis=1)[None, :]
+                    sums = sums * scale + mins * tl.sum(x, axis=1)[None, :]
+                else:
+                    sums = sums * scale
+                acc += tl.sum(sums, axis=1)[None, :]
     release_dependents(PDL)  # the next kernel may launch while the merges run
     if ACT_Q and PER_TOKEN:
         acc *= tl.load(xs_ptr + offs_m * n_act, mask=m_mask, other=0.0)[:, None]
@@ -315,15 +246,15 @@ def _gemv_kernel(
 @triton.jit
 def _gemm_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, b_ptr, y_ptr,
-    M, N, K, KW, G, zero_point, scale_bn, group_k, act_group, n_act,
+    M, N, K, KW, G, zero_point, scale_bn, group_shift, act_shift, n_act,
     stride_xm, stride_wn, stride_sn, stride_ym,
     FP8: tl.constexpr, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
     FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, GROUP_M: tl.constexpr,
+    TILES: tl.constexpr, EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):
-    """x and ``xs`` as in the GEMV. ``FP8_DOT``: fp8 activations times raw fp8 weight tiles,
-    each K tile's product scaled by its weight block's scale (the tile lies in one block)."""
+    """x, ``xs`` and the constexprs as in the GEMV."""
     pid = tl.program_id(0)
     GROUPED_ACT: tl.constexpr = ACT_Q and not PER_TOKEN
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -339,28 +270,25 @@ def _gemm_kernel(
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-        if FP8_DOT:
-            w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
-                        mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-            s_w = tl.load(s_ptr + (offs_n // scale_bn) * stride_sn + k0 // group_k, mask=n_mask, other=0.0)
-            part = _dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, False) * s_w[None, :]
-        else:
-            x = _act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
+    if TILES:  # as in the GEMV
+        acc = tile_sums(
+            acc, x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, offs_m, offs_n, M, N, K, 0, K, stride_xm, stride_wn,
+            stride_sn, zero_point, scale_bn, group_shift, act_shift, n_act, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE,
+            PRMT, ACT_Q, GROUPED_ACT, FP8_DOT, DOT_F32, EVEN_K, ONE_GROUP, BLOCK_K, y_ptr.dtype.element_ty)
+    else:  # tiles dequantized to x's dtype (groups narrower than the tile; fp32 models)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+            x = act_in(x, y_ptr.dtype.element_ty, ACT_Q, FP8_NATIVE)
             values, scale, mins = _weight_tile(
                 w_ptr, s_ptr, z_ptr, mn_ptr, offs_n, n_mask, k0, K, KW, G, stride_wn, stride_sn, zero_point, scale_bn,
-                group_k, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
+                group_shift, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE, PRMT, BLOCK_N, BLOCK_K, GS_TILE)
             w = tl.reshape(_dequantize(values, scale, mins, HAS_MINS), (BLOCK_N, BLOCK_K)).to(x.dtype)
-            if GROUPED_ACT:
-                part = _dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, IEEE)
+            if GROUPED_ACT:  # the K tile lies in one activation group
+                part = dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, DOT_F32, IEEE)
+                acc += part * tl.load(xs_ptr + offs_m * n_act + (k0 >> act_shift), mask=m_mask, other=0.0)[:, None]
             else:
-                acc = _dot(acc, x, w, DOT_F32, IEEE)
-        if GROUPED_ACT:  # the K tile lies in one activation group
-            acc += part * tl.load(xs_ptr + offs_m * n_act + k0 // act_group, mask=m_mask, other=0.0)[:, None]
-        elif FP8_DOT:
-            acc += part
+                acc = dot(acc, x, w, DOT_F32, IEEE)
     if ACT_Q and PER_TOKEN:
         acc *= tl.load(xs_ptr + offs_m * n_act, mask=m_mask, other=0.0)[:, None]
     if HAS_BIAS:
@@ -383,12 +311,30 @@ def _weight_args(w: QuantWeight, y: torch.Tensor) -> tuple:
     return (w.data, w.scales, w.zeros if w.zeros is not None else y, w.mins if w.mins is not None else y)
 
 
+def shift_of(group: int, k: int) -> int:
+    """``log2(group)`` for a power-of-two group of columns (the kernels' ``column >> shift``); 31 where one group spans K."""
+    return group.bit_length() - 1 if 0 < group < k else 31
+
+
+def tiles_fit(w: QuantWeight, dtype: torch.dtype) -> bool:
+    """Whether dots take quant_tiles.py's path (K tiles aligned to W's groups, one group each):
+    16-bit models, groups of 64 columns or more (narrower ones: tiles dequantized across groups)."""
+    return dtype in (torch.bfloat16, torch.float16) and (w.group_k >= w.k or w.group_k >= 64)
+
+
 def _flags(w: QuantWeight, cfg: QuantLaunch, act_scales: Optional[torch.Tensor], act_group: int, y: torch.Tensor) -> dict:
-    """The constexprs the two kernels share."""
+    """The constexprs the quantized kernels share (here and fused_moe_quant.py)."""
     return dict(FP8=w.fp8, BITS=w.bits, HAS_ZEROS=w.zeros is not None, HAS_MINS=w.mins is not None,
                 FP8_NATIVE=w.fp8 and cfg.fp8_native, PRMT=cfg.prmt and not interpreting(),
                 ACT_Q=act_scales is not None, PER_TOKEN=act_group >= w.k,
                 DOT_F32=interpreting(), IEEE=y.dtype == torch.float32 and not interpreting())
+
+
+def _tile_args(w: QuantWeight, act_group: int, block_k: int, in_groups: bool) -> dict:
+    """The two kernels' group shifts and K-tile constexprs (``in_groups``: quant_tiles.py's loop)."""
+    return dict(group_shift=shift_of(w.group_k, w.k), act_shift=shift_of(act_group, w.k), TILES=in_groups,
+                EVEN_K=w.k % block_k == 0, ONE_GROUP=w.group_k >= w.k and w.mins is None, BLOCK_K=block_k,
+                GS_TILE=group_tile(block_k, w.group_k, w.k))
 
 
 def run(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: QuantLaunch, out_dtype: torch.dtype,
@@ -414,7 +360,9 @@ def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
     xs = act_scales if act_scales is not None else y
     n = w.n
     assert m <= MAX_GEMV_ROWS and (cfg.use_dot or m == 1), f"the GEMV takes one row, or up to {MAX_GEMV_ROWS} with tl.dot"
-    block_k = aligned_block_k(cfg.block_k, k, act_group) if cfg.use_dot else cfg.block_k
+    in_groups = cfg.use_dot and tiles_fit(w, y.dtype)
+    block_k = aligned_block_k(cfg.block_k, k, act_group, w.group_k if in_groups else 0) if cfg.use_dot else cfg.block_k
+    fp8_dot = in_groups and w.fp8 and act_scales is not None and cfg.fp8_dot and cfg.fp8_native and block_k >= 32
     tiles = cdiv(n, cfg.block_n)
     splits = cfg.splits or max(1, min(cdiv(cfg.waves * num_sms(x.device), tiles), cdiv(k, 2 * block_k)))
     k_per_split = cdiv(cdiv(k, splits), block_k) * block_k
@@ -427,10 +375,11 @@ def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
     pdl = cfg.pdl and pdl_supported(x.device)
     _gemv_kernel[(tiles, splits)](
         x, xs, *_weight_args(w, y), bias if bias is not None else y, y, part, counters if counters is not None else y,
-        m, n, k, w.data.shape[1], w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn, w.group_k, act_group, xs.shape[-1],
-        x.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
-        **_flags(w, cfg, act_scales, act_group, y), HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k), PDL=pdl,
+        m, n, k, w.data.shape[1], w.scales.shape[1], k_per_split, w.zero_point, w.scale_bn,
+        **_tile_args(w, act_group, block_k, in_groups), n_act=xs.shape[-1], **_flags(w, cfg, act_scales, act_group, y),
+        stride_xm=x.stride(0), stride_wn=w.data.stride(0), stride_sn=w.scales.stride(0), stride_ym=y.stride(0),
+        FP8_DOT=fp8_dot, HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot, BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return y
@@ -443,14 +392,15 @@ def _gemm(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
     xs = act_scales if act_scales is not None else y
     fp8_dot = w.fp8 and act_scales is not None and cfg.fp8_dot
     assert cfg.fp8_native or not fp8_dot, "fp8 tensor-core GEMMs need hardware fp8 (fp8_native)"
-    block_k = aligned_block_k(cfg.block_k, k, act_group, w.group_k if fp8_dot else 0)
+    in_groups = tiles_fit(w, y.dtype) or fp8_dot
+    block_k = aligned_block_k(cfg.block_k, k, act_group, w.group_k if in_groups else 0)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
     _gemm_kernel[grid](
         x, xs, *_weight_args(w, y), bias if bias is not None else y, y,
-        m, n, k, w.data.shape[1], w.scales.shape[1], w.zero_point, w.scale_bn, w.group_k, act_group, xs.shape[-1],
-        x.stride(0), w.data.stride(0), w.scales.stride(0), y.stride(0),
-        **_flags(w, cfg, act_scales, act_group, y), FP8_DOT=fp8_dot, HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GS_TILE=group_tile(block_k, w.group_k, k),
+        m, n, k, w.data.shape[1], w.scales.shape[1], w.zero_point, w.scale_bn,
+        **_tile_args(w, act_group, block_k, in_groups), n_act=xs.shape[-1], **_flags(w, cfg, act_scales, act_group, y),
+        stride_xm=x.stride(0), stride_wn=w.data.stride(0), stride_sn=w.scales.stride(0), stride_ym=y.stride(0),
+        FP8_DOT=fp8_dot, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
