@@ -132,6 +132,100 @@ async def _one(session, base: str, headers: dict, model: str, req: Request, cloc
     return HttpResult(RequestRecord(len(req.prompt_token_ids), out_len, sent, times))
 
 
+async def _send_all(session, base: str, headers: dict, model: str, requests: Sequence[Request], start: float,
+                    max_concurrency: Optional[int], clock: Callable[[], float],
+                    on_finish: Optional[Callable[[], None]] = None) -> list[HttpResult]:
+    """Each request sent at ``start + arrival_s`` (with at most ``max_concurrency`` open)."""
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def send(req: Request) -> HttpResult:
+        delay = start + req.arrival_s - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if gate is None:
+            result = await _one(session, base, headers, model, req, clock)
+        else:
+            async with gate:
+                result = await _one(session, base, headers, model, req, clock)
+        if on_finish is not None:
+            on_finish()
+        return result
+
+    return list(await asyncio.gather(*(send(r) for r in requests)))
+
+
+def _session(max_concurrency: Optional[int]):
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=max_concurrency or 0)  # 0: a connection per open request
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=60))
+
+
+async def _worker_main(conn, base: str, headers: dict, model: str, requests: Sequence[Request],
+                       max_concurrency: Optional[int]) -> None:
+    async with _session(max_concurrency) as session:
+        conn.send("ready")
+        start = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        results = await _send_all(session, base, headers, model, requests, start, max_concurrency, time.monotonic)
+    conn.send((results, time.monotonic()))
+
+
+def client_worker(conn, base: str, headers: dict, model: str, requests: Sequence[Request],
+                  max_concurrency: Optional[int]) -> None:
+    """One client process of ``run_http(client_processes=N)``: says ready once its session is
+    open, sends its requests from the start time it is given, returns its results and its end."""
+    from ingot.engine import event_loop
+    from ingot.engine.heap import freeze_heap
+
+    freeze_heap()  # as the server's processes: its collector stays out of the chunks' bursts
+    try:
+        event_loop.run(_worker_main(conn, base, headers, model, requests, max_concurrency))
+    finally:
+        conn.close()
+
+
+async def _send_from_processes(base: str, headers: dict, model: str, requests: Sequence[Request],
+                               max_concurrency: Optional[int], processes: int) -> tuple[list[HttpResult], float, float]:
+    """The requests dealt round-robin to ``processes`` client processes (each with
+    ``max_concurrency / processes`` open at most, rounded up), started together on the
+    shared monotonic clock; (results, start, end)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold a GPU or threads
+    share = -(-max_concurrency // processes) if max_concurrency else None
+    workers, pipes = [], []
+    for k in range(processes):
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=client_worker, args=(theirs, base, headers, model, list(requests[k::processes]), share),
+                           name=f"ingot-bench-client-{k}", daemon=True)
+        proc.start()
+        theirs.close()
+        workers.append(proc)
+        pipes.append(mine)
+    loop = asyncio.get_running_loop()
+    try:
+        for conn in pipes:
+            if await loop.run_in_executor(None, conn.recv) != "ready":
+                raise RuntimeError("a client process did not start")
+        start = time.monotonic() + 0.05
+        for conn in pipes:
+            conn.send(start)
+        results: list[HttpResult] = []
+        end = start
+        for conn in pipes:
+            got, ended = await loop.run_in_executor(None, conn.recv)
+            results += got
+            end = max(end, ended)
+    except EOFError:
+        raise RuntimeError("a client process exited before it reported its results") from None
+    finally:
+        for proc in workers:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    return results, start, end
+
+
 async def run_http(
     base_url: str,
     requests: Sequence[Request],
@@ -139,41 +233,33 @@ async def run_http(
     api_key: Optional[str] = None,
     max_concurrency: Optional[int] = None,
     on_finish: Optional[Callable[[], None]] = None,
+    client_processes: int = 1,
 ) -> HttpServeMetrics:
     """Send ``requests`` to the server at ``base_url`` (no ``/v1``), measure, aggregate.
 
-    aiohttp, as ``vllm bench serve`` uses: at 10,000+ streamed chunks per second the
-    client must not be what limits the measurement."""
-    import aiohttp
-
+    aiohttp, as ``vllm bench serve`` uses. One process reads about 30,000 streamed chunks/s
+    at most (its event loop's socket reads and wake-ups, then the JSON); past that the client,
+    not the server, sets the measured latencies. ``client_processes`` N > 1 deals the requests
+    round-robin to N processes (``on_finish`` is then not called)."""
     base = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    connector = aiohttp.TCPConnector(limit=max_concurrency or 0)  # 0: a connection per open request
-    clock = time.monotonic
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    clock = time.monotonic  # one clock for every process (system-wide on Linux, macOS and Windows)
+    async with _session(None) as session:
         name = model or await discover_model(session, base, headers)
         info = await server_info(session, base, headers, name)
         before = await scrape_engine_stats(session, base, headers)
-        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        start = clock()
-
-        async def send(req: Request) -> HttpResult:
-            delay = start + req.arrival_s - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if gate is None:
-                result = await _one(session, base, headers, name, req, clock)
-            else:
-                async with gate:
-                    result = await _one(session, base, headers, name, req, clock)
-            if on_finish is not None:
-                on_finish()
-            return result
-
-        results = await asyncio.gather(*(send(r) for r in requests))
-        end = clock()
-        after = await scrape_engine_stats(session, base, headers) if before is not None else None
+    if client_processes > 1:
+        results, start, end = await _send_from_processes(base, headers, name, requests, max_concurrency, client_processes)
+    else:
+        async with _session(max_concurrency) as session:
+            start = clock()
+            results = await _send_all(session, base, headers, name, requests, start, max_concurrency, clock, on_finish)
+            end = clock()
+    if before is not None:
+        async with _session(None) as session:
+            after = await scrape_engine_stats(session, base, headers)
+    else:
+        after = None
     ok = [r.record for r in results if r.error is None]
     failed = [r.error for r in results if r.error is not None]
     if not ok:

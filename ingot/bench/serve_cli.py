@@ -155,6 +155,9 @@ def add_parser(subparsers) -> None:
     h.add_argument("--served-model-name", default=None, help="the model name to send (default: the first of /v1/models)")
     h.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     h.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests open at once (default: no limit)")
+    h.add_argument("--client-processes", type=_positive_arg, default=1, metavar="N",
+                   help="send from N client processes, the requests dealt round-robin (default 1): one process reads "
+                        "about 30,000 streamed chunks/s, beyond which it, not the server, sets the latencies measured")
     h.add_argument("--vocab-size", type=int, default=None,
                    help="draw prompt token ids below this (default: the vocabulary of --model / --tokenizer, else the default model's)")
     o = p.add_argument_group("output")
@@ -315,13 +318,19 @@ def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str
     from ingot.bench.http_serve import run_http
     from ingot.bench.workload import make_requests
     from ingot.engine import event_loop
+    from ingot.engine.heap import freeze_heap, unfreeze_heap
 
     tokenizer = _tokenizer_of(args.tokenizer or args.model) if workload.kind == "copy" or not args.vocab_size else None
     vocab = args.vocab_size or tokenizer.vocab_size
     requests = make_requests(workload, vocab, tokenizer)
     if not args.quiet:
         console.print(f"[bold]{args.url}[/]: sending {len(requests)} requests")
-    out = event_loop.run(run_http(args.url, requests, args.served_model_name, args.api_key, args.max_concurrency))
+    freeze_heap()  # as the server's processes do (ingot/engine/heap.py): the client's collector out of the chunks' bursts
+    try:
+        out = event_loop.run(run_http(args.url, requests, args.served_model_name, args.api_key, args.max_concurrency,
+                                      client_processes=args.client_processes))
+    finally:
+        unfreeze_heap()
     if out.failed:
         console.print(f"[yellow]{out.failed} request(s) failed[/]; first: {out.errors[0]}")
     result = {"mode": "http", **dataclasses.asdict(out.metrics), "failed": out.failed,
@@ -331,7 +340,7 @@ def run_http_mode(args: argparse.Namespace, workload, console) -> tuple[dict[str
            "python": platform.python_version(), "platform": platform.platform(), "url": args.url,
            "model": out.server.get("id") or args.served_model_name, "max_model_len": out.server.get("max_model_len"),
            "server_version": out.server.get("version"), "device": "http", "device_name": args.url,
-           "vocab_size": vocab, "max_concurrency": args.max_concurrency}
+           "vocab_size": vocab, "max_concurrency": args.max_concurrency, "client_processes": args.client_processes}
     return result, env
 
 

@@ -39,3 +39,24 @@ def test_objects_alive_at_freeze_are_left_alone_until_unfrozen():
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert old_ref() is None  # reclaimed once given back to the collector
+
+
+def test_young_threshold_is_raised_while_frozen_and_restored_after():
+    """A serving step's burst of outputs (thousands of objects freed soon after) must not
+    trigger young collections: the threshold is YOUNG_THRESHOLD while the heap is frozen, and
+    whatever it was before once unfrozen."""
+    from ingot.engine.heap import YOUNG_THRESHOLD
+
+    unfreeze_heap()
+    before = gc.get_threshold()
+    gc.set_threshold(123, *before[1:])
+    try:
+        freeze_heap()
+        freeze_heap()  # twice (a bench run after a server start): still restored to 123 below
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *before[1:])
+        assert YOUNG_THRESHOLD >= 9 * 512 * 2  # two steps' outputs of 512 streams, ~9 objects each
+        unfreeze_heap()
+        assert gc.get_threshold() == (123, *before[1:])
+    finally:
+        unfreeze_heap()
+        gc.set_threshold(*before)

@@ -37,18 +37,22 @@ def test_engine_counters_read_back_from_the_metrics_text():
     assert parse_engine_stats("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3.0\n") is None
 
 
-@pytest.mark.parametrize("where", ["process", "thread"])
-def test_bench_serve_over_http(tmp_path, capsys, where):
+@pytest.mark.parametrize("where, clients", [("process", 1), ("thread", 2)])
+def test_bench_serve_over_http(tmp_path, capsys, where, clients):
+    """Every request counted once, also when two client processes share the workload (each
+    with half the concurrency: the engine's batch never exceeds 8)."""
     path = write_tiny_checkpoint(tmp_path / "llama", "llama")
     extra = ["--engine-in-thread"] if where == "thread" else []
     with running_server("--model", str(path), "--dtype", "float32", "--api-key", "k", "--quiet", *extra) as srv:
         out = tmp_path / "http.json"
         rc = main(["bench", "serve", "--url", srv.url, "--api-key", "k", "--num-requests", "24", "--input-len", "4-40",
-                   "--output-len", "3-9", "--max-concurrency", "8", "--vocab-size", "300", "--json", str(out), "--quiet"])
+                   "--output-len", "3-9", "--max-concurrency", "8", "--vocab-size", "300", "--json", str(out), "--quiet",
+                   "--client-processes", str(clients)])
         assert rc == 0
         data = json.loads(out.read_text())
     (result,) = data["results"]
     assert result["failed"] == 0 and result["num_requests"] == 24
+    assert data["environment"]["client_processes"] == clients
     from ingot.bench.workload import Workload, make_requests
 
     reqs = make_requests(Workload(24, (4, 40), (3, 9)), 300)
