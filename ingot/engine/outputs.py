@@ -72,34 +72,17 @@ class Accumulator:
         if prev is None:
             prev = RequestOutput(delta.request_id, delta.prompt, list(delta.prompt_token_ids), [], False, None,
                                  delta.prompt_logprobs)
-        samples: dict[int, CompletionOutput] = {c.index: c for c in prev.outputs}
-        for c in delta.outputs:
-            old = samples.get(c.index)
-            logprobs = c.logprobs
-            if logprobs is not None and old is not None and old.logprobs:
-                logprobs = old.logprobs + logprobs
-            samples[c.index] = CompletionOutput(
-                index=c.index,
-                text=old.text + c.delta if old else c.delta,
-                token_ids=old.token_ids + c.delta_token_ids if old else list(c.delta_token_ids),
-                cumulative_logprob=c.cumulative_logprob,
-                logprobs=logprobs,
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-                delta=c.delta,
-                delta_token_ids=c.delta_token_ids,
-            )
-        out = RequestOutput(
-            request_id=delta.request_id,
-            prompt=prev.prompt,
-            prompt_token_ids=prev.prompt_token_ids,
-            outputs=[samples[i] for i in sorted(samples)],
-            finished=delta.finished,
-            error=delta.error,
-            prompt_logprobs=prev.prompt_logprobs if delta.prompt_logprobs is None else delta.prompt_logprobs,
-            metrics=delta.metrics,
-            num_cached_tokens=delta.num_cached_tokens,
-        )
+        olds, news = prev.outputs, delta.outputs
+        if len(news) == 1 and (not olds or (len(olds) == 1 and olds[0].index == news[0].index)):
+            outputs = [_added(olds[0] if olds else None, news[0])]  # one sample (n = 1): no regrouping
+        else:
+            samples: dict[int, CompletionOutput] = {c.index: c for c in olds}
+            for c in news:
+                samples[c.index] = _added(samples.get(c.index), c)
+            outputs = [samples[i] for i in sorted(samples)]
+        out = RequestOutput(delta.request_id, prev.prompt, prev.prompt_token_ids, outputs, delta.finished, delta.error,
+                            prev.prompt_logprobs if delta.prompt_logprobs is None else delta.prompt_logprobs,
+                            delta.metrics, delta.num_cached_tokens)
         if out.finished:
             self._live.pop(out.request_id, None)
         else:
@@ -111,25 +94,38 @@ class Accumulator:
         cumulative output per request (in order of first appearance) whose ``delta`` /
         ``delta_token_ids`` span all of that request's outputs among them. A lagging
         server thus sends one chunk per request for what piled up, not one per step."""
-        latest: dict[str, RequestOutput] = {}
-        starts: dict[str, dict[int, tuple[int, int]]] = {}  # request -> sample -> (text, tokens) before
-        merged: set[str] = set()
+        by_request: dict[str, list[RequestOutput]] = {}
         for delta in deltas:
-            rid = delta.request_id
-            if rid in latest:
-                merged.add(rid)
+            got = by_request.get(delta.request_id)
+            if got is None:
+                by_request[delta.request_id] = [delta]
             else:
-                prev = self._live.get(rid)
-                starts[rid] = {} if prev is None else {c.index: (len(c.text), len(c.token_ids)) for c in prev.outputs}
-            latest[rid] = self.add(delta)
-        for rid in merged:
-            out, before = latest[rid], starts[rid]
-            samples = []
-            for c in out.outputs:
-                text0, tokens0 = before.get(c.index, (0, 0))
-                samples.append(replace(c, delta=c.text[text0:], delta_token_ids=c.token_ids[tokens0:]))
-            latest[rid] = replace(out, outputs=samples)
-        return list(latest.values())
+                got.append(delta)
+        return [self.add(piled[0]) if len(piled) == 1 else self._add_piled(piled) for piled in by_request.values()]
+
+    def _add_piled(self, piled: list[RequestOutput]) -> RequestOutput:
+        """One request's outputs of several steps as one cumulative output."""
+        prev = self._live.get(piled[0].request_id)
+        before = {} if prev is None else {c.index: (len(c.text), len(c.token_ids)) for c in prev.outputs}
+        for delta in piled:
+            out = self.add(delta)
+        samples = []
+        for c in out.outputs:
+            text0, tokens0 = before.get(c.index, (0, 0))
+            samples.append(replace(c, delta=c.text[text0:], delta_token_ids=c.token_ids[tokens0:]))
+        return replace(out, outputs=samples)
+
+
+def _added(old: Optional[CompletionOutput], c: CompletionOutput) -> CompletionOutput:
+    """Sample ``c``'s compact output added to its cumulative output so far (``old``)."""
+    if old is None:
+        return CompletionOutput(c.index, c.delta, list(c.delta_token_ids), c.cumulative_logprob, c.logprobs,
+                                c.finish_reason, c.stop_reason, c.delta, c.delta_token_ids)
+    logprobs = c.logprobs
+    if logprobs is not None and old.logprobs:
+        logprobs = old.logprobs + logprobs
+    return CompletionOutput(c.index, old.text + c.delta, old.token_ids + c.delta_token_ids, c.cumulative_logprob,
+                            logprobs, c.finish_reason, c.stop_reason, c.delta, c.delta_token_ids)
 
 
 def _completion(seq: Sequence, tokenizer: Tokenizer) -> CompletionOutput:
