@@ -14,7 +14,7 @@ alternating between rounds; round ``r`` draws its prompts with seed ``seed + r``
 so the server's prefix cache never holds a later round's prompts, and the offline engine
 empties its own before each run. The first ``--warmup-rounds`` rounds are recorded but not
 counted. The HTTP client runs as ``--client-processes`` processes (default 4; one reads
-about 30,000 streamed chunks/s, below what a 512-sequence batch on a GPU streams). Reports
+about 28,000 streamed chunks/s, below what a 512-sequence batch on a GPU streams). Reports
 each round's output tokens/s, the HTTP / offline ratio, and the median ratio; TTFT, TPOT
 and ITL p50 of both. Prints a table, writes JSON.
 """
@@ -176,7 +176,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--api-server-count", type=int, default=1,
                    help="the server's API server processes (ingot serve --api-server-count; default 1)")
     p.add_argument("--client-processes", type=int, default=4,
-                   help="HTTP client processes, the requests dealt round-robin (default 4): one reads about 30,000 "
+                   help="HTTP client processes, the requests dealt round-robin (default 4): one reads about 28,000 "
                         "streamed chunks/s, and past that the client, not the server, sets the latencies measured")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--json", type=Path, default=None)

@@ -237,7 +237,7 @@ async def run_http(
 ) -> HttpServeMetrics:
     """Send ``requests`` to the server at ``base_url`` (no ``/v1``), measure, aggregate.
 
-    aiohttp, as ``vllm bench serve`` uses. One process reads about 30,000 streamed chunks/s
+    aiohttp, as ``vllm bench serve`` uses. One process reads about 28,000 streamed chunks/s
     at most (its event loop's socket reads and wake-ups, then the JSON); past that the client,
     not the server, sets the measured latencies. ``client_processes`` N > 1 deals the requests
     round-robin to N processes (``on_finish`` is then not called)."""

@@ -157,7 +157,7 @@ def add_parser(subparsers) -> None:
     h.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests open at once (default: no limit)")
     h.add_argument("--client-processes", type=_positive_arg, default=1, metavar="N",
                    help="send from N client processes, the requests dealt round-robin (default 1): one process reads "
-                        "about 30,000 streamed chunks/s, beyond which it, not the server, sets the latencies measured")
+                        "about 28,000 streamed chunks/s, beyond which it, not the server, sets the latencies measured")
     h.add_argument("--vocab-size", type=int, default=None,
                    help="draw prompt token ids below this (default: the vocabulary of --model / --tokenizer, else the default model's)")
     o = p.add_argument_group("output")
