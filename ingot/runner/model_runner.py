@@ -3,7 +3,7 @@
 Prefill steps, eager mode and CPU run the raw model. Decode steps on CUDA go
 through the DecodeGraphRunner (captured graphs, optionally compiled) when the
 batch fits a bucket; speculative decoding's verify steps (decode rows of their
-own kind: ``step_inputs._verify_fields``) through a second set of graphs, the
+own kind: ``step_inputs._verify_step``) through a second set of graphs, the
 verify graphs, when their rows fit a bucket, else the same rows through the raw
 model.
 
@@ -186,24 +186,46 @@ class ModelRunner:
     def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
         """Capture decode graphs on CUDA (or the fake padded path when asked), and verify
         graphs with speculative decoding, into one memory pool."""
-        from ingot.runner.graph_runner import DecodeGraphRunner, capture_sets, graphs_enabled
+        from ingot.runner.graph_runner import capture_sets, graphs_enabled
 
-        if not graphs_enabled(self.config, self.device):
-            return
+        if graphs_enabled(self.config, self.device):
+            capture_sets(self.graph_sets(max_blocks_per_seq))
+
+    def graph_sets(self, max_blocks_per_seq: int, verify_buckets: Optional[list[int]] = None) -> list:
+        """Build (not capture) this runner's decode graphs and, with speculative decoding, its
+        verify graphs (``verify_buckets``: their row counts, default ``verify_buckets(max_verify_rows)``)."""
+        from ingot.runner.graph_runner import DecodeGraphRunner
+
         args = (self.model, self.config, self.device, max_blocks_per_seq, self.policy, self.tp)
         self.graphs = DecodeGraphRunner(*args)
         if self.config.speculative_config is not None:
-            self.verify_graphs = DecodeGraphRunner(*args, store_first=True)
-        capture_sets([g for g in (self.graphs, self.verify_graphs) if g is not None])
+            self.verify_graphs = DecodeGraphRunner(*args, store_first=True, buckets=verify_buckets)
+        return [g for g in (self.graphs, self.verify_graphs) if g is not None]
 
     # ------------------------------------------------------------------ step
+    def _graphs_for(self, inputs: StepInputs):
+        """The graph set that replays ``inputs`` (decode or verify rows that fit a bucket), or None."""
+        graphs = self.verify_graphs if inputs.attn.store_first else self.graphs
+        if graphs is not None and not inputs.attn.is_prefill and graphs.fits(inputs.num_seqs):
+            return graphs
+        return None
+
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [S, vocab] of the rows that sample this step (a verify step: of every row)."""
-        graphs = self.verify_graphs if inputs.attn.store_first else self.graphs
-        if graphs is not None and not inputs.attn.is_prefill and graphs.fits(inputs.num_seqs):
-            return graphs.run(inputs)
-        return self.raw_logits(inputs)
+        graphs = self._graphs_for(inputs)
+        return graphs.run(inputs) if graphs is not None else self.raw_logits(inputs)
+
+    @torch.inference_mode()
+    def fill_kv(self, inputs: StepInputs) -> None:
+        """The forward for its K/V writes alone (a draft model following the target's steps):
+        through the graphs where ``forward_logits`` would replay one (their logits unread),
+        else the raw forward without the lm_head."""
+        graphs = self._graphs_for(inputs)
+        if graphs is not None:
+            graphs.run(inputs)
+        else:
+            self._hidden(inputs)
 
     @torch.inference_mode()
     def raw_logits(self, inputs: StepInputs) -> torch.Tensor:
