@@ -59,6 +59,9 @@ class DraftedModelRunner(ModelRunner):
         self.propose_vocab = propose_vocab
         self.draft_max_id = draft.model_config.vocab_size - 1
         self.clamp_ids = model_config.vocab_size > draft.model_config.vocab_size
+        # False: the draft sits out every step (a benchmark's plain-decoding baseline on this
+        # engine, ``bench/speculation.py``); its cache misses those steps' K/V
+        self.draft_follows = True
 
     # ------------------------------------------------------------------ KV cache and graphs
     def _bytes_per_block(self) -> int:
@@ -99,7 +102,8 @@ class DraftedModelRunner(ModelRunner):
         if feed is not None:
             feed.apply(inputs, batch)
         step = self.launch_staged(batch, inputs, eos_token_ids)
-        self._follow(batch, inputs, feed)
+        if self.draft_follows:
+            self._follow(batch, inputs, feed)
         return step
 
     def _follow(self, batch: ScheduledBatch, inputs: StepInputs, feed: Optional[TokenFeed]) -> None:
