@@ -130,13 +130,19 @@ class DraftedModelRunner(ModelRunner):
         logits = self.draft.forward_logits(self._clamped(first, owned=True))
         drafts = torch.zeros(n, max(steps, 1), dtype=torch.int64, device=self.device)
         drafts[:, 0] = self._argmax(logits[:n])
+        active: list[int] = []
+        step: Optional[StepInputs] = None
         for j in range(1, steps):  # feed draft j - 1 of every sequence that takes more than j drafts
-            active = [i for i, k in enumerate(counts) if k > j]
-            rows = [seqs[i] for i in active]
-            positions = [seq.num_computed_tokens + j for seq in rows]
-            step = device_inputs(decode_rows([s.block_ids for s in rows], [0] * len(rows), positions, self.block_size,
-                                             store_first=False), self.device)
-            index = torch.tensor(active, dtype=torch.int64).to(self.device, non_blocking=True)
+            keep = [i for i, k in enumerate(counts) if k > j]
+            if step is not None and keep == active:  # the same rows, one position on
+                advance_rows(step, self.block_size)
+            else:
+                rows = [seqs[i] for i in keep]
+                step = device_inputs(decode_rows([s.block_ids for s in rows], [0] * len(rows),
+                                                 [s.num_computed_tokens + j for s in rows], self.block_size,
+                                                 store_first=False), self.device)
+                index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
+            active = keep
             step.input_ids.copy_(drafts[:, j - 1].index_select(0, index))
             drafts[index, j] = self._argmax(self.draft.forward_logits(step))
         host = drafts.tolist()
@@ -177,6 +183,17 @@ def first_rows(seqs: list[BatchSequence], block_size: int) -> HostStep:
     step = decode_rows(tables, ids, positions, block_size, store_first=len(ids) > len(seqs))
     step.logits_indices = step.sample_rows = list(range(len(seqs)))
     return step
+
+
+def advance_rows(inputs: StepInputs, block_size: int) -> None:
+    """One-row-per-sequence decode inputs moved one position on, in place on the device (no
+    host work between a round's draft steps): each row's block table already holds the new
+    position (the scheduler grew every sequence's blocks for its drafts)."""
+    attn, positions = inputs.attn, inputs.positions
+    positions.add_(1)
+    attn.seq_lens.add_(1)
+    blocks = attn.block_tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1)
+    attn.slot_mapping.copy_(blocks.to(torch.int64) * block_size + positions % block_size)
 
 
 # ---------------------------------------------------------------------- start-up

@@ -187,6 +187,32 @@ def test_seeded_sampling_is_deterministic_whatever_the_batch(models):
     same(batched[:1], alone)
 
 
+def test_sampling_with_a_draft_keeps_the_target_distribution(models):
+    """Temperature 0.5, top-k 5, one draft from another model (its greedy token: a point mass,
+    kept with probability p(x), else the residual): the token after the first follows the
+    target's distribution, computed by HF transformers on the same weights (chi-square, 2,000
+    requests)."""
+    from tests.helpers import hf_logits
+    from tests.runner.test_spec_verify import CHI2_99_9, chi_square
+
+    prompt = [5, 17, 42, 9, 77, 120, 33]
+    params = SamplingParams(temperature=0.5, top_k=5, max_tokens=3, ignore_eos=True)
+    spec = draft_spec(models["other"], k=1, disable_by_batch_size=512)
+    with LLM(str(models["target"]), dtype="float32", device="cpu", show_progress=False, max_num_seqs=512,
+             speculative_config=spec) as llm:
+        outs = llm.generate([{"prompt_token_ids": prompt}] * 2000, params, use_tqdm=False)
+        stats = llm.engine.stats()
+    pairs = [o.outputs[0].token_ids[:2] for o in outs]
+    first = max(set(t for t, _ in pairs), key=[t for t, _ in pairs].count)
+    seconds = torch.tensor([u for t, u in pairs if t == first])
+    logits = hf_logits(models["target"], prompt + [first])[-1].double() / 0.5
+    top = logits.topk(5)
+    p = torch.zeros_like(logits)
+    p[top.indices] = top.values.softmax(-1)
+    assert chi_square(torch.bincount(seconds, minlength=VOCAB).double(), p) < CHI2_99_9[5]
+    assert len(seconds) > 300 and 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
 def test_padded_embedding_tables(models):
     """A draft whose table has 84 padded rows (their logits outscore every real token) proposes
     only real tokens: every draft kept. A draft whose table is smaller than the target's (the
