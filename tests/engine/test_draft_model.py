@@ -229,6 +229,23 @@ def test_padded_embedding_tables(models):
     assert stats.spec_decode_num_drafts > 0
 
 
+def test_a_quantized_draft(models):
+    """``quantization`` applies to the draft alone: int8 rounds its weights (dequantized at load
+    on CPU), the target's stay; output is plain greedy decoding's."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain, _, _ = run(models["target"], None, PROMPTS[:3], params)
+    spec = draft_spec(models["target"], quantization="int8")
+    with LLM(str(models["target"]), dtype="float32", device="cpu", show_progress=False, speculative_config=spec) as llm:
+        runner = llm.engine.executor
+        target_w = runner.model.layers[0].mlp.down_proj.weight
+        draft_w = runner.draft.model.layers[0].mlp.down_proj.weight
+        assert not torch.equal(target_w, draft_w) and torch.allclose(target_w, draft_w, atol=2e-3)
+        outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+        stats = llm.engine.stats()
+    assert [[o.outputs[0].token_ids] for o in outs] == [[r[0][0]] for r in plain]
+    assert stats.spec_decode_num_accepted_tokens > stats.spec_decode_num_draft_tokens / 2
+
+
 def test_draft_steps_through_the_padded_buckets(models, cpu_buckets):
     """On the graphs' path (CPU_BUCKETS): the draft's decode buckets and its first-step buckets
     (a missing token fed, store_first) replay its steps; output and acceptance unchanged."""
