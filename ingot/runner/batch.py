@@ -52,6 +52,10 @@ class ScheduledBatch:
     # token (``step_inputs._verify_step``); every sequence samples (``runner/spec_verify.py``).
     # None: a plain step.
     draft_tokens: Optional[list[list[int]]] = None
+    # A draft model's distribution each draft of a sampled row was drawn from, per verify
+    # position ([sum(len(d) + 1), V'], set with the drafts: ``runner/draft_runner.py``); None:
+    # every draft a point mass (n-gram drafts, greedy rows).
+    draft_probs: Optional[torch.Tensor] = None
 
     def samples(self, i: int) -> bool:
         """Does row i produce a token this step (its computation reaches its last token)?"""

@@ -12,8 +12,10 @@ the same tokens for both models. The draft's cache follows the target's:
 * a verify step first runs a draft round (``_propose``): one step of decode rows, each
   sequence's last token (and, when the previous round kept every draft, that round's last
   draft, which was proposed but never fed: ``draft_kv_hole``), then ``k - 1`` one-row
-  steps that feed each draft to get the next. Drafts are the draft's argmax over the shared
-  vocabulary. Then the verify step is staged with them, as for n-gram drafts.
+  steps that feed each draft to get the next. A greedy request's drafts are the draft's
+  argmax over the shared vocabulary; a sampled request's are drawn from the draft's
+  distribution under its sampling parameters, which the verification needs as well
+  (``batch.draft_probs``: ``min(1, p / q)``). Then the verify step is staged with them.
 
 A draft position the target rejects lies past the kept tokens: it is written again before
 any query reads it, as the target's own rejected K/V. Every step is decode rows, so on CUDA
@@ -38,7 +40,8 @@ from ingot.loading.model_config import ModelConfig
 from ingot.models.loader import load_checkpoint
 from ingot.runner.batch import BatchSequence, ScheduledBatch, draft_kv_lag
 from ingot.runner.kv_pool import KVCachePool
-from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
+from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed, sampling_rows
+from ingot.runner.spec_verify import sample_drafts
 from ingot.runner.step_inputs import HostStep, StepInputs, decode_rows, device_inputs
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,7 @@ log = logging.getLogger(__name__)
 class DraftedModelRunner(ModelRunner):
     """The target's runner with a draft model beside it (``speculative_config.model``).
 
-    ``propose_vocab``: drafts are argmaxes over token ids ``[0, propose_vocab)``, the ids both
+    ``propose_vocab``: drafts are drawn from token ids ``[0, propose_vocab)``, the ids both
     tokenizers share and both embedding tables hold (a padded table's extra rows are never
     proposed). Target tokens past the draft's table (a padded target's, never sampled by a
     trained model) are fed to the draft as its last row, only costing acceptance."""
@@ -96,7 +99,7 @@ class DraftedModelRunner(ModelRunner):
         """A verify step: the draft round first (it sets ``batch.draft_tokens``), then the
         target's verify step. Any other step: the target's, then the draft's K/V of it."""
         if batch.draft_tokens is not None:
-            self._propose(batch)
+            self._propose(batch, eos_token_ids)
             return super().launch(batch, eos_token_ids, feed)
         inputs = self.stage(batch)
         if feed is not None:
@@ -119,17 +122,37 @@ class DraftedModelRunner(ModelRunner):
         self.draft.fill_kv(self._clamped(rows, owned=True))
 
     @torch.inference_mode()
-    def _propose(self, batch: ScheduledBatch) -> None:
+    def _propose(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> None:
         """Replace each sequence's placeholder drafts (``batch.draft_tokens``: how many it may
-        take) with the draft model's greedy tokens; every sequence of the step gets its missing
-        draft K/V, drafts or not. One read-back at the end."""
+        take) with the draft model's: its argmax for greedy requests, a sample of its
+        distribution under the request's parameters for the others (``batch.draft_probs``).
+        Every sequence of the step gets its missing draft K/V, drafts or not. One read-back."""
         assert batch.draft_tokens is not None
         seqs, counts = batch.seqs, [len(d) for d in batch.draft_tokens]
         n, steps = len(seqs), max(counts)
+        rows = sampling_rows(batch, range(n), eos_token_ids)
+        sampled = {i for i in range(n) if counts[i] and not rows[i].params.greedy}
+        starts = [0]
+        for k in counts:  # each sequence's first position in the verify step
+            starts.append(starts[-1] + k + 1)
+        probs = torch.zeros(starts[-1], self.propose_vocab, device=self.device) if sampled else None
+
+        def pick(logits: torch.Tensor, active: list[int], j: int) -> torch.Tensor:
+            """Draft ``j`` of the ``active`` sequences, from their rows of ``logits``."""
+            logits = logits[:, : self.propose_vocab]
+            tokens = logits.argmax(dim=-1)
+            which = [r for r, i in enumerate(active) if i in sampled]
+            if which:
+                at = torch.tensor(which, dtype=torch.int64).to(self.device, non_blocking=True)
+                drawn, q = sample_drafts(self.sampler, logits.index_select(0, at), [rows[active[r]] for r in which])
+                tokens[at] = drawn
+                probs[torch.tensor([starts[active[r]] + j for r in which]).to(self.device, non_blocking=True)] = q
+            return tokens
+
         first = device_inputs(first_rows(seqs, self.block_size), self.device)
         logits = self.draft.forward_logits(self._clamped(first, owned=True))
         drafts = torch.zeros(n, max(steps, 1), dtype=torch.int64, device=self.device)
-        drafts[:, 0] = self._argmax(logits[:n])
+        drafts[:, 0] = pick(logits[:n], list(range(n)), 0)
         active: list[int] = []
         step: Optional[StepInputs] = None
         for j in range(1, steps):  # feed draft j - 1 of every sequence that takes more than j drafts
@@ -137,20 +160,18 @@ class DraftedModelRunner(ModelRunner):
             if step is not None and keep == active:  # the same rows, one position on
                 advance_rows(step, self.block_size)
             else:
-                rows = [seqs[i] for i in keep]
-                step = device_inputs(decode_rows([s.block_ids for s in rows], [0] * len(rows),
-                                                 [s.num_computed_tokens + j for s in rows], self.block_size,
+                chosen = [seqs[i] for i in keep]
+                step = device_inputs(decode_rows([s.block_ids for s in chosen], [0] * len(chosen),
+                                                 [s.num_computed_tokens + j for s in chosen], self.block_size,
                                                  store_first=False), self.device)
                 index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
             active = keep
             step.input_ids.copy_(drafts[:, j - 1].index_select(0, index))
-            drafts[index, j] = self._argmax(self.draft.forward_logits(step))
+            drafts[index, j] = pick(self.draft.forward_logits(step), active, j)
         host = drafts.tolist()
         for i, k in enumerate(counts):
             batch.draft_tokens[i] = host[i][:k]
-
-    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits[:, : self.propose_vocab].argmax(dim=-1)
+        batch.draft_probs = probs
 
     def _clamped(self, inputs: StepInputs, owned: bool) -> StepInputs:
         """``inputs`` with target tokens past the draft's embedding table fed as its last row

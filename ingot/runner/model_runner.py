@@ -63,6 +63,13 @@ class LaunchedStep:
         return self._ready
 
 
+def sampling_rows(batch: ScheduledBatch, rows: Sequence[int], eos_token_ids: tuple[int, ...]) -> list[SamplingRow]:
+    """How each of the batch's ``rows`` samples."""
+    return [SamplingRow(params=seq.params, prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
+                        generator=seq.generator, eos_token_ids=eos_token_ids)
+            for seq in (batch.seqs[r] for r in rows)]
+
+
 class TokenFeed:
     """Input ids that a step in flight has sampled but the host has not seen yet: batch row
     ``r`` of the next step takes ``tokens[src[r]]`` as its last token where ``src[r] >= 0``."""
@@ -261,19 +268,11 @@ class ModelRunner:
         prompt_lp = {s.row: entries.get(s.row, []) for s in spans} or None
         if logits is None:
             return LaunchedStep([], ready=SamplerOutput([], [], prompt_logprobs=prompt_lp))
-        rows = [
-            SamplingRow(
-                params=batch.seqs[r].params,
-                prompt_token_ids=batch.seqs[r].prompt_token_ids,
-                output_token_ids=batch.seqs[r].output_token_ids,
-                generator=batch.seqs[r].generator,
-                eos_token_ids=eos_token_ids,
-            )
-            for r in inputs.sample_rows
-        ]
+        rows = sampling_rows(batch, inputs.sample_rows, eos_token_ids)
         mask = batch.token_mask(inputs.sample_rows) if batch.token_mask is not None else None
         if batch.draft_tokens is not None:  # speculative decoding: keep each row's accepted drafts
-            return LaunchedStep(inputs.sample_rows, sample=verify_drafts(self.sampler, logits, rows, batch.draft_tokens, mask))
+            verify = verify_drafts(self.sampler, logits, rows, batch.draft_tokens, mask, batch.draft_probs)
+            return LaunchedStep(inputs.sample_rows, sample=verify)
         try:
             sample = self.sampler.sample(logits, rows, mask)
         except Exception:  # find the rows that fail, so that they fail alone

@@ -188,10 +188,10 @@ def test_seeded_sampling_is_deterministic_whatever_the_batch(models):
 
 
 def test_sampling_with_a_draft_keeps_the_target_distribution(models):
-    """Temperature 0.5, top-k 5, one draft from another model (its greedy token: a point mass,
-    kept with probability p(x), else the residual): the token after the first follows the
-    target's distribution, computed by HF transformers on the same weights (chi-square, 2,000
-    requests)."""
+    """Temperature 0.5, top-k 5, one draft from another model (drawn from its distribution q,
+    kept with probability min(1, p / q), else the residual): the token after the first follows
+    the target's distribution, computed by HF transformers on the same weights (chi-square,
+    2,000 requests)."""
     from tests.helpers import hf_logits
     from tests.runner.test_spec_verify import CHI2_99_9, chi_square
 
@@ -211,6 +211,15 @@ def test_sampling_with_a_draft_keeps_the_target_distribution(models):
     p[top.indices] = top.values.softmax(-1)
     assert chi_square(torch.bincount(seconds, minlength=VOCAB).double(), p) < CHI2_99_9[5]
     assert len(seconds) > 300 and 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
+def test_sampled_drafts_from_itself_are_kept(models):
+    """A sampled request drafts from the draft's own distribution: with the target as its
+    draft q = p (up to rounding), so min(1, p / q) keeps (nearly) every draft, where a point
+    mass (the draft's argmax) would be kept with probability p(x) only."""
+    params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=11)
+    _, _, stats = run(models["target"], draft_spec(models["target"]), PROMPTS, params)
+    assert stats.spec_decode_num_accepted_tokens >= 0.98 * stats.spec_decode_num_draft_tokens > 0
 
 
 def test_padded_embedding_tables(models):
