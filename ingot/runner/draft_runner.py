@@ -18,9 +18,10 @@ the same tokens for both models. The draft's cache follows the target's:
   (``batch.draft_probs``: ``min(1, p / q)``). Then the verify step is staged with them.
 
 A draft position the target rejects lies past the kept tokens: it is written again before
-any query reads it, as the target's own rejected K/V. Every step is decode rows, so on CUDA
-each replays one of the draft's graphs (decode graphs; with a hole, a set of ``store_first``
-graphs of up to two rows per sequence), captured at start-up into the target's graph pool.
+any query reads it, as the target's own rejected K/V. Every step but a prefill is decode
+rows, so on CUDA each replays one of the draft's graphs (decode graphs; with a hole, a set of
+``store_first`` graphs of up to two rows per sequence; following a decode step, K/V-only
+graphs without the lm_head), captured at start-up into the target's graph pool.
 """
 
 from __future__ import annotations
@@ -83,16 +84,24 @@ class DraftedModelRunner(ModelRunner):
         self.draft.release_kv_cache()
 
     def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
-        """The target's decode and verify graphs and the draft's decode graphs and first-step
-        graphs (up to two rows per speculating sequence), all into one memory pool."""
-        from ingot.runner.graph_runner import capture_sets, graphs_enabled, verify_buckets
+        """The target's decode and verify graphs and the draft's three sets, all into one
+        memory pool: its decode graphs up to the most sequences that speculate at once (the
+        draft steps), its first-step graphs (up to two rows per such sequence) and K/V-only
+        decode graphs at every batch size (following the target's decode steps: no lm_head,
+        no logits kept in the pool)."""
+        from ingot.runner.graph_runner import DecodeGraphRunner, capture_sets, capture_sizes, graphs_enabled, verify_buckets
 
         if not graphs_enabled(self.config, self.device):
             return
         spec = self.config.speculative_config
         assert spec is not None and self.config.max_num_seqs is not None
-        first_rows = verify_buckets(2 * min(self.config.max_num_seqs, spec.disable_by_batch_size))
-        capture_sets(self.graph_sets(max_blocks_per_seq) + self.draft.graph_sets(max_blocks_per_seq, first_rows))
+        most = min(self.config.max_num_seqs, spec.disable_by_batch_size)
+        d = self.draft
+        args = (d.model, d.config, d.device, max_blocks_per_seq, d.policy, d.tp)
+        d.graphs = DecodeGraphRunner(*args, buckets=[s for s in capture_sizes(d.config) if s < most] + [most])
+        d.verify_graphs = DecodeGraphRunner(*args, store_first=True, buckets=verify_buckets(2 * most))
+        d.kv_graphs = DecodeGraphRunner(*args, logits=False)
+        capture_sets(self.graph_sets(max_blocks_per_seq) + [d.graphs, d.verify_graphs, d.kv_graphs])
 
     # ------------------------------------------------------------------ steps
     def launch(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...], feed: Optional[TokenFeed] = None) -> LaunchedStep:

@@ -102,6 +102,7 @@ class ModelRunner:
         self.kv: Optional[KVCachePool] = None
         self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
         self.verify_graphs = None  # the verify steps' DecodeGraphRunner (with speculative decoding)
+        self.kv_graphs = None  # a draft model's K/V-only decode graphs (``fill_kv``; draft_runner.py)
         kernels = False
         if device.type == "cuda" and config.triton_kernels:
             from ingot.ops.triton import register_cuda_kernels
@@ -198,15 +199,15 @@ class ModelRunner:
         if graphs_enabled(self.config, self.device):
             capture_sets(self.graph_sets(max_blocks_per_seq))
 
-    def graph_sets(self, max_blocks_per_seq: int, verify_buckets: Optional[list[int]] = None) -> list:
+    def graph_sets(self, max_blocks_per_seq: int) -> list:
         """Build (not capture) this runner's decode graphs and, with speculative decoding, its
-        verify graphs (``verify_buckets``: their row counts, default ``verify_buckets(max_verify_rows)``)."""
+        verify graphs."""
         from ingot.runner.graph_runner import DecodeGraphRunner
 
         args = (self.model, self.config, self.device, max_blocks_per_seq, self.policy, self.tp)
         self.graphs = DecodeGraphRunner(*args)
         if self.config.speculative_config is not None:
-            self.verify_graphs = DecodeGraphRunner(*args, store_first=True, buckets=verify_buckets)
+            self.verify_graphs = DecodeGraphRunner(*args, store_first=True)
         return [g for g in (self.graphs, self.verify_graphs) if g is not None]
 
     # ------------------------------------------------------------------ step
@@ -226,8 +227,12 @@ class ModelRunner:
     @torch.inference_mode()
     def fill_kv(self, inputs: StepInputs) -> None:
         """The forward for its K/V writes alone (a draft model following the target's steps):
-        through the graphs where ``forward_logits`` would replay one (their logits unread),
-        else the raw forward without the lm_head."""
+        decode rows through the K/V-only graphs, or the graphs ``forward_logits`` would
+        replay (their logits unread), else the raw forward without the lm_head."""
+        kv, attn = self.kv_graphs, inputs.attn
+        if kv is not None and not attn.is_prefill and not attn.store_first and kv.fits(inputs.num_seqs):
+            kv.run(inputs)
+            return
         graphs = self._graphs_for(inputs)
         if graphs is not None:
             graphs.run(inputs)

@@ -256,24 +256,28 @@ def test_a_quantized_draft(models):
 
 
 def test_draft_steps_through_the_padded_buckets(models, cpu_buckets):
-    """On the graphs' path (CPU_BUCKETS): the draft's decode buckets and its first-step buckets
-    (a missing token fed, store_first) replay its steps; output and acceptance unchanged."""
-    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    """On the graphs' path (CPU_BUCKETS): while three sequences run (above
+    disable_by_batch_size 2) the draft follows the target's decode steps through its K/V-only
+    buckets; once one ends, its decode buckets and its first-step buckets (a missing token
+    fed, store_first) replay the draft rounds. Output and acceptance unchanged."""
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 30, 8)]
     common = dict(dtype="float32", device="cpu", show_progress=False, max_num_seqs=4)
     with LLM(str(models["target"]), **common) as llm:
         plain = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
-    with LLM(str(models["target"]), speculative_config=draft_spec(models["target"]), **common) as llm:
+    spec = draft_spec(models["target"], disable_by_batch_size=2)
+    with LLM(str(models["target"]), speculative_config=spec, **common) as llm:
         draft = llm.engine.executor.draft
-        assert draft.graphs.buckets == [1, 2, 4] and draft.verify_graphs.buckets == [2, 3, 4, 6, 8]
-        rows: dict[bool, list[int]] = {False: [], True: []}
-        for graphs in (draft.graphs, draft.verify_graphs):
+        assert draft.graphs.buckets == [1, 2] and draft.verify_graphs.buckets == [2, 3, 4]
+        assert draft.kv_graphs.buckets == [1, 2, 4]
+        rows: dict[str, list[int]] = {"decode": [], "first": [], "kv": []}
+        for kind, graphs in (("decode", draft.graphs), ("first", draft.verify_graphs), ("kv", draft.kv_graphs)):
             replay = graphs.run
-            graphs.run = lambda inputs, replay=replay: rows[inputs.attn.store_first].append(inputs.num_seqs) or replay(inputs)
-        spec = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
+            graphs.run = lambda inputs, replay=replay, kind=kind: rows[kind].append(inputs.num_seqs) or replay(inputs)
+        spec_out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
         stats = llm.engine.stats()
-    assert spec == plain
+    assert spec_out == plain
     all_kept(stats)
-    assert rows[False] and rows[True], "decode buckets and first-step buckets both replayed"
+    assert 3 in rows["kv"] and rows["decode"] and rows["first"], f"every set replayed: {rows}"
 
 
 @pytest.mark.parametrize("spec, message", [

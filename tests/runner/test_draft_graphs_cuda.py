@@ -1,5 +1,5 @@
 """Draft-model speculative decoding on a real GPU (marked cuda; run on the H200): the draft's
-decode graphs and first-step graphs are captured with the target's into one pool, and greedy
+decode, first-step and K/V-only graphs are captured with the target's into one pool, and greedy
 decoding with the target as its own draft emits plain greedy decoding's tokens, keeping every
 draft, with the draft's steps replayed from its graphs."""
 
@@ -27,7 +27,7 @@ def test_greedy_with_itself_as_draft_through_graphs(tmp_path, arch):
     with LLM(path, speculative_config={"model": path, "num_speculative_tokens": 4}, **common) as llm:
         runner = llm.engine.executor
         draft = runner.draft
-        for graphs in (draft.graphs, draft.verify_graphs):
+        for graphs in (draft.graphs, draft.verify_graphs, draft.kv_graphs):
             assert graphs is not None and all(e.graph is not None for e in graphs.entries.values())
         assert draft.graphs.pool == runner.graphs.pool, "one memory pool"
         rows: list[int] = []
