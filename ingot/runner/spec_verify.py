@@ -18,11 +18,11 @@ model's distribution ``p_j`` for the token after draft ``j - 1``. Per row:
 
 ``p_j`` is what the sampler samples from (``Sampler.process_logits`` then
 ``Sampler.probs``, renormalised: penalties, ``min_tokens``, temperature, top-k / top-p /
-min-p). Rows
-that speculate have neither penalties nor an active ``min_tokens`` (the engine does not
-propose for them: both depend on the tokens before each position); rows without drafts
-may have anything. A seeded row draws its uniforms and exponential noise from its own
-generator, in a fixed order, so its tokens do not depend on the rest of the batch.
+min-p). Rows that speculate have neither penalties nor an active ``min_tokens`` (the
+engine does not propose for them: both depend on the tokens before each position); rows
+without drafts may have anything. A seeded row draws its uniforms and exponential noise
+from its own generator, in a fixed order, so its tokens do not depend on the rest of the
+batch.
 """
 
 from __future__ import annotations
