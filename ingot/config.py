@@ -34,8 +34,9 @@ class ConfigError(ValueError):
         self.field = field
 
 
-SPEC_METHODS = ("ngram",)
+SPEC_METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
+_NGRAM_FIELDS = ("prompt_lookup_min", "prompt_lookup_max")
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,11 @@ class SpeculativeConfig:
 
     ``ngram``: the proposals are the tokens that followed the latest ``prompt_lookup_min`` ..
     ``prompt_lookup_max`` tokens where they occurred earlier in the request's own prompt and
-    output (prompt lookup). ``disable_by_batch_size``: no sequence proposes while more than
-    this many run (a large batch is compute-bound: verifying drafts costs more than it saves).
+    output (prompt lookup). ``draft_model`` (implied by ``model``): a smaller model with the
+    same vocabulary proposes them greedily (``model``: an HF directory, .gguf file, hub id or
+    built-in shape name; ``quantization`` as ``EngineConfig.quantization``, for the draft).
+    ``disable_by_batch_size``: no sequence proposes while more than this many run (a large
+    batch is compute-bound: verifying drafts costs more than it saves).
     """
 
     method: str
@@ -54,24 +58,31 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
     disable_by_batch_size: int = 32
+    model: Optional[str] = None
+    draft_tensor_parallel_size: int = 1  # (vLLM's field; the draft runs on the target's one device)
+    quantization: Optional[str] = None
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> "SpeculativeConfig":
         """Validate vLLM's dict form; ``ConfigError`` (field ``speculative_config``) naming what is wrong.
-        A lone ``prompt_lookup_min`` or ``prompt_lookup_max`` sets both (vLLM's rule)."""
+        A lone ``prompt_lookup_min`` or ``prompt_lookup_max`` sets both (vLLM's rule); a ``model``
+        without a ``method`` is ``draft_model`` (vLLM infers it too)."""
         if not isinstance(spec, Mapping):
             raise _spec_error(f"must be a dict (or JSON object), got {type(spec).__name__}")
-        if spec.get("model") is not None:
-            raise _spec_error(f"'model' ({spec['model']!r}): a draft-model proposer is not supported yet; "
-                              f"use method 'ngram' (prompt lookup)")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(spec) - names - {"model"})
+        unknown = sorted(set(spec) - names)
         if unknown:
             raise _spec_error(f"unknown field(s) {unknown}; known: {sorted(names)}")
-        missing = [name for name in ("method", "num_speculative_tokens") if spec.get(name) is None]
+        values = {k: v for k, v in spec.items() if v is not None}
+        if "model" in values and "method" not in values:
+            values["method"] = "draft_model"
+        missing = [name for name in ("method", "num_speculative_tokens") if name not in values]
         if missing:
             raise _spec_error(f"missing field(s) {missing}")
-        values = {k: v for k, v in spec.items() if k != "model" and v is not None}
+        if values["method"] == "draft_model":
+            lookup = [name for name in _NGRAM_FIELDS if name in values]
+            if lookup:
+                raise _spec_error(f"{lookup} apply to method 'ngram', not to a draft model")
         lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
         if lo is None and hi is not None:
             values["prompt_lookup_min"] = hi
@@ -92,6 +103,22 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise _spec_error(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
                               f"({self.prompt_lookup_max})")
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model:
+                raise _spec_error(f"method 'draft_model' needs 'model' (the draft: an HF directory, .gguf file, "
+                                  f"hub id or built-in shape), got {self.model!r}")
+        elif self.model is not None or self.quantization is not None:
+            raise _spec_error(f"'model' and 'quantization' name a draft model: method must be 'draft_model' "
+                              f"(or left out), got {self.method!r}")
+        if self.draft_tensor_parallel_size != 1:
+            raise _spec_error(f"draft_tensor_parallel_size must be 1 (the draft model runs whole on the target's "
+                              f"device), got {self.draft_tensor_parallel_size!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise _spec_error(f"quantization must be one of {QUANTIZATIONS} (or None), got {self.quantization!r}")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model"
 
 
 def _spec_error(message: str) -> ConfigError:
@@ -150,8 +177,9 @@ class EngineConfig:
     # the others); heads, MLP and vocabulary split across them (docs/architecture.md).
     # On CPU the ranks talk over gloo (tests); on CUDA over NCCL.
     tensor_parallel_size: int = 1
-    # Speculative decoding (n-gram prompt lookup; docs/speculative.md): a ``SpeculativeConfig`` or
-    # vLLM's dict form, e.g. {"method": "ngram", "num_speculative_tokens": 4}; None: off.
+    # Speculative decoding (n-gram prompt lookup or a draft model; docs/speculative.md): a
+    # ``SpeculativeConfig`` or vLLM's dict form, e.g. {"method": "ngram", "num_speculative_tokens": 4}
+    # or {"model": "Qwen/Qwen2.5-0.5B-Instruct", "num_speculative_tokens": 4}; None: off.
     speculative_config: Optional[SpeculativeConfig] = None
     # UX
     show_progress: bool = True
@@ -215,6 +243,10 @@ class EngineConfig:
             raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}", "compile_native_ops")
         if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.speculative_config is not None and self.speculative_config.uses_draft_model \
+                and self.tensor_parallel_size > 1:
+            raise ConfigError("speculative_config: a draft model runs on one device; tensor_parallel_size must be 1 "
+                              f"with it, got {self.tensor_parallel_size}", "speculative_config")
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

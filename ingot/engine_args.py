@@ -71,7 +71,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="split the model over N GPUs (cuda:0 ..), one process each (default 1)")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s JSON form: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (docs/speculative.md)')
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\', or a draft model with the target\'s '
+                        'vocabulary: \'{"model": PATH_OR_ID_OR_SHAPE, "num_speculative_tokens": 4}\' (docs/speculative.md)')
     g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
 
 

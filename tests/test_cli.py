@@ -158,3 +158,17 @@ def test_generate_with_random_weights_of_a_config(tmp_path, capsys):
                  "--max-tokens", "3", "--quiet"]) == 0
     words = capsys.readouterr().out.split()
     assert len(words) == 3 and all(w.startswith("<") and w.endswith(">") for w in words), words
+
+
+def test_generate_with_the_default_model_as_its_own_draft(smollm2_gguf, capsys):
+    """`ingot generate --speculative-config '{"model": ...}'`: the default model drafting for
+    itself prints plain greedy decoding's text."""
+    import json
+
+    spec = json.dumps({"model": str(smollm2_gguf), "num_speculative_tokens": 3})
+    prompt = "The three most useful things to know about the sea are"
+    assert main(["generate", prompt, "--device", "cpu", "--max-tokens", "16", "--speculative-config", spec,
+                 "--quiet"]) == 0
+    with LLM(device="cpu", show_progress=False) as llm:
+        expected = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=16))[0].outputs[0].text
+    assert capsys.readouterr().out == expected + "\n"

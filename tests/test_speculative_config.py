@@ -20,6 +20,17 @@ def test_the_dict_form_and_vllms_lookup_defaults():
     assert EngineConfig().speculative_config is None
 
 
+def test_a_model_implies_the_draft_model_method():
+    c = EngineConfig(speculative_config={"model": "org/draft", "num_speculative_tokens": 3, "quantization": "fp8",
+                                         "draft_tensor_parallel_size": 1})
+    assert c.speculative_config == SpeculativeConfig("draft_model", 3, model="org/draft", quantization="fp8")
+    assert c.speculative_config.uses_draft_model
+    c = EngineConfig(speculative_config={"method": "draft_model", "model": "m", "num_speculative_tokens": 1})
+    assert c.speculative_config == SpeculativeConfig("draft_model", 1, model="m")
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be 1"):
+        EngineConfig(tensor_parallel_size=2, speculative_config={"model": "m", "num_speculative_tokens": 1})
+
+
 @pytest.mark.parametrize("spec, message", [
     ({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be a positive integer"),
@@ -28,8 +39,12 @@ def test_the_dict_form_and_vllms_lookup_defaults():
      "prompt_lookup_min (4) must be <= prompt_lookup_max (2)"),
     ({"method": "ngram"}, "missing field(s) ['num_speculative_tokens']"),
     ({"num_speculative_tokens": 2}, "missing field(s) ['method']"),
-    ({"model": "org/draft", "num_speculative_tokens": 2}, "'model' ('org/draft'): a draft-model proposer is not supported yet"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}, "unknown field(s)"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "model": "org/draft"}, "method must be 'draft_model'"),
+    ({"model": "org/draft", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 4},
+     "draft_tensor_parallel_size must be 1"),
+    ({"model": "org/draft", "num_speculative_tokens": 2, "quantization": "int3"}, "quantization must be one of"),
+    ({"model": "org/draft", "num_speculative_tokens": 2, "prompt_lookup_min": 2}, "apply to method 'ngram'"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "revision": "main"}, "unknown field(s) ['revision']"),
     ("ngram", "must be a dict"),
 ])
 def test_bad_configs_are_refused_by_name(spec, message):

@@ -60,6 +60,7 @@ class SyntheticSeq:
     output_token_ids: list[int] = field(default_factory=list)
     params: SamplingParams = field(default_factory=SamplingParams)
     generator: Optional[torch.Generator] = None
+    draft_kv_hole: int = -1
 
     @property
     def num_tokens(self) -> int:

@@ -2,7 +2,7 @@
 decode step, per batch size.
 
 For batch ``b`` and ``k`` drafts per sequence, the verify step is ``b * (k + 1)`` decode rows
-(each sequence's last token and its drafts, ``step_inputs._verify_fields``) replayed from a
+(each sequence's last token and its drafts, ``step_inputs._verify_step``) replayed from a
 verify graph (``store_first``: every row's K/V stored before any row attends), then the
 device part of ``verify_drafts`` for greedy rows; the plain decode step is ``b`` rows
 replayed from a decode graph, then the greedy sampler. Each is timed alone (CUDA events,

@@ -134,8 +134,8 @@ def add_parser(subparsers) -> None:
                    help="while decoding, admit waiting prompts once they add up to N tokens (default: the engine's, 0 = at once)")
     g.add_argument("--speculative-config", type=speculative_arg, default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s JSON form: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (docs/speculative.md); the table adds the '
-                        "acceptance rate and mean accepted length")
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\' or \'{"model": DRAFT, "num_speculative_tokens": 4}\' '
+                        "(docs/speculative.md); the table adds the acceptance rate and mean accepted length")
     g.add_argument("--compare-speculative", action="store_true",
                    help="with --speculative-config: every round runs the workload twice on the one engine, plainly (its "
                         "speculation switched off) and speculating, the order alternating between rounds; reports both and "

@@ -25,7 +25,7 @@ from ingot.engine.outputs import RequestState, build_output, record_prompt_logpr
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestError
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, needs_history
-from ingot.engine.speculative import Speculator
+from ingot.engine.speculative import make_speculator
 from ingot.engine.stats import EngineInfo, EngineStats
 from ingot.engine.structured import Grammars, advance
 from ingot.loading.model_config import ModelConfig
@@ -79,7 +79,7 @@ class Engine:
             max_model_len = blocks.capacity_tokens
         self.max_model_len = max_model_len
         spec = config.speculative_config
-        self.spec = Speculator(spec, max_model_len) if spec is not None else None
+        self.spec = make_speculator(spec, max_model_len) if spec is not None else None
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)

@@ -101,6 +101,7 @@ class Sequence:
         # and its proposer's state and acceptance counts (``engine/speculative.py``)
         self.draft_token_ids: list[int] = []
         self.spec: Optional["SpecState"] = None
+        self.draft_kv_hole = -1  # with a draft model: the position whose draft KV is missing (``runner/batch.py``)
 
     @property
     def num_tokens(self) -> int:

@@ -1,5 +1,6 @@
-"""Speculative decoding, the engine's side: n-gram proposals, which sequences speculate, and
-reading a verify step back (the verification itself: ``runner/spec_verify.py``).
+"""Speculative decoding, the engine's side: n-gram proposals (or a draft model's, made by the
+runner: ``runner/draft_runner.py``), which sequences speculate, and reading a verify step back
+(the verification itself: ``runner/spec_verify.py``).
 
 Each step, before scheduling, ``Speculator.propose`` gives every decoding sequence that may
 speculate up to ``num_speculative_tokens`` drafted tokens (``Sequence.draft_token_ids``);
@@ -28,7 +29,7 @@ from ingot.engine.ngram import SpecState
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status
 from ingot.outputs import RequestOutput
-from ingot.runner.batch import ScheduledBatch
+from ingot.runner.batch import ScheduledBatch, draft_kv_lag
 
 
 class EngineSide(Protocol):
@@ -100,12 +101,16 @@ class Speculator:
                     or seq.num_computed_tokens != seq.num_tokens - 1:  # preempted, or in prefill
                 seq.draft_token_ids = []
                 continue
-            index = st.index
-            if index.num_tokens < seq.num_tokens:
-                index.extend(seq.tokens(index.num_tokens, seq.num_tokens))
-            seq.draft_token_ids = index.propose(k)
+            seq.draft_token_ids = self._draft(seq, st, k)
             if not seq.draft_token_ids:
                 st.record(0, 0)
+
+    def _draft(self, seq: Sequence, st: SpecState, k: int) -> list[int]:
+        """Up to ``k`` drafted tokens for ``seq``: the n-gram lookup's."""
+        index = st.index
+        if index.num_tokens < seq.num_tokens:
+            index.extend(seq.tokens(index.num_tokens, seq.num_tokens))
+        return index.propose(k)
 
     def counters(self) -> dict[str, int]:
         """The engine-wide counters, as ``EngineStats`` fields."""
@@ -131,6 +136,7 @@ class Speculator:
                 self.num_drafts += 1
                 self.num_draft_tokens += len(draft)
                 self.num_accepted_tokens += accepted
+            self._verified(seq, draft, accepted)
         errors = list(out.errors or [None] * len(seqs))
         if flight.grammar_rows:  # (rows with a grammar have no drafts: one token each)
             flight.advance_grammars()
@@ -145,8 +151,36 @@ class Speculator:
         for seq in seqs:
             if seq.status is Status.RUNNING:
                 blocks.trim(seq, seq.num_tokens)
-        engine.scheduler.on_step_done(batch, [seq.num_computed_tokens for seq in seqs])
+        # a block is cached once both models' K/V of it are written (a draft model's may lag a token)
+        engine.scheduler.on_step_done(batch, [seq.num_computed_tokens - draft_kv_lag(seq) for seq in seqs])
         return engine._outputs(changed.values())
+
+    def _verified(self, seq: Sequence, draft: list[int], accepted: int) -> None:
+        """After ``seq``'s verify step, its computed tokens rolled back (n-gram drafts: nothing to do)."""
+
+
+# What a draft model's speculator proposes before scheduling: how many drafts a sequence may
+# take (the scheduler grows its blocks for them), replaced by the draft model's tokens when
+# the verify step is launched (``runner/draft_runner.py``).
+DRAFT_PLACEHOLDER = -1
+
+
+class DraftModelSpeculator(Speculator):
+    """Speculation with a draft model (``speculative_config.model``): every sequence that may
+    speculate takes its whole budget of drafts, which the runner's draft model proposes at
+    launch. A round that keeps every draft leaves the last one's draft K/V missing (it was
+    proposed, never fed): ``Sequence.draft_kv_hole``, fed with the next token."""
+
+    def _draft(self, seq: Sequence, st: SpecState, k: int) -> list[int]:
+        return [DRAFT_PLACEHOLDER] * k
+
+    def _verified(self, seq: Sequence, draft: list[int], accepted: int) -> None:
+        seq.draft_kv_hole = seq.num_computed_tokens - 1 if draft and accepted == len(draft) else -1
+
+
+def make_speculator(config: SpeculativeConfig, max_model_len: int) -> Speculator:
+    """The engine's speculator for ``config``'s method."""
+    return (DraftModelSpeculator if config.uses_draft_model else Speculator)(config, max_model_len)
 
 
 def spec_metrics(seqs: list[Sequence]) -> dict[str, int]:

@@ -26,6 +26,9 @@ class BatchSequence(Protocol):
     generator: Optional[torch.Generator]
     block_ids: array.array  # int32 KV block ids, in token order
     num_computed_tokens: int  # tokens whose KV is already cached
+    # speculative decoding with a draft model: the position whose KV the draft model lacks (the
+    # last draft of a round that kept every draft: it was proposed, never fed), -1 if none
+    draft_kv_hole: int
 
     @property
     def num_tokens(self) -> int: ...
@@ -46,11 +49,22 @@ class ScheduledBatch:
     token_mask: Optional[Callable[[list[int]], Optional[TokenMask]]] = None
     # Speculative decoding: a verify step (a decode step whose sequences also feed their drafted
     # tokens, ``num_new_tokens[i] = 1 + len(draft_tokens[i])``), run as one decode row per
-    # token (``step_inputs._verify_fields``); every sequence samples (``runner/spec_verify.py``).
+    # token (``step_inputs._verify_step``); every sequence samples (``runner/spec_verify.py``).
     # None: a plain step.
     draft_tokens: Optional[list[list[int]]] = None
+    # A draft model's distribution each draft of a sampled row was drawn from, per verify
+    # position ([sum(len(d) + 1), V'], set with the drafts: ``runner/draft_runner.py``); None:
+    # every draft a point mass (n-gram drafts, greedy rows).
+    draft_probs: Optional[torch.Tensor] = None
 
     def samples(self, i: int) -> bool:
         """Does row i produce a token this step (its computation reaches its last token)?"""
         seq = self.seqs[i]
         return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
+
+
+def draft_kv_lag(seq: BatchSequence) -> int:
+    """1 when the draft model lacks the KV of the token just before ``seq``'s next one (its
+    ``draft_kv_hole``), else 0: the draft feeds that token again with the next one."""
+    hole = seq.draft_kv_hole
+    return int(hole >= 0 and hole == seq.num_computed_tokens - 1)

@@ -23,6 +23,7 @@ from ingot.loading.checkpoint import Checkpoint
 from ingot.models.loader import device_memory, load_checkpoint, resolve_device, resolve_dtype
 from ingot.models.registry import check_tensor_parallel
 from ingot.runner.batch import ScheduledBatch
+from ingot.runner.draft_runner import DraftedModelRunner, load_draft
 from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
 from ingot.runner.tp_runner import TensorParallelRunner
 
@@ -67,12 +68,18 @@ class Executor(Protocol):
 
 def create_executor(config: EngineConfig, checkpoint: Checkpoint, max_model_len: int) -> Executor:
     """The model of ``checkpoint`` loaded on ``config``'s device (split over
-    ``tensor_parallel_size`` GPUs, one process each), ready to size its KV pool."""
+    ``tensor_parallel_size`` GPUs, one process each), with its draft model beside it when
+    ``speculative_config`` names one, ready to size its KV pool."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, checkpoint.config.torch_dtype)
     config = config.for_device(device_memory(device))
     if config.tensor_parallel_size > 1:
         check_tensor_parallel(checkpoint.config, config.tensor_parallel_size)  # before anything is spawned
         return TensorParallelRunner.start(config, checkpoint, device, dtype, max_model_len)
+    spec = config.speculative_config
+    if spec is not None and spec.uses_draft_model:  # the draft first: a bad one fails before the target loads
+        draft, propose_vocab = load_draft(config, checkpoint, device, dtype, max_model_len)
+        model = load_checkpoint(checkpoint, dtype, device, max_model_len, progress=config.show_progress)
+        return DraftedModelRunner(model, checkpoint.config, config, device, dtype, draft, propose_vocab)
     model = load_checkpoint(checkpoint, dtype, device, max_model_len, progress=config.show_progress)
     return ModelRunner(model, checkpoint.config, config, device, dtype)

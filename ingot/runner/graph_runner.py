@@ -80,11 +80,14 @@ def graphs_enabled(config: EngineConfig, device: torch.device) -> bool:
     return device.type == "cuda" or CPU_BUCKETS
 
 
-def make_decode_forward(model: nn.Module, policy: OpPolicy, store_first: bool = False) -> DecodeForward:
+def make_decode_forward(model: nn.Module, policy: OpPolicy, store_first: bool = False,
+                        logits: bool = True) -> DecodeForward:
     """The decode step as a function of plain tensors (what gets compiled and captured),
     its layers running their fusible ops as ``policy`` says; with ``store_first`` a verify
-    step's (``AttentionMetadata.store_first``). The two are separate functions, so
-    torch.compile keeps a cache of its own for each (Dynamo's caches are per code object)."""
+    step's (``AttentionMetadata.store_first``); without ``logits`` a step run for its K/V
+    writes alone (a draft model following the target: no lm_head, the hidden states out).
+    They are separate functions, so torch.compile keeps a cache of its own for each
+    (Dynamo's caches are per code object)."""
 
     def logits(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return model.compute_logits(model(input_ids, positions, meta, policy), policy)
@@ -108,6 +111,18 @@ def make_decode_forward(model: nn.Module, policy: OpPolicy, store_first: bool = 
         meta = AttentionMetadata(False, slot_mapping, block_tables, seq_lens, store_first=True)
         return logits(input_ids, positions, meta)
 
+    def kv_forward(
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        return model(input_ids, positions, AttentionMetadata(False, slot_mapping, block_tables, seq_lens), policy)
+
+    if not logits:
+        assert not store_first, "K/V-only graphs are decode steps"
+        return kv_forward
     return verify_forward if store_first else decode_forward
 
 
@@ -191,12 +206,14 @@ class CapturedBucket:
 
 class DecodeGraphRunner:
     """One set of graphs: decode steps, or with ``store_first`` verify steps (buckets of
-    rows: ``verify_buckets(config.max_verify_rows)``). ``buckets``: other sizes (benchmarks);
-    ``pool``: a memory pool to capture into (``capture_sets``)."""
+    rows: ``verify_buckets(config.max_verify_rows)``), or without ``logits`` decode steps run
+    for their K/V alone (their output: the hidden states). ``buckets``: other sizes
+    (benchmarks, a draft model); ``pool``: a memory pool to capture into (``capture_sets``)."""
 
     def __init__(
         self, model: nn.Module, config: EngineConfig, device: torch.device, max_blocks_per_seq: int, policy: OpPolicy,
         tp: TensorParallel = SINGLE, store_first: bool = False, buckets: Optional[list[int]] = None, pool=None,
+        logits: bool = True,
     ) -> None:
         self.model = model
         self.policy = policy
@@ -206,12 +223,13 @@ class DecodeGraphRunner:
         self.fake = device.type != "cuda"
         self.auto = config.decode_compile == "auto"
         self.store_first = store_first
+        self.logits = logits
         if buckets is None:
             buckets = verify_buckets(config.max_verify_rows) if store_first else capture_sizes(config)
         self.buckets = sorted(set(buckets))
         self.max_blocks = max_blocks_per_seq
         self.buffers = StaticBuffers.allocate(self.buckets[-1], max_blocks_per_seq, device)
-        self.raw_forward = make_decode_forward(model, policy, store_first)
+        self.raw_forward = make_decode_forward(model, policy, store_first, logits)
         self._forward: Optional[DecodeForward] = None  # built lazily at the first capture
         self.entries: dict[int, CapturedBucket] = {}
         self.info: dict[int, BucketInfo] = {}
@@ -225,7 +243,8 @@ class DecodeGraphRunner:
 
         The compiled one runs the ``compile_native_ops`` in their PyTorch form, for Inductor to fuse."""
         if self._forward is None:
-            native = make_decode_forward(self.model, self.policy.with_native(self.config.compile_native_ops), self.store_first)
+            native = make_decode_forward(self.model, self.policy.with_native(self.config.compile_native_ops), self.store_first,
+                                         self.logits)
             compiled = decode_compile.build_decode_forward(native, self.config, self.device)
             self._forward = compiled if getattr(compiled, "compiled", False) else self.raw_forward
         return self._forward
@@ -247,7 +266,7 @@ class DecodeGraphRunner:
     @torch.inference_mode()
     def capture_all(self) -> None:
         """Warm up and capture every bucket, largest first (smaller ones reuse its pool)."""
-        kind = "verify" if self.store_first else "decode"
+        kind = "verify" if self.store_first else "decode" if self.logits else "K/V-only decode"
         bar = tqdm(sorted(self.buckets, reverse=True), desc=f"Capturing {kind} graphs", unit=" bucket",
                    disable=not self.config.show_progress)
         for size in bar:
@@ -333,7 +352,8 @@ class DecodeGraphRunner:
 
     # ------------------------------------------------------------------ replay
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits of the real rows of a decode batch (of this set's kind) that fits a bucket."""
+        """Logits (K/V-only graphs: hidden states) of the real rows of a decode batch (of this
+        set's kind) that fits a bucket."""
         assert inputs.attn.store_first == self.store_first and not inputs.attn.is_prefill
         b = inputs.num_seqs
         bucket = self.bucket_for(b)

@@ -3,7 +3,7 @@
 Prefill steps, eager mode and CPU run the raw model. Decode steps on CUDA go
 through the DecodeGraphRunner (captured graphs, optionally compiled) when the
 batch fits a bucket; speculative decoding's verify steps (decode rows of their
-own kind: ``step_inputs._verify_fields``) through a second set of graphs, the
+own kind: ``step_inputs._verify_step``) through a second set of graphs, the
 verify graphs, when their rows fit a bucket, else the same rows through the raw
 model.
 
@@ -63,6 +63,13 @@ class LaunchedStep:
         return self._ready
 
 
+def sampling_rows(batch: ScheduledBatch, rows: Sequence[int], eos_token_ids: tuple[int, ...]) -> list[SamplingRow]:
+    """How each of the batch's ``rows`` samples."""
+    return [SamplingRow(params=seq.params, prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
+                        generator=seq.generator, eos_token_ids=eos_token_ids)
+            for seq in (batch.seqs[r] for r in rows)]
+
+
 class TokenFeed:
     """Input ids that a step in flight has sampled but the host has not seen yet: batch row
     ``r`` of the next step takes ``tokens[src[r]]`` as its last token where ``src[r] >= 0``."""
@@ -95,6 +102,7 @@ class ModelRunner:
         self.kv: Optional[KVCachePool] = None
         self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
         self.verify_graphs = None  # the verify steps' DecodeGraphRunner (with speculative decoding)
+        self.kv_graphs = None  # a draft model's K/V-only decode graphs (``fill_kv``; draft_runner.py)
         kernels = False
         if device.type == "cuda" and config.triton_kernels:
             from ingot.ops.triton import register_cuda_kernels
@@ -186,24 +194,50 @@ class ModelRunner:
     def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
         """Capture decode graphs on CUDA (or the fake padded path when asked), and verify
         graphs with speculative decoding, into one memory pool."""
-        from ingot.runner.graph_runner import DecodeGraphRunner, capture_sets, graphs_enabled
+        from ingot.runner.graph_runner import capture_sets, graphs_enabled
 
-        if not graphs_enabled(self.config, self.device):
-            return
+        if graphs_enabled(self.config, self.device):
+            capture_sets(self.graph_sets(max_blocks_per_seq))
+
+    def graph_sets(self, max_blocks_per_seq: int) -> list:
+        """Build (not capture) this runner's decode graphs and, with speculative decoding, its
+        verify graphs."""
+        from ingot.runner.graph_runner import DecodeGraphRunner
+
         args = (self.model, self.config, self.device, max_blocks_per_seq, self.policy, self.tp)
         self.graphs = DecodeGraphRunner(*args)
         if self.config.speculative_config is not None:
             self.verify_graphs = DecodeGraphRunner(*args, store_first=True)
-        capture_sets([g for g in (self.graphs, self.verify_graphs) if g is not None])
+        return [g for g in (self.graphs, self.verify_graphs) if g is not None]
 
     # ------------------------------------------------------------------ step
+    def _graphs_for(self, inputs: StepInputs):
+        """The graph set that replays ``inputs`` (decode or verify rows that fit a bucket), or None."""
+        graphs = self.verify_graphs if inputs.attn.store_first else self.graphs
+        if graphs is not None and not inputs.attn.is_prefill and graphs.fits(inputs.num_seqs):
+            return graphs
+        return None
+
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [S, vocab] of the rows that sample this step (a verify step: of every row)."""
-        graphs = self.verify_graphs if inputs.attn.store_first else self.graphs
-        if graphs is not None and not inputs.attn.is_prefill and graphs.fits(inputs.num_seqs):
-            return graphs.run(inputs)
-        return self.raw_logits(inputs)
+        graphs = self._graphs_for(inputs)
+        return graphs.run(inputs) if graphs is not None else self.raw_logits(inputs)
+
+    @torch.inference_mode()
+    def fill_kv(self, inputs: StepInputs) -> None:
+        """The forward for its K/V writes alone (a draft model following the target's steps):
+        decode rows through the K/V-only graphs, or the graphs ``forward_logits`` would
+        replay (their logits unread), else the raw forward without the lm_head."""
+        kv, attn = self.kv_graphs, inputs.attn
+        if kv is not None and not attn.is_prefill and not attn.store_first and kv.fits(inputs.num_seqs):
+            kv.run(inputs)
+            return
+        graphs = self._graphs_for(inputs)
+        if graphs is not None:
+            graphs.run(inputs)
+        else:
+            self._hidden(inputs)
 
     @torch.inference_mode()
     def raw_logits(self, inputs: StepInputs) -> torch.Tensor:
@@ -239,19 +273,11 @@ class ModelRunner:
         prompt_lp = {s.row: entries.get(s.row, []) for s in spans} or None
         if logits is None:
             return LaunchedStep([], ready=SamplerOutput([], [], prompt_logprobs=prompt_lp))
-        rows = [
-            SamplingRow(
-                params=batch.seqs[r].params,
-                prompt_token_ids=batch.seqs[r].prompt_token_ids,
-                output_token_ids=batch.seqs[r].output_token_ids,
-                generator=batch.seqs[r].generator,
-                eos_token_ids=eos_token_ids,
-            )
-            for r in inputs.sample_rows
-        ]
+        rows = sampling_rows(batch, inputs.sample_rows, eos_token_ids)
         mask = batch.token_mask(inputs.sample_rows) if batch.token_mask is not None else None
         if batch.draft_tokens is not None:  # speculative decoding: keep each row's accepted drafts
-            return LaunchedStep(inputs.sample_rows, sample=verify_drafts(self.sampler, logits, rows, batch.draft_tokens, mask))
+            verify = verify_drafts(self.sampler, logits, rows, batch.draft_tokens, mask, batch.draft_probs)
+            return LaunchedStep(inputs.sample_rows, sample=verify)
         try:
             sample = self.sampler.sample(logits, rows, mask)
         except Exception:  # find the rows that fail, so that they fail alone

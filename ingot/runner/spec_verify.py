@@ -7,18 +7,22 @@ model's distribution ``p_j`` for the token after draft ``j - 1``. Per row:
 * greedy: draft ``j`` is accepted while it equals ``argmax p_j``; the first mismatch
   emits the argmax instead (the correction), and a row that keeps all ``k`` drafts
   emits ``argmax p_k`` (the bonus token). The output is plain greedy decoding's.
-* sampling: the n-gram proposer is deterministic, so its draft distribution is a point
-  mass on ``x_j``; rejection sampling then accepts ``x_j`` with probability ``p_j(x_j)``
-  and on rejection samples the residual ``p_j`` with ``x_j`` removed and renormalised
-  (``p_j(x) x_j + (1 - p_j(x_j)) residual = p_j``: the distribution of plain sampling).
-  After ``k`` acceptances the bonus token is sampled from ``p_k``.
+* sampling: draft ``x_j`` was drawn from a draft distribution ``q_j``; rejection sampling
+  accepts it with probability ``min(1, p_j(x_j) / q_j(x_j))`` and on rejection samples the
+  residual ``max(p_j - q_j, 0)``, renormalised: the emitted token is distributed as ``p_j``,
+  the distribution of plain sampling. The n-gram proposer is deterministic, its ``q_j`` a
+  point mass on ``x_j``: ``x_j`` is kept with probability ``p_j(x_j)``, the residual is
+  ``p_j`` without ``x_j``. A draft model samples its drafts for sampled requests from its
+  own distribution under the request's parameters (``sample_drafts``), which keeps more of
+  them. After ``k`` acceptances the bonus token is sampled from ``p_k``.
 
 ``p_j`` is what the sampler samples from (``Sampler.process_logits`` then
-``Sampler.probs``: penalties, ``min_tokens``, temperature, top-k / top-p / min-p). Rows
-that speculate have neither penalties nor an active ``min_tokens`` (the engine does not
-propose for them: both depend on the tokens before each position); rows without drafts
-may have anything. A seeded row draws its uniforms and exponential noise from its own
-generator, in a fixed order, so its tokens do not depend on the rest of the batch.
+``Sampler.probs``, renormalised: penalties, ``min_tokens``, temperature, top-k / top-p /
+min-p). Rows that speculate have neither penalties nor an active ``min_tokens`` (the
+engine does not propose for them: both depend on the tokens before each position); rows
+without drafts may have anything. A seeded row draws its uniforms and exponential noise
+from its own generator, in a fixed order, so its tokens do not depend on the rest of the
+batch.
 """
 
 from __future__ import annotations
@@ -87,10 +91,13 @@ class DeviceVerify:
 
 
 def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow], drafts: List[List[int]],
-                  mask: Optional[TokenMask] = None) -> DeviceVerify:
+                  mask: Optional[TokenMask] = None, draft_probs: Optional[torch.Tensor] = None) -> DeviceVerify:
     """Queue the verification of ``drafts`` (per row, possibly empty) against ``logits``
     ([sum(len(d) + 1), V], each row's positions in order). ``mask``: the grammar rows'
-    allowed tokens (rows without drafts: their one position)."""
+    allowed tokens (rows without drafts: their one position). ``draft_probs``: the draft
+    distribution ``q`` each draft of a sampled row was drawn from ([sum(len(d) + 1), V'],
+    V' <= V, per position like ``logits``; a row's last position unread); None: every draft
+    a point mass."""
     counts = [len(d) + 1 for d in drafts]
     starts = [0]
     for c in counts:
@@ -113,14 +120,21 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow
     if sampled:
         positions = [p for r in sampled for p in range(starts[r], starts[r + 1])]
         idx = _h2d(positions, device)
-        probs = Sampler.probs(x[idx], pos_rows, positions)
+        probs = _normalised(Sampler.probs(x[idx], pos_rows, positions))
         u, noise = _draws(sampler, rows, sampled, counts, probs.shape[1], device)
         d = draft_t[idx]
         has_draft = d >= 0
-        p_draft = probs.gather(1, d.clamp(min=0)[:, None])[:, 0]
-        ok = has_draft & (u < p_draft)
-        resid = probs.masked_fill(torch.arange(probs.shape[1], device=device)[None, :] == d[:, None], 0.0)
-        # a residual of no mass (p(x) rounds to 1, so x is accepted but for rounding): sample p itself
+        at = d.clamp(min=0)[:, None]
+        if draft_probs is None:  # point masses (no draft at a row's last position)
+            q = torch.zeros_like(probs).scatter_(1, at, has_draft[:, None].to(probs.dtype))
+        else:
+            q = torch.zeros_like(probs)
+            q[:, : draft_probs.shape[1]] = draft_probs[idx]
+            q.mul_(has_draft[:, None])
+        # kept with probability min(1, p(x) / q(x)), without dividing
+        ok = has_draft & (u * q.gather(1, at)[:, 0] < probs.gather(1, at)[:, 0])
+        resid = (probs - q).clamp_(min=0.0)
+        # a residual of no mass (q = p but for rounding: x is kept but for rounding): sample p itself
         resid = torch.where(resid.sum(dim=-1, keepdim=True) > 0, resid, probs)
         accept[idx] = ok
         alt[idx] = (resid / noise).argmax(dim=-1)
@@ -132,6 +146,22 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow
         params = [row.params for row in pos_rows]
         lp_sample = Sampler._with_logprobs(logits, emit, params, lp_positions)
     return DeviceVerify(counts, drafts, accept, alt, lp_sample, lp_positions)
+
+
+def sample_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft model's drafts for sampled rows: each drawn from the draft's distribution ``q``
+    under its row's parameters (``Sampler.process_logits``, ``Sampler.probs``, renormalised),
+    a seeded row from its own generator. Returns (tokens [n], q [n, V]) for ``verify_drafts``."""
+    which = list(range(len(rows)))
+    q = _normalised(Sampler.probs(sampler.process_logits(logits, rows), rows, which))
+    _, noise = _draws(sampler, rows, which, [1] * len(rows), q.shape[1], logits.device)
+    return (q / noise).argmax(dim=-1), q
+
+
+def _normalised(probs: torch.Tensor) -> torch.Tensor:
+    """``Sampler.probs`` summing to 1 per row (min-p zeroes tokens without renormalising:
+    sampling does not need it, acceptance probabilities do)."""
+    return probs / probs.sum(dim=-1, keepdim=True)
 
 
 def _draws(sampler: Sampler, rows: List[SamplingRow], sampled: List[int], counts: List[int], vocab: int,

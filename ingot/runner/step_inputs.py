@@ -43,16 +43,26 @@ class HostStep:
 
 
 def host_step(batch: ScheduledBatch, block_size: int) -> HostStep:
-    tables = [seq.block_ids for seq in batch.seqs]
     if batch.draft_tokens is not None:
-        fields = _verify_fields(batch, block_size)
-        tables = [t for t, drafts in zip(tables, batch.draft_tokens) for _ in range(1 + len(drafts))]
-    else:
-        fields = _prefill_fields(batch, block_size) if batch.is_prefill else _decode_fields(batch, block_size)
+        return _verify_step(batch, block_size)
+    fields = _prefill_fields(batch, block_size) if batch.is_prefill else _decode_fields(batch, block_size)
     ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = fields
-    rows, width, table = padded_block_rows(tables)
+    rows, width, table = padded_block_rows([seq.block_ids for seq in batch.seqs])
     return HostStep(batch.is_prefill, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width,
-                    table, store_first=batch.draft_tokens is not None)
+                    table)
+
+
+def decode_rows(tables: list, ids: list[int], positions: list[int], block_size: int, store_first: bool) -> HostStep:
+    """Decode rows, one per (block table, token, position): each writes its K/V to its own
+    slot and attends to positions ``[0, position]`` of its table, so a sequence may have
+    several rows (with ``store_first``: every row's K/V is stored before any row attends).
+    Every row has logits and samples. Speculative decoding's verify steps and the draft
+    model's steps are made of them."""
+    slots = [t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions)]
+    n = len(ids)
+    rows, width, table = padded_block_rows(tables)
+    return HostStep(False, ids, positions, slots, [p + 1 for p in positions], list(range(n + 1)), list(range(n)),
+                    list(range(n)), rows, width, table, store_first=store_first)
 
 
 def build_step_inputs(batch: ScheduledBatch, block_size: int, device: torch.device) -> StepInputs:
@@ -110,26 +120,24 @@ def _prefill_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], 
     return ids, positions, slots, seq_lens, cu, logits_indices, sample_rows
 
 
-def _verify_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:
-    """The fields of a verify step (speculative decoding): a sequence with ``k`` drafts is
-    ``k + 1`` decode rows, its last token then each draft, at consecutive positions, each
-    with its own slot and ``seq_len = position + 1`` (its block table row is repeated by
-    ``host_step``), so decode attention gives each row causal attention over the cache.
-    Every row has logits; the sequences are the rows that sample."""
+def _verify_step(batch: ScheduledBatch, block_size: int) -> HostStep:
+    """A verify step (speculative decoding): a sequence with ``k`` drafts is ``k + 1`` decode
+    rows (``decode_rows``), its last token then each draft, at consecutive positions, its
+    block table row repeated, so decode attention gives each row causal attention over the
+    cache. Every row has logits; the sequences are the rows that sample."""
     assert batch.draft_tokens is not None
+    tables: list = []
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
     for seq, drafts in zip(batch.seqs, batch.draft_tokens):
         start = seq.num_computed_tokens
         ids.extend(seq.tokens(start, start + 1))
         ids.extend(drafts)
-        for pos in range(start, start + 1 + len(drafts)):
-            positions.append(pos)
-            slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
-    rows = list(range(len(ids)))
-    seq_lens = [p + 1 for p in positions]
-    return ids, positions, slots, seq_lens, list(range(len(ids) + 1)), rows, list(range(len(batch.seqs)))
+        positions.extend(range(start, start + 1 + len(drafts)))
+        tables.extend([seq.block_ids] * (1 + len(drafts)))
+    step = decode_rows(tables, ids, positions, block_size, store_first=True)
+    step.sample_rows = list(range(len(batch.seqs)))
+    return step
 
 
 def _decode_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:

@@ -103,6 +103,37 @@ def test_compare_speculative_alternates_plain_and_speculative_runs_on_one_engine
     assert "speedup" not in plain
 
 
+def test_compare_speculative_with_a_draft_model_keeps_the_draft_out_of_plain_runs(tiny, tmp_path, monkeypatch):
+    """With a draft model (here the target itself) the plain runs leave the draft idle: it runs
+    only in the speculative ones (which keep most drafts: the draft proposes only the 300
+    tokens of the tokenizer, the target's table has 384 rows)."""
+    from ingot.runner.model_runner import ModelRunner
+
+    real = serve_mod.run_workload
+    calls = []
+    fill = ModelRunner.fill_kv
+    monkeypatch.setattr(ModelRunner, "fill_kv", lambda self, inputs: calls.append("draft") or fill(self, inputs))
+
+    def recording(engine, requests, **kw):
+        calls.append("speculative" if engine.spec is not None else "plain")
+        return real(engine, requests, **kw)
+
+    monkeypatch.setattr(serve_mod, "run_workload", recording)
+    out = tmp_path / "serve.json"
+    spec = json.dumps({"model": str(tiny), "num_speculative_tokens": 3})
+    argv = ["bench", "serve", "--model", str(tiny), "--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
+            "--num-requests", "2", "--input-len", "20", "--output-len", "12", "--repeat", "2", "--warmup-rounds", "0",
+            "--speculative-config", spec, "--compare-speculative", "--quiet", "--json", str(out)]
+    assert main(argv) == 0
+    runs = "".join("|" + c if c != "draft" else "d" for c in calls).split("|")[1:]
+    assert runs[0].startswith("plain") and runs[1].startswith("speculative")  # round 1: plain first
+    assert all(not r.endswith("d") for r in runs if r.startswith("plain")), "plain runs never ran the draft"
+    assert all(r.endswith("d") for r in runs if r.startswith("speculative"))
+    plain, spec_result = json.loads(out.read_text())["results"]
+    assert spec_result["speculative"] == f"draft k=3 ({tiny.name})" and plain["spec_num_drafts"] == 0
+    assert spec_result["spec_num_draft_tokens"] >= spec_result["spec_num_accepted_tokens"] > 0
+
+
 def test_copy_workload_speculates_on_the_default_model(smollm2_gguf, tmp_path, capsys):
     """The default model copies: drafts from the prompt are kept."""
     out = tmp_path / "serve.json"
@@ -146,6 +177,16 @@ def test_drift_speculative_is_exact_on_cpu(smollm2_gguf, tmp_path, capsys):
     assert b["teacher_forced_agreement"] == 1.0 and b["max_logprob_gap"] == 0.0
     assert b["spec_num_accepted_tokens"] > 0 and b["spec_num_accepted_tokens"] < b["spec_num_draft_tokens"]
     assert "PASS" in printed
+
+
+def test_drift_with_the_default_model_as_its_own_draft_is_exact_on_cpu(smollm2_gguf, tmp_path, capsys):
+    spec = json.dumps({"model": str(smollm2_gguf), "num_speculative_tokens": 4})
+    code, out = _drift(tmp_path, "--threshold", "1", "--speculative-config", spec)
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    b = json.loads(out.read_text())["buckets"]["2"]
+    assert b["identical"] == b["total"] == 2 and b["teacher_forced_agreement"] == 1.0
+    assert 0 < b["spec_num_accepted_tokens"] == b["spec_num_draft_tokens"]
 
 
 def _accept_every_draft(monkeypatch):

@@ -129,8 +129,8 @@ def test_fake_capture_of_every_default_bucket_runs_no_warm_up_forward(tiny, monk
     calls = []
     real = graph_runner.make_decode_forward
 
-    def counting(model, policy, store_first=False):
-        forward = real(model, policy, store_first)
+    def counting(model, policy, store_first=False, logits=True):
+        forward = real(model, policy, store_first, logits)
         return lambda *args: calls.append(args[0].shape[0]) or forward(*args)
 
     monkeypatch.setattr(graph_runner, "make_decode_forward", counting)

@@ -3,6 +3,7 @@ draft keeps the target distribution (chi-square over many draws); seeded rows re
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ingot.runner.sampler import Sampler, SamplingRow, TokenMask
@@ -77,3 +78,37 @@ def test_seeded_rows_repeat_whatever_the_batch():
     mixed = verify_drafts(Sampler(torch.device("cpu"), seed=9), torch.cat([logits[:1], logits]),
                           [other, row(params, seeded())], [[], [2, 5]]).to_host()
     assert mixed.tokens[1] == alone.tokens[0]
+
+
+def _first_tokens_and_acceptance(params: SamplingParams, draft_probs_of_draws: bool, vocab: int = 6, n: int = 30000):
+    """``n`` one-draft rows over one position's logits: drafts drawn from ``q`` (with
+    ``draft_probs``) or all the token 3 (a point mass). The emitted first tokens' counts, the
+    acceptance rate, the target's p and the draft's q."""
+    torch.manual_seed(0)
+    base = torch.tensor([[0.5, 1.5, -0.3, 0.9, 0.0, 1.1], [1.0, -1.0, 0.4, 0.2, 2.0, 0.0]])
+    p = Sampler.probs(base, [row(params)] * 2, [0, 1])[0].double()
+    p = p / p.sum()
+    if draft_probs_of_draws:
+        q = torch.tensor([0.05, 0.1, 0.3, 0.25, 0.2, 0.1])
+        drafts = torch.multinomial(q, n, replacement=True, generator=torch.Generator().manual_seed(4)).tolist()
+        probs = torch.stack([q, torch.zeros(vocab)]).repeat(n, 1)  # each row: its draft's position, its last
+    else:
+        q = torch.zeros(vocab)
+        q[3] = 1.0
+        drafts, probs = [3] * n, None
+    out = verify_drafts(Sampler(torch.device("cpu"), seed=3), base.repeat(n, 1), [row(params) for _ in range(n)],
+                        [[d] for d in drafts], draft_probs=probs).to_host()
+    first = torch.bincount(torch.tensor([t[0] for t in out.tokens]), minlength=vocab).double()
+    return first, sum(out.num_accepted) / n, p, q.double()
+
+
+@pytest.mark.parametrize("draft_probs_of_draws", [True, False])
+def test_drafts_drawn_from_a_draft_distribution_keep_the_target_distribution(draft_probs_of_draws):
+    """Drafts x ~ q kept with probability min(1, p(x) / q(x)), else the residual max(p - q, 0):
+    the first emitted token is distributed as p, and a draft is kept with probability
+    sum(min(p, q)) (a point mass on x: p(x)). With min-p the target's p is renormalised."""
+    params = SamplingParams(temperature=0.9, min_p=0.2)
+    first, accepted, p, q = _first_tokens_and_acceptance(params, draft_probs_of_draws)
+    assert chi_square(first, p) < CHI2_99_9[5]
+    expected = float(torch.minimum(p, q).sum())
+    assert abs(accepted - expected) < 4 * (expected * (1 - expected) / 30000) ** 0.5
