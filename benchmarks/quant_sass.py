@@ -36,14 +36,9 @@ from typing import Optional
 
 import torch
 
+from benchmarks.quant_kernels import BF16, RESULTS, SHAPES
 from ingot.bench.report import write_json
 
-RESULTS = Path(__file__).resolve().parent / "results"
-BF16 = torch.bfloat16
-SHAPES = {
-    "1.5b": dict(qkv=(2048, 1536), o=(1536, 1536), gate_up=(17920, 1536), down=(1536, 8960)),
-    "7b": dict(qkv=(4608, 3584), o=(3584, 3584), gate_up=(37888, 3584), down=(3584, 18944)),
-}
 # name -> ("int", bits, group (0: per channel), zeros, mins) or ("fp8", block_n, block_k, act_group)
 FORMATS = {
     "int4-g128": ("int", 4, 128, True, False),
