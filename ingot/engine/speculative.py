@@ -73,7 +73,7 @@ class Speculator:
         st = self._state(seq)
         p = seq.params
         n_out = len(seq.output_token_ids)
-        if not st.allowed or st.skip or seq.grammar is not None or n_out < p.min_tokens:
+        if not st.allowed or st.skip or n_out < p.min_tokens:
             return 0
         k = min(self.config.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
         if p.max_tokens is not None:
@@ -138,12 +138,15 @@ class Speculator:
                 self.num_accepted_tokens += accepted
             self._verified(seq, draft, accepted)
         errors = list(out.errors or [None] * len(seqs))
-        if flight.grammar_rows:  # (rows with a grammar have no drafts: one token each)
-            flight.advance_grammars()
-            errors = [e or (s.grammar.error if s.grammar is not None else None) for e, s in zip(errors, seqs)]
+        flight.advanced = True  # (each matcher accepts its row's tokens position by position, below)
         changed: dict[str, Any] = {}
         for j in range(max(len(t) for t in out.tokens)):
             rows = [k for k, t in enumerate(out.tokens) if j < len(t) and (j == 0 or errors[k] is None)]
+            for k in rows:  # the grammar first, so that its end is seen at the token that ends it
+                grammar = seqs[k].grammar
+                if grammar is not None and not seqs[k].finished and errors[k] is None and grammar.live:
+                    grammar.accept(out.tokens[k][j])
+                    errors[k] = grammar.error
             lps = [out.logprobs[k][j] if out.logprobs[k] is not None else None for k in rows]
             changed.update(engine._apply([seqs[k] for k in rows], [out.tokens[k][j] for k in rows], lps,
                                          [errors[k] for k in rows]))

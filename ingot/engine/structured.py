@@ -260,12 +260,14 @@ class Grammars:
 
     # ------------------------------------------------------------------ steps
     def token_mask(self, batch_seqs: Sequence[Any], stop_ids: Sequence[int], wait_previous: Optional[Callable[[], None]],
-                   rows: list[int]) -> Optional[TokenMask]:
+                   rows: list[int], drafts: Optional[list[list[int]]] = None) -> Optional[TokenMask]:
         """The allowed tokens of the constrained rows among ``rows`` (the batch rows that
         sample, in logits order). Called by the runner once the step's forward is queued. A
         constrained row whose last token is still on the device (overlap scheduling) needs
         its matcher to have accepted it: ``wait_previous`` reads the previous step back and
-        advances its matchers. Never raises: a failure fails the rows' requests at read-back."""
+        advances its matchers. ``drafts``: a verify step's drafts per batch row; the mask then
+        has a row per position (``_draft_mask``). Never raises: a failure fails the rows'
+        requests at read-back."""
         seqs = [batch_seqs[r] for r in rows]
         constrained = [j for j, seq in enumerate(seqs) if seq.grammar is not None]
         try:
@@ -273,6 +275,8 @@ class Grammars:
                 wait_previous()
             if not constrained:
                 return None
+            if drafts is not None:
+                return self._draft_mask(seqs, [drafts[r] for r in rows], constrained, stop_ids)
             bitmask = torch.empty((len(constrained), (self.vocab_size + 31) // 32), dtype=torch.int32,
                                   pin_memory=self.pin_memory)
             live = []  # (bitmask row, grammar); the others allow every token (their token is dropped)
@@ -295,6 +299,38 @@ class Grammars:
             for j in constrained:
                 seqs[j].grammar.error = f"structured outputs: {type(exc).__name__}: {exc}"
             return None
+
+    def _draft_mask(self, seqs: list[Any], drafts: list[list[int]], constrained: list[int],
+                    stop_ids: Sequence[int]) -> TokenMask:
+        """A verify step's mask: each constrained row's allowed tokens at each of its positions
+        (rows of the logits: a row's last token, then its drafts), its matcher walked through
+        the drafts and rolled back. Past a draft the grammar refuses (the target never keeps
+        it: its own position's mask excludes it) or past the grammar's end, every token is
+        allowed: no kept token is sampled there."""
+        starts = [0]
+        for d in drafts:
+            starts.append(starts[-1] + len(d) + 1)
+        rows = [starts[j] + i for j in constrained for i in range(len(drafts[j]) + 1)]
+        bitmask = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32, pin_memory=self.pin_memory)
+        words = bitmask.numpy().view(np.uint32)
+        at = 0
+        for j in constrained:
+            grammar, params = seqs[j].grammar, seqs[j].params
+            walked = 0
+            for i in range(len(drafts[j]) + 1):
+                if not grammar.live or not grammar.fill(bitmask, at + i):
+                    break
+                if i == 0 and grammar.num_accepted < params.min_tokens:
+                    _hold_stop_tokens(words[at], (*stop_ids, *params.stop_token_ids))
+                if i == len(drafts[j]) or not grammar.matcher.accept_token(drafts[j][i]):
+                    break
+                walked += 1
+            if walked:
+                grammar.matcher.rollback(walked)
+            if grammar.error is not None:
+                bitmask[at : at + len(drafts[j]) + 1] = -1
+            at += len(drafts[j]) + 1
+        return TokenMask(rows, bitmask)
 
     def _fill(self, bitmask: torch.Tensor, live: list[tuple[int, SequenceGrammar]]) -> None:
         """Fill the live rows: many at once through xgrammar's threaded batch fill; a

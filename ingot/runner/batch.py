@@ -46,7 +46,8 @@ class ScheduledBatch:
     # Structured outputs: called once the step's forward is queued and before it samples, with
     # the batch rows that sample (in logits order); the allowed tokens of those with a grammar
     # (``TokenMask.rows`` index that list). The engine computes it on the host meanwhile.
-    token_mask: Optional[Callable[[list[int]], Optional[TokenMask]]] = None
+    # (sampling rows, the verify step's drafts per row or None) -> the grammar rows' mask
+    token_mask: Optional[Callable[[list[int], Optional[list[list[int]]]], Optional[TokenMask]]] = None
     # Speculative decoding: a verify step (a decode step whose sequences also feed their drafted
     # tokens, ``num_new_tokens[i] = 1 + len(draft_tokens[i])``), run as one decode row per
     # token (``step_inputs._verify_step``); every sequence samples (``runner/spec_verify.py``).

@@ -274,7 +274,7 @@ class ModelRunner:
         if logits is None:
             return LaunchedStep([], ready=SamplerOutput([], [], prompt_logprobs=prompt_lp))
         rows = sampling_rows(batch, inputs.sample_rows, eos_token_ids)
-        mask = batch.token_mask(inputs.sample_rows) if batch.token_mask is not None else None
+        mask = batch.token_mask(inputs.sample_rows, batch.draft_tokens) if batch.token_mask is not None else None
         if batch.draft_tokens is not None:  # speculative decoding: keep each row's accepted drafts
             verify = verify_drafts(self.sampler, logits, rows, batch.draft_tokens, mask, batch.draft_probs)
             return LaunchedStep(inputs.sample_rows, sample=verify)

@@ -94,7 +94,8 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow
                   mask: Optional[TokenMask] = None, draft_probs: Optional[torch.Tensor] = None) -> DeviceVerify:
     """Queue the verification of ``drafts`` (per row, possibly empty) against ``logits``
     ([sum(len(d) + 1), V], each row's positions in order). ``mask``: the grammar rows'
-    allowed tokens (rows without drafts: their one position). ``draft_probs``: the draft
+    allowed tokens, its rows logits rows (every position of a grammar row: the tokens allowed
+    after its drafts before it, ``Grammars.token_mask``). ``draft_probs``: the draft
     distribution ``q`` each draft of a sampled row was drawn from ([sum(len(d) + 1), V'],
     V' <= V, per position like ``logits``; a row's last position unread); None: every draft
     a point mass."""
@@ -106,9 +107,8 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow
     if logits.dim() != 2 or logits.shape[0] != total:
         raise ValueError(f"logits must be [{total}, vocab], got {tuple(logits.shape)}")
     device = logits.device
-    if mask is not None and mask.rows:
-        assert all(counts[r] == 1 for r in mask.rows), "grammar rows are verified without drafts"
-        apply_token_mask(logits, TokenMask([starts[r] for r in mask.rows], mask.bitmask))
+    if mask is not None and mask.rows:  # a grammar row's allowed tokens at each of its positions
+        apply_token_mask(logits, mask)
     pos_rows = [row for row, c in zip(rows, counts) for _ in range(c)]
     # each position's draft (-1 at a row's last position: nothing to test there)
     flat_drafts = [t for d in drafts for t in (*d, -1)]

@@ -32,11 +32,24 @@ def test_greedy_keeps_the_argmax_run_and_adds_the_correction():
 def test_all_drafts_accepted_adds_the_bonus_token_and_a_mask_applies_to_draftless_rows():
     logits = torch.zeros(4, 6)
     logits[0, 5] = logits[1, 2] = logits[2, 0] = 3.0
-    logits[3, 1] = 3.0  # row 1's one position: its grammar allows only token 4
-    mask = TokenMask([1], torch.tensor([[1 << 4]], dtype=torch.int32))
+    logits[3, 1] = 3.0  # row 1's one position (logits row 3): its grammar allows only token 4
+    mask = TokenMask([3], torch.tensor([[1 << 4]], dtype=torch.int32))
     rows = [row(SamplingParams(temperature=0.0)), row(SamplingParams(temperature=0.0))]
     out = verify_drafts(Sampler(torch.device("cpu")), logits, rows, [[5, 2], []], mask).to_host()
     assert out.tokens == [[5, 2, 0], [4]] and out.num_accepted == [2, 0]
+
+
+def test_a_mask_on_draft_positions_rejects_what_it_refuses():
+    """A grammar row with drafts: each logits row masked as the grammar allows there; the
+    second draft (token 2, the argmax) is refused by its position's mask, so the row keeps one
+    draft and emits the mask's best token instead."""
+    logits = torch.zeros(3, 6)
+    logits[0, 5] = logits[1, 2] = logits[2, 0] = 3.0
+    logits[1, 3] = 1.0
+    mask = TokenMask([0, 1, 2], torch.tensor([[1 << 5], [(1 << 3) | (1 << 4)], [-1]], dtype=torch.int32))
+    out = verify_drafts(Sampler(torch.device("cpu")), logits, [row(SamplingParams(temperature=0.0))], [[5, 2]],
+                        mask).to_host()
+    assert out.tokens == [[5, 3]] and out.num_accepted == [1]
 
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
