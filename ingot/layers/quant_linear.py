@@ -21,8 +21,8 @@ from torch import nn
 from ingot.loading.quant_scheme import Fp8Weights, IntWeights, LinearScheme
 
 
-def _param(shape: tuple[int, ...], dtype: torch.dtype) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+def _param(shape: tuple[int, ...], dtype: torch.dtype, device: Optional[torch.device] = None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
 def make_params(module: nn.Module, scheme: LinearScheme, out_features: int, in_features: int) -> None:
@@ -50,7 +50,7 @@ def adopt_dtype(module: nn.Module, name: str, dtype: torch.dtype) -> None:
     """Before the first shard of ``name`` is copied in: hold it in the checkpoint's float dtype."""
     param = getattr(module, name)
     if name in FLOAT_AS_STORED and param.dtype != dtype and dtype.is_floating_point:
-        setattr(module, name, _param(tuple(param.shape), dtype).to(param.device))
+        setattr(module, name, _param(tuple(param.shape), dtype, param.device))
 
 
 def input_columns(scheme: LinearScheme, name: str, first: int, count: int, in_features: int) -> Optional[slice]:

@@ -96,3 +96,15 @@ def test_compressed_tensors_checkpoint_through_quantized_layers_matches_transfor
     torch.testing.assert_close(got, _logits(dense, ids), rtol=0, atol=0)
     torch.testing.assert_close(got, want, rtol=0, atol=5e-3)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_scales_take_the_checkpoint_dtype_on_the_layers_device():
+    """A float16 scale tensor re-types ``scales`` where the layer lives (the model is built on
+    the GPU there; 'meta' stands for any device but the CPU here), still a parameter."""
+    from ingot.layers import quant_linear
+
+    with torch.device("meta"):
+        proj = MergedLinear(128, (64,), scheme=IntWeights(bits=4, group_size=32))
+    quant_linear.adopt_dtype(proj, "scales", torch.float16)
+    assert isinstance(proj.scales, torch.nn.Parameter)
+    assert proj.scales.dtype == torch.float16 and proj.scales.device.type == "meta" and proj.scales.shape == (64, 4)
