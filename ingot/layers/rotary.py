@@ -123,11 +123,11 @@ def yarn_softmax_scale(scale: float, scaling: Optional[dict[str, Any]]) -> float
     return scale
 
 
-def interleaved_rope_order(rope_dim: int) -> torch.Tensor:
+def interleaved_rope_order(rope_dim: int, device: Optional[torch.device] = None) -> torch.Tensor:
     """For each rope dim as ingot holds it, the checkpoint dim it comes from: the even dims, then
     the odd ones, so that DeepSeek's rotated pairs ``(2i, 2i + 1)`` become neox pairs ``(i, i + d/2)``.
     q.k is unchanged by a permutation shared by q and k."""
-    return torch.cat((torch.arange(0, rope_dim, 2), torch.arange(1, rope_dim, 2)))
+    return torch.cat((torch.arange(0, rope_dim, 2, device=device), torch.arange(1, rope_dim, 2, device=device)))
 
 
 def rope_frequencies(

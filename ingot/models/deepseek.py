@@ -124,7 +124,7 @@ class DeepseekForCausalLM(MoEForCausalLM):
         if tp.enabled:
             raise CheckpointError(f"{cfg.architecture}: {deepseek_tensor_parallel_error(cfg, tp.size)}")
         super().__init__(cfg, max_position, tp)
-        self.rope_order = interleaved_rope_order(cfg.mla.qk_rope_head_dim) if cfg.mla.rope_interleave else None
+        self.rope_interleave = cfg.mla.rope_interleave
 
     def attention_layers(self) -> list[nn.Module]:
         """The modules the runner binds each layer's cache to (``k_cache``; no ``v_cache``)."""
@@ -150,16 +150,18 @@ class DeepseekForCausalLM(MoEForCausalLM):
     def _head_layout(self, owner: str, index: int, pname: str, tensor: torch.Tensor) -> torch.Tensor:
         """The rope rows of the query (every head) and of the shared key in neox order
         (``interleaved_rope_order``); any other tensor as it is."""
-        order, mla = self.rope_order, self.config.mla
-        if order is None or mla is None:
+        mla = self.config.mla
+        if not self.rope_interleave or mla is None:
             return tensor
+        # on the checkpoint tensor's device, which need not be the model's
+        order, dev = interleaved_rope_order(mla.qk_rope_head_dim, tensor.device), tensor.device
         query = (owner.endswith("self_attn.qkv_proj") and index == 0 and mla.q_lora_rank is None) or owner.endswith(
             "self_attn.q_b_proj")
         if query:
             heads = tensor.reshape(self.config.num_heads, mla.qk_head_dim, *tensor.shape[1:])
-            rows = torch.cat((torch.arange(mla.qk_nope_head_dim), mla.qk_nope_head_dim + order))
-            return heads[:, rows.to(tensor.device)].reshape(tensor.shape)
+            rows = torch.cat((torch.arange(mla.qk_nope_head_dim, device=dev), mla.qk_nope_head_dim + order))
+            return heads[:, rows].reshape(tensor.shape)
         if owner.endswith("self_attn.qkv_proj") and index == 1:
-            rows = torch.cat((torch.arange(mla.kv_lora_rank), mla.kv_lora_rank + order))
-            return tensor[rows.to(tensor.device)]
+            rows = torch.cat((torch.arange(mla.kv_lora_rank, device=dev), mla.kv_lora_rank + order))
+            return tensor[rows]
         return tensor

@@ -138,3 +138,15 @@ def test_yarn_table_and_scale_of_v2_lite_match_transformers():
     got, got_attention = rope_frequencies(cfg.mla.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling)
     assert torch.equal(got, inv_freq) and got_attention == attention
     assert yarn_softmax_scale(192**-0.5, cfg.rope_scaling) == hf.yarn_apply_mscale(hf_cfg.rope_parameters, 192**-0.5)
+
+
+@pytest.mark.parametrize("arch", DEEPSEEK)
+def test_loads_on_a_device_other_than_the_cpu(tmp_path, arch):
+    """The loader's tensors meet the model's own (the rope row order) on the model's device:
+    'meta' stands for the GPU, where the model is built."""
+    from ingot.loading.checkpoint import open_checkpoint
+    from ingot.models.loader import load_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path / arch, arch)
+    model = load_checkpoint(open_checkpoint(str(path)), torch.float32, torch.device("meta"), 64, progress=False)
+    assert all(p.device.type == "meta" for p in model.parameters())
