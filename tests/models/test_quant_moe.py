@@ -227,6 +227,9 @@ def test_cuda_engine_runs_the_quantized_expert_kernels(tiny_moe, monkeypatch, qu
     monkeypatch.setattr(engine_mod, "open_model", lambda c: open_checkpoint(
         c.model, c.tokenizer, c.load_format, c.quantization, dequantize_on_load=False))
     want = ingot_logits(Engine(EngineConfig(device="cpu", **config)), ids, 20, 7)
-    assert (got - want).norm() / want.norm() < (1e-2 if quantization == "fp8" else 2e-3)
+    # W8A8 fp8 rounds every activation to 3 mantissa bits: noise of 5e-4 (the GPU's TF32
+    # attention) at those roundings moves the CPU references' logits by 3.9% on this model
+    # (the engine's own GPU run: 3.4%); a wrong scale or expert moves them by O(1)
+    assert (got - want).norm() / want.norm() < (6e-2 if quantization == "fp8" else 2e-3)
     if quantization != "fp8":  # W8A8: a flipped fp8 rounding may move a near tie
         assert torch.equal(got.argmax(-1), want.argmax(-1))
