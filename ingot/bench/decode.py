@@ -60,7 +60,7 @@ class SyntheticSeq:
     output_token_ids: list[int] = field(default_factory=list)
     params: SamplingParams = field(default_factory=SamplingParams)
     generator: Optional[torch.Generator] = None
-    draft_kv_hole: int = -1
+    draft_kv_len: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -2,9 +2,9 @@
 engine, and the speed-up measured in one run.
 
 Plain decoding for a comparison is the speculative engine itself with its speculator
-detached (``speculation_off``; a draft model idle): the same model, KV pool, decode graphs and
-settings, so the two runs differ only in whether sequences propose drafts, and they can alternate round by
-round in one process (``ingot bench serve --compare-speculative``, ``ingot check drift
+detached (``speculation_off``; a draft model idle: the engine never asks it to run): the same
+model, KV pool, decode graphs and settings, so the two runs differ only in whether sequences
+propose drafts, and they can alternate round by round in one process (``ingot bench serve --compare-speculative``, ``ingot check drift
 --speculative-config``) instead of comparing two engines built at different times.
 """
 
@@ -19,7 +19,6 @@ from typing import Any, Iterator, Optional, Sequence
 
 from ingot.config import ConfigError, SpeculativeConfig
 from ingot.engine_args import speculative_config_arg
-from ingot.runner.draft_runner import DraftedModelRunner
 
 
 def speculative_arg(text: str) -> SpeculativeConfig:
@@ -47,29 +46,17 @@ def as_json(config: Optional[SpeculativeConfig]) -> Optional[dict[str, Any]]:
 @contextlib.contextmanager
 def speculation_off(engine: Any) -> Iterator[None]:
     """Inside, ``engine`` decodes plainly: no sequence proposes drafts, so no step verifies
-    any (its ``Speculator`` detached), and a draft model sits out every step; everything else
-    about the engine stays. Only on an idle engine: a sequence holding drafts must be read
-    back by the speculator. With a draft model the prefix cache is emptied on the way out:
-    blocks computed inside hold no draft K/V."""
+    any, and a draft model sits out every step (the engine's ``Speculator``, which asks for
+    both, detached); everything else about the engine stays. Only on an idle engine: a
+    sequence holding drafts must be read back by the speculator. Blocks cached inside hold
+    no draft K/V, as the block manager knows: a later hit on them catches the draft up."""
     if engine.has_unfinished():
         raise RuntimeError("speculation is switched only on an idle engine")
     spec, engine.spec = engine.spec, None
-    engine.executor.run_on_ranks(set_draft_following, False)
     try:
         yield
     finally:
         engine.spec = spec
-        if engine.executor.run_on_ranks(set_draft_following, True):
-            engine.reset_prefix_cache()
-
-
-def set_draft_following(runner: Any, on: bool) -> bool:
-    """Let a draft model follow the target's steps, or not (``DraftedModelRunner.draft_follows``);
-    whether ``runner`` has one."""
-    if isinstance(runner, DraftedModelRunner):
-        runner.draft_follows = on
-        return True
-    return False
 
 
 def speedup(plain: Sequence[float], speculative: Sequence[float]) -> dict[str, Any]:

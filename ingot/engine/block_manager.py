@@ -33,6 +33,18 @@ at the window) and the references read masked. A dropped block that was cached
 stays findable (its KV is intact until it is handed out again, when its hash is
 forgotten); one dropped before it was registered is never registered.
 
+With a draft model (``draft_kv``; speculative decoding, ``engine/speculative.py``) every
+block holds the draft's K/V of its tokens too, in the draft's pool, written only where the
+draft ran on them: each sequence's frontier (``Sequence.draft_kv_len``) may trail its
+computed tokens. A block is cached once the target's K/V of it is computed, whatever the
+draft's; the manager marks the blocks a frontier has passed (``mark_draft_kv``: their draft
+K/V is written, whoever wrote it), and a sequence admitted on cached blocks starts its
+frontier after its leading marked ones, so its draft catches up the rest before it reads
+them. (Such a catch-up writes a shared block's draft K/V again: the same tokens after the
+same prefix, so the values another reader of it holds, up to rounding.) Blocks wholly
+before a sliding window are kept until the draft's frontier has passed them too: its
+catch-up attends to them.
+
 With prefix caching off nothing is hashed and blocks go back to one free list,
 in the order they were freed. ``reset_cache`` forgets every hash (only while no
 block is held): a benchmark round, or a switch of the caching setting, then
@@ -72,9 +84,10 @@ class BlockManager:
     """Reference-counted KV blocks (ids 1..num_blocks-1) and, optionally, the prefix cache."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 window: Optional[int] = None) -> None:
+                 window: Optional[int] = None, draft_kv: bool = False) -> None:
         """``window``: the sliding window every layer attends within (None: some layer sees
-        the whole context, so no block is dropped before its sequence ends)."""
+        the whole context, so no block is dropped before its sequence ends); ``draft_kv``: a
+        draft model shares the blocks (above)."""
         assert num_blocks >= 2, "need at least one usable block besides the dummy"
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -85,6 +98,8 @@ class BlockManager:
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no one: least recently used first
         self.hash_of: list[Optional[bytes]] = [None] * num_blocks  # the hash of each cached block
         self.cached: dict[bytes, int] = {}  # hash -> the block holding that KV
+        self.draft_kv = draft_kv
+        self.draft_written = bytearray(num_blocks)  # 1: the block's draft K/V is written (a full block)
 
     @property
     def num_free(self) -> int:
@@ -117,6 +132,7 @@ class BlockManager:
             del self.cached[self.hash_of[block]]  # type: ignore[index]
             self.hash_of[block] = None
         self.ref_counts[block] = 1
+        self.draft_written[block] = 0
         return block
 
     def free(self, seq: Sequence) -> None:
@@ -130,6 +146,7 @@ class BlockManager:
         del ids[:]
         seq.num_cached_blocks = 0
         seq.num_dropped_blocks = 0
+        seq.num_draft_blocks = seq.draft_kv_len = 0
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Hand back ``seq``'s blocks past those ``num_tokens`` tokens need: speculative
@@ -152,9 +169,12 @@ class BlockManager:
         """Hand back ``seq``'s blocks that no query from position ``first_query`` on can see
         (every layer windowed: wholly before ``first_query - window + 1``); their table entries
         become the dummy block. A step still reading them was queued before any step that
-        could write them again (one stream), so this is safe at scheduling time."""
+        could write them again (one stream), so this is safe at scheduling time. With a draft
+        model, not before the draft's frontier (its catch-up queries start there)."""
         if self.window is None:
             return
+        if self.draft_kv:
+            first_query = min(first_query, seq.draft_kv_len)
         ids = seq.block_ids
         end = min(max(0, first_query - self.window + 1) // self.block_size, len(ids))
         for i in range(seq.num_dropped_blocks, end):
@@ -211,6 +231,10 @@ class BlockManager:
             refs[block] += 1
         seq.block_ids.extend(hits)
         seq.num_cached_blocks = len(hits)
+        if self.draft_kv:
+            written = self.draft_written
+            seq.num_draft_blocks = next((i for i, block in enumerate(hits) if not written[block]), len(hits))
+            seq.draft_kv_len = seq.num_draft_blocks * self.block_size
         self.grow(seq, num_tokens)
 
     def cache_full_blocks(self, seq: Sequence, computed: Optional[int] = None) -> None:
@@ -231,6 +255,14 @@ class BlockManager:
                 self.cached[h] = block
                 self.hash_of[block] = h
         seq.num_cached_blocks = full
+
+    def mark_draft_kv(self, seq: Sequence) -> None:
+        """Mark ``seq``'s full blocks before its draft frontier (``draft_kv_len``) as holding
+        the draft's K/V: a later sequence that hits them starts its draft's frontier after them."""
+        full = seq.draft_kv_len // self.block_size
+        for i in range(seq.num_draft_blocks, full):
+            self.draft_written[seq.block_ids[i]] = 1  # (one dropped outside the window: the dummy, never hit)
+        seq.num_draft_blocks = max(full, seq.num_draft_blocks)
 
     def _hash(self, seq: Sequence, i: int) -> bytes:
         """Hash of ``seq``'s full block ``i``, computed once per sequence (tokens never change)."""

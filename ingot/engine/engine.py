@@ -68,7 +68,9 @@ class Engine:
         self.eos_token_ids = tuple(dict.fromkeys([*model_config.eos_token_ids, *tokenizer.eos_token_ids]))
         num_blocks = self.executor.num_kv_blocks()
         self.executor.allocate_kv_cache(num_blocks)
-        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, model_config.kv_window)
+        spec = config.speculative_config
+        blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, model_config.kv_window,
+                              draft_kv=spec is not None and spec.uses_draft_model)
         if max_model_len > blocks.capacity_tokens:
             if config.max_model_len is not None:
                 raise ConfigError(
@@ -78,7 +80,6 @@ class Engine:
             log.warning("max_model_len lowered from %d to the KV cache capacity %d", max_model_len, blocks.capacity_tokens)
             max_model_len = blocks.capacity_tokens
         self.max_model_len = max_model_len
-        spec = config.speculative_config
         self.spec = make_speculator(spec, max_model_len) if spec is not None else None
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
@@ -275,6 +276,8 @@ class Engine:
         if constrained:  # the mask, once the forward is queued; a previous token it needs is read first
             wait = prev.advance_grammars if prev is not None else None
             batch.token_mask = functools.partial(self.grammars.token_mask, batch.seqs, self.eos_token_ids, wait)
+        if self.spec is not None:
+            self.spec.plan(batch, self.scheduler.running)
         try:
             step = self.executor.launch(batch, self.eos_token_ids, feed)
         except Exception as exc:  # the forward itself failed: these requests fail, the engine goes on
@@ -283,6 +286,8 @@ class Engine:
         finally:
             batch.token_mask = None  # (it holds the previous step)
         computed = self.scheduler.on_step_launched(batch)
+        if self.spec is not None:
+            self.spec.launched(batch)
         sampled = [batch.seqs[row] for row in step.rows]
         # serially (and around verify steps) nothing is ever scheduled with a token pending
         pending = self.config.overlap_scheduling and batch.draft_tokens is None

@@ -255,7 +255,9 @@ class Scheduler:
 
     def on_step_done(self, batch: ScheduledBatch, computed: list[int]) -> None:
         """The step ran: with prefix caching, register the blocks it filled, up to what it
-        computed (``computed``, from ``on_step_launched``: a later step may be in flight).
+        computed (``computed``, from ``on_step_launched``: a later step may be in flight),
+        and mark those a draft model's frontier has passed (``BlockManager.mark_draft_kv``:
+        a frontier counts steps queued on the device, which run before any later hit's).
 
         A sequence ended or preempted since it was scheduled is skipped. Decode steps hash
         nothing unless a sequence's last block just filled up.
@@ -264,10 +266,13 @@ class Scheduler:
             return
         running = Status.RUNNING
         block_size = self.blocks.block_size
-        register = self.blocks.cache_full_blocks
+        register, mark = self.blocks.cache_full_blocks, self.blocks.mark_draft_kv
         for seq, upto in zip(batch.seqs, computed):
-            if seq.status is running and upto // block_size > seq.num_cached_blocks:
-                register(seq, upto)  # type: ignore[arg-type]
+            if seq.status is running:
+                if upto // block_size > seq.num_cached_blocks:
+                    register(seq, upto)  # type: ignore[arg-type]
+                if seq.draft_kv_len // block_size > seq.num_draft_blocks:
+                    mark(seq)  # type: ignore[arg-type]
 
     def finish(self, seq: Sequence) -> None:
         """Release a finished (or aborted) sequence wherever it is."""

@@ -101,7 +101,11 @@ class Sequence:
         # and its proposer's state and acceptance counts (``engine/speculative.py``)
         self.draft_token_ids: list[int] = []
         self.spec: Optional["SpecState"] = None
-        self.draft_kv_hole = -1  # with a draft model: the position whose draft KV is missing (``runner/batch.py``)
+        # with a draft model: its leading tokens whose draft K/V is in the draft's pool (the
+        # frontier ``engine/speculative.py`` keeps; ``runner/batch.py``), and the leading blocks
+        # the block manager has marked as holding it
+        self.draft_kv_len = 0
+        self.num_draft_blocks = 0
 
     @property
     def num_tokens(self) -> int:

@@ -18,6 +18,10 @@ Not speculating: above ``disable_by_batch_size`` running sequences (a big batch 
 compute-bound), for sequences with penalties or an active ``min_tokens`` (their
 distributions depend on every earlier token), with a grammar (structured outputs), and per
 sequence after low acceptance or lookups that found nothing (``SpecState.backoff``).
+With a draft model, the draft sits out every step after which no sequence may speculate
+(``DraftModelSpeculator.plan``): above ``disable_by_batch_size`` it costs nothing; each
+sequence's draft K/V then trails its own (``Sequence.draft_kv_len``) and is caught up when it
+speculates again.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from ingot.engine.ngram import SpecState
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status
 from ingot.outputs import RequestOutput
-from ingot.runner.batch import ScheduledBatch, draft_kv_lag
+from ingot.runner.batch import ScheduledBatch
 
 
 class EngineSide(Protocol):
@@ -112,6 +116,13 @@ class Speculator:
             index.extend(seq.tokens(index.num_tokens, seq.num_tokens))
         return index.propose(k)
 
+    def plan(self, batch: ScheduledBatch, running: list[Sequence]) -> None:
+        """Before ``batch`` is launched (``running``: the scheduler's sequences now): does a
+        draft model run on it? (N-gram drafts: there is none.)"""
+
+    def launched(self, batch: ScheduledBatch) -> None:
+        """Once ``batch`` is queued, its rows' computed tokens counted."""
+
     def counters(self) -> dict[str, int]:
         """The engine-wide counters, as ``EngineStats`` fields."""
         return {"spec_decode_num_drafts": self.num_drafts, "spec_decode_num_draft_tokens": self.num_draft_tokens,
@@ -154,8 +165,7 @@ class Speculator:
         for seq in seqs:
             if seq.status is Status.RUNNING:
                 blocks.trim(seq, seq.num_tokens)
-        # a block is cached once both models' K/V of it are written (a draft model's may lag a token)
-        engine.scheduler.on_step_done(batch, [seq.num_computed_tokens - draft_kv_lag(seq) for seq in seqs])
+        engine.scheduler.on_step_done(batch, [seq.num_computed_tokens for seq in seqs])
         return engine._outputs(changed.values())
 
     def _verified(self, seq: Sequence, draft: list[int], accepted: int) -> None:
@@ -171,14 +181,42 @@ DRAFT_PLACEHOLDER = -1
 class DraftModelSpeculator(Speculator):
     """Speculation with a draft model (``speculative_config.model``): every sequence that may
     speculate takes its whole budget of drafts, which the runner's draft model proposes at
-    launch. A round that keeps every draft leaves the last one's draft K/V missing (it was
-    proposed, never fed): ``Sequence.draft_kv_hole``, fed with the next token."""
+    launch. The engine decides which steps the draft runs on (``plan``) and keeps each
+    sequence's draft frontier (``Sequence.draft_kv_len``: its leading tokens whose draft K/V is
+    written); the runner catches a trailing frontier up before the draft reads past it."""
 
     def _draft(self, seq: Sequence, st: SpecState, k: int) -> list[int]:
         return [DRAFT_PLACEHOLDER] * k
 
+    def plan(self, batch: ScheduledBatch, running: list[Sequence]) -> None:
+        """The draft runs on a plain step (``batch.draft_follows``) when the next step may
+        speculate: ``wanted`` of the running sequences as this step's proposals left them (at
+        most ``disable_by_batch_size`` of them, one allowed and not backed off). Otherwise it
+        sits out, and a sequence that speculates later first has its missing draft K/V caught
+        up (``DraftedModelRunner._catch_up``: eager prefill chunks of the draft, once per
+        return to speculation). Prefill steps follow the same rule: a prompt's draft K/V costs
+        the same computed now or caught up later, and later only sequences that speculate pay
+        it. (A verify step's draft round always runs.)"""
+        batch.draft_follows = batch.draft_tokens is None and self.wanted(running)
+
+    def launched(self, batch: ScheduledBatch) -> None:
+        """Each row's draft frontier once ``batch`` is queued: a step the draft runs on brings
+        every row's draft K/V up to its computed tokens, but for the last draft of a verify
+        row (the round feeds each row's last token, then every draft but the last); a step it
+        sits out leaves the frontiers where they were."""
+        if batch.draft_tokens is not None:
+            for seq, draft in zip(batch.seqs, batch.draft_tokens):
+                if seq.status is Status.RUNNING:
+                    seq.draft_kv_len = seq.num_computed_tokens - (1 if draft else 0)
+        elif batch.draft_follows:
+            for seq in batch.seqs:
+                if seq.status is Status.RUNNING:
+                    seq.draft_kv_len = seq.num_computed_tokens
+
     def _verified(self, seq: Sequence, draft: list[int], accepted: int) -> None:
-        seq.draft_kv_hole = seq.num_computed_tokens - 1 if draft and accepted == len(draft) else -1
+        """Rejected drafts' draft K/V lies past the kept tokens; a round that kept every draft
+        leaves the last one's missing (it was proposed, never fed): fed with the next token."""
+        seq.draft_kv_len = min(seq.draft_kv_len, seq.num_computed_tokens)
 
 
 def make_speculator(config: SpeculativeConfig, max_model_len: int) -> Speculator:

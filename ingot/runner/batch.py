@@ -26,9 +26,11 @@ class BatchSequence(Protocol):
     generator: Optional[torch.Generator]
     block_ids: array.array  # int32 KV block ids, in token order
     num_computed_tokens: int  # tokens whose KV is already cached
-    # speculative decoding with a draft model: the position whose KV the draft model lacks (the
-    # last draft of a round that kept every draft: it was proposed, never fed), -1 if none
-    draft_kv_hole: int
+    # speculative decoding with a draft model: its leading tokens whose draft K/V is in the
+    # draft's pool; fewer than ``num_computed_tokens`` where the draft sat out steps (or a
+    # prefix-cache hit brought the target's K/V alone), or by the last draft of a round that
+    # kept every draft (proposed, never fed)
+    draft_kv_len: int
 
     @property
     def num_tokens(self) -> int: ...
@@ -57,6 +59,10 @@ class ScheduledBatch:
     # position ([sum(len(d) + 1), V'], set with the drafts: ``runner/draft_runner.py``); None:
     # every draft a point mass (n-gram drafts, greedy rows).
     draft_probs: Optional[torch.Tensor] = None
+    # A draft model runs on this plain step too (its K/V of the step's tokens, each row's missing
+    # draft K/V caught up first: ``runner/draft_runner.py``), as the engine decided
+    # (``DraftModelSpeculator.plan``). A verify step's draft round runs whatever this says.
+    draft_follows: bool = False
 
     def samples(self, i: int) -> bool:
         """Does row i produce a token this step (its computation reaches its last token)?"""
@@ -65,7 +71,5 @@ class ScheduledBatch:
 
 
 def draft_kv_lag(seq: BatchSequence) -> int:
-    """1 when the draft model lacks the KV of the token just before ``seq``'s next one (its
-    ``draft_kv_hole``), else 0: the draft feeds that token again with the next one."""
-    hole = seq.draft_kv_hole
-    return int(hole >= 0 and hole == seq.num_computed_tokens - 1)
+    """The tokens before ``seq``'s next one whose draft K/V is missing (0: none)."""
+    return seq.num_computed_tokens - seq.draft_kv_len

@@ -4,24 +4,32 @@ sequence's drafts greedily, on the target's device, before the target verifies t
 The draft is a ``ModelRunner`` of its own (model, KV pool, decode graphs), held by the
 target's runner (``DraftedModelRunner``). Its KV pool has the target's number of blocks and
 block size, so the block ids and slots the engine hands out for the target index the draft's
-pool too: one block manager serves both, and a block shared through the prefix cache holds
-the same tokens for both models. The draft's cache follows the target's:
+pool too: one block manager serves both. The draft runs only on the steps the engine asks for
+(``engine/speculative.py``); each sequence's draft K/V is written for its first
+``draft_kv_len`` tokens (its frontier), which may trail the target's:
 
-* every prefill and plain decode step the target runs, the draft runs on the same inputs
-  (``fill_kv``: its K/V, no logits), after the target's sampling is queued;
+* a plain prefill or decode step with ``batch.draft_follows`` (the next step may speculate):
+  the draft runs on the same inputs (``fill_kv``: its K/V, no logits), after the target's
+  sampling is queued; a step without it (above ``disable_by_batch_size``, or no sequence
+  may speculate) costs the draft nothing;
 * a verify step first runs a draft round (``_propose``): one step of decode rows, each
-  sequence's last token (and, when the previous round kept every draft, that round's last
-  draft, which was proposed but never fed: ``draft_kv_hole``), then ``k - 1`` one-row
-  steps that feed each draft to get the next. A greedy request's drafts are the draft's
-  argmax over the shared vocabulary; a sampled request's are drawn from the draft's
+  sequence's last token (and, where the frontier is one short, the token before it: e.g. the
+  last draft of a round that kept every draft, proposed but never fed), then ``k - 1``
+  one-row steps that feed each draft to get the next. A greedy request's drafts are the
+  draft's argmax over the shared vocabulary; a sampled request's are drawn from the draft's
   distribution under its sampling parameters, which the verification needs as well
   (``batch.draft_probs``: ``min(1, p / q)``). Then the verify step is staged with them.
 
-A draft position the target rejects lies past the kept tokens: it is written again before
-any query reads it, as the target's own rejected K/V. Every step but a prefill is decode
-rows, so on CUDA each replays one of the draft's graphs (decode graphs; with a hole, a set of
-``store_first`` graphs of up to two rows per sequence; following a decode step, K/V-only
-graphs without the lm_head), captured at start-up into the target's graph pool.
+Before the draft runs on a step, a row whose frontier trails further than that one token
+is caught up (``_catch_up``): eager prefill chunks of the draft over its missing tokens
+(they are on the host; only a decode step's own last token may still be on the device).
+So every step the draft runs on leaves each of its rows' draft K/V complete up to the step's
+tokens. A draft position the target rejects lies past the kept tokens: it is written again
+before any query reads it, as the target's own rejected K/V. Every step but a prefill or a
+catch-up is decode rows, so on CUDA each replays one of the draft's graphs (decode graphs;
+with a row one short, a set of ``store_first`` graphs of up to two rows per sequence;
+following a decode step, K/V-only graphs without the lm_head), captured at start-up into the
+target's graph pool, up to the batch sizes that speculate.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from ingot.runner.batch import BatchSequence, ScheduledBatch, draft_kv_lag
 from ingot.runner.kv_pool import KVCachePool
 from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed, sampling_rows
 from ingot.runner.spec_verify import sample_drafts
-from ingot.runner.step_inputs import HostStep, StepInputs, decode_rows, device_inputs
+from ingot.runner.step_inputs import HostStep, StepInputs, decode_rows, device_inputs, prefill_rows
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +71,6 @@ class DraftedModelRunner(ModelRunner):
         self.propose_vocab = propose_vocab
         self.draft_max_id = draft.model_config.vocab_size - 1
         self.clamp_ids = model_config.vocab_size > draft.model_config.vocab_size
-        # False: the draft sits out every step (a benchmark's plain-decoding baseline on this
-        # engine, ``bench/speculation.py``); its cache misses those steps' K/V
-        self.draft_follows = True
 
     # ------------------------------------------------------------------ KV cache and graphs
     def _bytes_per_block(self) -> int:
@@ -85,10 +90,10 @@ class DraftedModelRunner(ModelRunner):
 
     def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
         """The target's decode and verify graphs and the draft's three sets, all into one
-        memory pool: its decode graphs up to the most sequences that speculate at once (the
-        draft steps), its first-step graphs (up to two rows per such sequence) and K/V-only
-        decode graphs at every batch size (following the target's decode steps: no lm_head,
-        no logits kept in the pool)."""
+        memory pool, up to the most sequences that speculate at once (the draft runs on no
+        larger step): its decode graphs (the draft steps), its first-step graphs (up to two
+        rows per sequence) and K/V-only decode graphs (following the target's decode steps:
+        no lm_head, no logits kept in the pool)."""
         from ingot.runner.graph_runner import DecodeGraphRunner, capture_sets, capture_sizes, graphs_enabled, verify_buckets
 
         if not graphs_enabled(self.config, self.device):
@@ -98,15 +103,17 @@ class DraftedModelRunner(ModelRunner):
         most = min(self.config.max_num_seqs, spec.disable_by_batch_size)
         d = self.draft
         args = (d.model, d.config, d.device, max_blocks_per_seq, d.policy, d.tp)
-        d.graphs = DecodeGraphRunner(*args, buckets=[s for s in capture_sizes(d.config) if s < most] + [most])
+        buckets = [s for s in capture_sizes(d.config) if s < most] + [most]
+        d.graphs = DecodeGraphRunner(*args, buckets=buckets)
         d.verify_graphs = DecodeGraphRunner(*args, store_first=True, buckets=verify_buckets(2 * most))
-        d.kv_graphs = DecodeGraphRunner(*args, logits=False)
+        d.kv_graphs = DecodeGraphRunner(*args, buckets=buckets, logits=False)
         capture_sets(self.graph_sets(max_blocks_per_seq) + [d.graphs, d.verify_graphs, d.kv_graphs])
 
     # ------------------------------------------------------------------ steps
     def launch(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...], feed: Optional[TokenFeed] = None) -> LaunchedStep:
         """A verify step: the draft round first (it sets ``batch.draft_tokens``), then the
-        target's verify step. Any other step: the target's, then the draft's K/V of it."""
+        target's verify step. Any other step: the target's, then, if the engine asks
+        (``batch.draft_follows``), the draft's K/V of it."""
         if batch.draft_tokens is not None:
             self._propose(batch, eos_token_ids)
             return super().launch(batch, eos_token_ids, feed)
@@ -114,30 +121,62 @@ class DraftedModelRunner(ModelRunner):
         if feed is not None:
             feed.apply(inputs, batch)
         step = self.launch_staged(batch, inputs, eos_token_ids)
-        if self.draft_follows:
+        if batch.draft_follows:
             self._follow(batch, inputs, feed)
         return step
 
     def _follow(self, batch: ScheduledBatch, inputs: StepInputs, feed: Optional[TokenFeed]) -> None:
-        """The draft's K/V of a prefill or decode step the target has queued: the same inputs,
-        or for a decode step where a sequence lacks its previous token's draft K/V, decode rows
-        that feed it too (its tokens are on the host: a verify step was read back since)."""
-        if batch.is_prefill or not any(draft_kv_lag(seq) for seq in batch.seqs):
+        """The draft's K/V of a prefill or decode step the target has queued: the same inputs
+        once every row's frontier has caught up to the step's first token, or for a decode
+        step with a row one token short, decode rows that feed that token too."""
+        seqs = batch.seqs
+        if batch.is_prefill:  # (no token of a prefill step is pending on the device)
+            self._catch_up(seqs, [seq.num_computed_tokens for seq in seqs])
+        if batch.is_prefill or not any(draft_kv_lag(seq) for seq in seqs):
             self.draft.fill_kv(self._clamped(inputs, owned=False))
             return
-        rows = device_inputs(first_rows(batch.seqs, self.block_size), self.device)
+        self._catch_up(seqs, [seq.num_computed_tokens - 1 for seq in seqs])
+        rows = device_inputs(first_rows(seqs, self.block_size), self.device)
         if feed is not None:  # the decode rows come first, in batch order: the feed's rows
             feed.apply(rows, batch)
         self.draft.fill_kv(self._clamped(rows, owned=True))
+
+    def _catch_up(self, seqs: list[BatchSequence], ends: list[int]) -> None:
+        """The draft's K/V of each sequence's tokens ``[draft_kv_len, end)`` (steps it sat
+        out, or a prefix-cache hit that brought the target's K/V alone), as prefill chunks with
+        context: eager (rare: once per return to speculation), at most
+        ``max_num_batched_tokens`` tokens a forward, the most a prefill step takes."""
+        budget = self.config.max_num_batched_tokens
+        chunk: list[BatchSequence] = []
+        spans: list[tuple[int, int]] = []
+        used = 0
+        for seq, end in zip(seqs, ends):
+            start = seq.draft_kv_len
+            while start < end:
+                if used == budget:  # this chunk runs; the rest goes on in the next
+                    self._fill_chunk(chunk, spans)
+                    chunk, spans, used = [], [], 0
+                n = min(end - start, budget - used)
+                chunk.append(seq)
+                spans.append((start, start + n))
+                used, start = used + n, start + n
+        if spans:
+            self._fill_chunk(chunk, spans)
+
+    def _fill_chunk(self, seqs: list[BatchSequence], spans: list[tuple[int, int]]) -> None:
+        host = prefill_rows(seqs, spans, [False] * len(seqs), self.block_size)
+        self.draft.fill_kv(self._clamped(device_inputs(host, self.device), owned=True))
 
     @torch.inference_mode()
     def _propose(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> None:
         """Replace each sequence's placeholder drafts (``batch.draft_tokens``: how many it may
         take) with the draft model's: its argmax for greedy requests, a sample of its
         distribution under the request's parameters for the others (``batch.draft_probs``).
-        Every sequence of the step gets its missing draft K/V, drafts or not. One read-back."""
+        Every sequence of the step gets its missing draft K/V, drafts or not (the few with
+        none are rows of a forward that runs anyway). One read-back."""
         assert batch.draft_tokens is not None
         seqs, counts = batch.seqs, [len(d) for d in batch.draft_tokens]
+        self._catch_up(seqs, [seq.num_computed_tokens - 1 for seq in seqs])
         n, steps = len(seqs), max(counts)
         rows = sampling_rows(batch, range(n), eos_token_ids)
         sampled = {i for i in range(n) if counts[i] and not rows[i].params.greedy}
@@ -196,8 +235,9 @@ class DraftedModelRunner(ModelRunner):
 def first_rows(seqs: list[BatchSequence], block_size: int) -> HostStep:
     """The draft's first step of a round, as decode rows: each sequence's last token (at
     ``num_computed_tokens``; a token still pending on the device is fed in later), in batch
-    order, then the token before it where the draft lacks its K/V (``draft_kv_lag``). With
-    such rows the step stores every row's K/V first; only the first rows have logits."""
+    order, then the token before it where the draft lacks its K/V (``draft_kv_lag``; anything
+    earlier already caught up). With such rows the step stores every row's K/V first; only
+    the first rows have logits."""
     tables, ids, positions = [], [], []
     for seq in seqs:
         out = seq.output_token_ids
@@ -206,10 +246,10 @@ def first_rows(seqs: list[BatchSequence], block_size: int) -> HostStep:
         positions.append(seq.num_computed_tokens)
     for seq in seqs:
         if draft_kv_lag(seq):
-            hole = seq.draft_kv_hole
+            before = seq.num_computed_tokens - 1
             tables.append(seq.block_ids)
-            ids.extend(seq.tokens(hole, hole + 1))
-            positions.append(hole)
+            ids.extend(seq.tokens(before, before + 1))
+            positions.append(before)
     step = decode_rows(tables, ids, positions, block_size, store_first=len(ids) > len(seqs))
     step.logits_indices = step.sample_rows = list(range(len(seqs)))
     return step

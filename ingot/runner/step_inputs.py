@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import array
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-from ingot.runner.batch import ScheduledBatch
+from ingot.runner.batch import BatchSequence, ScheduledBatch
 from ingot.layers.attention import AttentionMetadata
 
 
@@ -45,11 +46,13 @@ class HostStep:
 def host_step(batch: ScheduledBatch, block_size: int) -> HostStep:
     if batch.draft_tokens is not None:
         return _verify_step(batch, block_size)
-    fields = _prefill_fields(batch, block_size) if batch.is_prefill else _decode_fields(batch, block_size)
-    ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = fields
+    if batch.is_prefill:
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        spans = [(start, start + n) for start, n in zip(starts, batch.num_new_tokens)]
+        return prefill_rows(batch.seqs, spans, [batch.samples(row) for row in range(len(spans))], block_size)
+    ids, positions, slots, seq_lens, cu, logits_indices, sample_rows = _decode_fields(batch, block_size)
     rows, width, table = padded_block_rows([seq.block_ids for seq in batch.seqs])
-    return HostStep(batch.is_prefill, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width,
-                    table)
+    return HostStep(False, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width, table)
 
 
 def decode_rows(tables: list, ids: list[int], positions: list[int], block_size: int, store_first: bool) -> HostStep:
@@ -95,9 +98,11 @@ def device_inputs(h: HostStep, device: torch.device) -> StepInputs:
     )
 
 
-def _prefill_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], ...]:
-    """Token ids, positions, slots, seq lens, cu_seqlens, logits rows and sampling rows
-    of a prefill batch (any number of new tokens per sequence)."""
+def prefill_rows(seqs: Sequence[BatchSequence], spans: list[tuple[int, int]], samples: list[bool],
+                 block_size: int) -> HostStep:
+    """Prefill rows: each sequence's tokens ``[start, end)`` of ``spans``, attending to its
+    cached K/V before ``start`` too (a chunk); logits at the last token of the rows that
+    ``samples`` marks. A prefill step's rows, and a draft model catching up its K/V."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -105,19 +110,18 @@ def _prefill_fields(batch: ScheduledBatch, block_size: int) -> tuple[list[int], 
     cu = [0]
     logits_indices: list[int] = []
     sample_rows: list[int] = []
-    for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
-        start = seq.num_computed_tokens
-        end = start + n
+    for row, (seq, (start, end)) in enumerate(zip(seqs, spans)):
         ids.extend(seq.tokens(start, end))
         positions.extend(range(start, end))
         for pos in range(start, end):
             slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
         seq_lens.append(end)
-        cu.append(cu[-1] + n)
-        if batch.samples(row):
+        cu.append(cu[-1] + end - start)
+        if samples[row]:
             logits_indices.append(cu[-1] - 1)
             sample_rows.append(row)
-    return ids, positions, slots, seq_lens, cu, logits_indices, sample_rows
+    rows, width, table = padded_block_rows([seq.block_ids for seq in seqs])
+    return HostStep(True, ids, positions, slots, seq_lens, cu, logits_indices, sample_rows, rows, width, table)
 
 
 def _verify_step(batch: ScheduledBatch, block_size: int) -> HostStep:

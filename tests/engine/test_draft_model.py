@@ -1,12 +1,14 @@
 """Speculative decoding with a draft model: greedy output is plain greedy decoding's, token for
 token, with a random draft of another architecture (low acceptance) and with the target as its
 own draft (every draft kept: the draft's K/V follows the target's through prefill, decode and
-verify steps, preemption, prefix-cache hits and a round that kept every draft), through stops,
+verify steps, preemption, prefix-cache hits and a round that kept every draft, and is caught up
+after steps it sat out: ``test_draft_skip.py``), through stops,
 max_tokens, n > 1 and logprobs; padded embedding tables; the draft's padded bucket path; bad
 configurations refused at start-up."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -17,6 +19,7 @@ import torch
 from ingot import LLM, SamplingParams
 from ingot.config import ConfigError, EngineConfig
 from ingot.engine.engine import Engine
+from ingot.runner.batch import draft_kv_lag
 from tests.engine.test_speculative import PROMPTS, greedy_params, run, same
 from tests.helpers import hf_model, write_tiny_checkpoint
 
@@ -127,54 +130,43 @@ def poison_draft_kv(draft, seq, position: int) -> None:
             cache.view(-1, *cache.shape[2:])[slot] = float("nan")
 
 
-def test_a_plain_step_after_a_round_that_kept_every_draft_feeds_the_missing_token(models, monkeypatch):
+def test_the_last_draft_of_a_round_that_kept_every_draft_is_fed_after_steps_the_draft_sat_out(models, monkeypatch):
     """One sequence speculates alone (disable_by_batch_size 1) and keeps every draft, so the
     draft lacks the K/V of its last draft (NaN there); a second request joins, so the next steps
-    are plain decode steps (one with the newcomer's token fed on the device): the draft feeds
-    the missing token with them, and once the newcomer ends, speculation resumes and still
-    keeps every draft."""
+    are plain decode steps, which the draft sits out (no draft forward at all); once the newcomer
+    ends, speculation resumes, the missing K/V caught up first, and still keeps every draft."""
     spec = draft_spec(models["target"], disable_by_batch_size=1)
     engine = Engine(EngineConfig(model=str(models["target"]), dtype="float32", device="cpu", show_progress=False,
                                  speculative_config=spec))
     draft = engine.executor.draft
-    fills = []
-    fill = draft.fill_kv
-    monkeypatch.setattr(draft, "fill_kv", lambda inputs: fills.append(inputs.attn.store_first) or fill(inputs))
+    calls = []
+    for name in ("fill_kv", "forward_logits"):
+        real = getattr(draft, name)
+        monkeypatch.setattr(draft, name, lambda inputs, real=real: calls.append(inputs) or real(inputs))
     greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     first = engine.add_request(PROMPTS[0], greedy)
-    while first.draft_kv_hole < 0:
+    for _ in range(5):  # the prefill step, then its first round keeps every draft
         engine.step()
-    poison_draft_kv(draft, first, first.draft_kv_hole)
-    engine.add_request(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+        if draft_kv_lag(first) == 1:
+            break
+    assert draft_kv_lag(first) == 1, "a round kept every draft, the last one's draft K/V missing"
+    poison_draft_kv(draft, first, first.draft_kv_len)
+    second = engine.add_request(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     drafts_before = engine.stats().spec_decode_num_drafts
+    calls.clear()
+    while not second.finished:
+        engine.step()
+    assert not calls, "the draft sat out the steps of two sequences"
+    assert draft_kv_lag(first) > 1
     while engine.has_unfinished():
         engine.step()
     stats = engine.stats()
-    assert True in fills, "a plain decode step fed the missing draft K/V"
+    assert any(c.attn.is_prefill for c in calls), "the missing draft K/V was caught up"
     assert stats.spec_decode_num_drafts > drafts_before, "speculation resumed"
     all_kept(stats)
     with LLM(str(models["target"]), dtype="float32", device="cpu", show_progress=False) as llm:
         expected = llm.generate([PROMPTS[0]], greedy, use_tqdm=False)[0].outputs[0].token_ids
     assert first.output_token_ids == expected
-
-
-def test_a_block_is_cached_once_the_drafts_kv_of_it_is_written(models):
-    """A round that keeps every draft leaves the draft's K/V of the last one missing: the block
-    holding it is not registered in the prefix cache (another request could hit it) until a
-    later step has fed it, even when the target's K/V fills the block."""
-    engine = Engine(EngineConfig(model=str(models["target"]), dtype="float32", device="cpu", show_progress=False,
-                                 speculative_config=draft_spec(models["target"])))
-    bs = engine.config.block_size
-    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)) for p in PROMPTS]
-    held_back = 0
-    while engine.has_unfinished():
-        engine.step()
-        for seq in seqs:
-            if seq.draft_kv_hole >= 0 and seq.draft_kv_hole == seq.num_computed_tokens - 1 and not seq.finished:
-                assert seq.num_cached_blocks * bs <= seq.draft_kv_hole
-                held_back += seq.num_computed_tokens % bs == 0  # the target's K/V filled the hole's block
-    assert held_back > 0, "a hole sat at the end of a full block"
-    all_kept(engine.stats())
 
 
 def test_seeded_sampling_is_deterministic_whatever_the_batch(models):
@@ -257,9 +249,11 @@ def test_a_quantized_draft(models):
 
 def test_draft_steps_through_the_padded_buckets(models, cpu_buckets):
     """On the graphs' path (CPU_BUCKETS): while three sequences run (above
-    disable_by_batch_size 2) the draft follows the target's decode steps through its K/V-only
-    buckets; once one ends, its decode buckets and its first-step buckets (a missing token
-    fed, store_first) replay the draft rounds. Output and acceptance unchanged."""
+    disable_by_batch_size 2) the draft sits out; once one ends, its decode buckets and its
+    first-step buckets (a missing token fed, store_first) replay the draft rounds, and a
+    plain step it follows without a missing token (here only every third step proposes, as
+    when the sequences' backoffs keep them from proposing) its K/V-only buckets. Every set
+    holds the batch sizes that speculate alone. Output and acceptance unchanged."""
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 30, 8)]
     common = dict(dtype="float32", device="cpu", show_progress=False, max_num_seqs=4)
     with LLM(str(models["target"]), **common) as llm:
@@ -267,17 +261,20 @@ def test_draft_steps_through_the_padded_buckets(models, cpu_buckets):
     spec = draft_spec(models["target"], disable_by_batch_size=2)
     with LLM(str(models["target"]), speculative_config=spec, **common) as llm:
         draft = llm.engine.executor.draft
-        assert draft.graphs.buckets == [1, 2] and draft.verify_graphs.buckets == [2, 3, 4]
-        assert draft.kv_graphs.buckets == [1, 2, 4]
+        assert draft.graphs.buckets == draft.kv_graphs.buckets == [1, 2] and draft.verify_graphs.buckets == [2, 3, 4]
         rows: dict[str, list[int]] = {"decode": [], "first": [], "kv": []}
         for kind, graphs in (("decode", draft.graphs), ("first", draft.verify_graphs), ("kv", draft.kv_graphs)):
             replay = graphs.run
             graphs.run = lambda inputs, replay=replay, kind=kind: rows[kind].append(inputs.num_seqs) or replay(inputs)
+        speculator, steps = llm.engine.spec, itertools.count()
+        propose = speculator.propose
+        speculator.propose = lambda running, active: propose(running, active and next(steps) % 3 == 0)
         spec_out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
         stats = llm.engine.stats()
     assert spec_out == plain
     all_kept(stats)
-    assert 3 in rows["kv"] and rows["decode"] and rows["first"], f"every set replayed: {rows}"
+    assert rows["decode"] and rows["first"] and rows["kv"], f"every set replayed: {rows}"
+    assert max(rows["decode"] + rows["kv"]) <= 2, "the draft never ran on three sequences"
 
 
 @pytest.mark.parametrize("spec, message", [

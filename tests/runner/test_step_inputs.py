@@ -78,7 +78,7 @@ def test_decode_fast_path_equals_the_general_path():
     """The decode-only fields (one pass, no per-token loops) match the general ones."""
     import random
 
-    from ingot.runner.step_inputs import _decode_fields, _prefill_fields
+    from ingot.runner.step_inputs import _decode_fields, prefill_rows
 
     rng = random.Random(0)
     seqs = []
@@ -89,7 +89,9 @@ def test_decode_fast_path_equals_the_general_path():
         blocks = rng.sample(range(1, 500), -(-n // 4))
         seqs.append(_seq(prompt, output, blocks, n - 1))
     batch = ScheduledBatch(seqs, False, [1] * len(seqs))
-    assert _decode_fields(batch, 4) == _prefill_fields(batch, 4)
+    general = prefill_rows(seqs, [(s.num_computed_tokens, s.num_tokens) for s in seqs], [True] * len(seqs), 4)
+    assert _decode_fields(batch, 4) == (general.ids, general.positions, general.slots, general.seq_lens,
+                                        general.cu_seqlens, general.logits_indices, general.sample_rows)
 
 
 def test_verify_step_is_one_decode_row_per_token_hand_computed():
