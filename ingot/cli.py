@@ -49,8 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--api-server-count", type=int, default=1, metavar="N",
                      help="HTTP server processes sharing the port and the engine process: more of them write "
                           "streams' chunks sooner under heavy streaming load (default 1)")
-    agents = serve.add_argument_group("tools and reasoning")
-    from ingot.serve.reasoning import PARSERS as REASONING_PARSERS
+    agents = serve.add_argument_group("tools")
     from ingot.serve.tool_parsers import PARSERS as TOOL_PARSERS
 
     agents.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
@@ -58,8 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "JSON, also what templates without a tool section are told), llama3_json, mistral")
     agents.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="allow tool_choice \"auto\" (the default when a request has tools); needs --tool-call-parser")
-    agents.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
-                        help="split <think>...</think> into reasoning_content: qwen3 or deepseek_r1")
     # `ingot bench ...` and `ingot check ...`: each command module adds its own parser
     # and sets `func`; see ingot/bench/.
     bench = sub.add_parser("bench", help="benchmarks: decode step times, serving throughput")
@@ -93,7 +90,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.api_key, args.served_model_name, args.max_queued_requests,
                            engine_process=not args.engine_in_thread, log_level="warning" if args.quiet else "info",
                            tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
-                           reasoning_parser=args.reasoning_parser, api_server_count=args.api_server_count)
+                           api_server_count=args.api_server_count)
     config = EngineConfig.create(**engine_overrides(args))
     if options.api_server_count > 1:
         from ingot.serve.api_servers import serve_many

@@ -24,6 +24,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 # online quantization of a dense model, then the methods of quantized checkpoints (which must match the file)
 QUANTIZATIONS = ("fp8", "int8", "int4", "awq", "gptq", "compressed-tensors", "gguf")
+# how a thinking model marks its reasoning (<think>...</think>): where a reply starts (engine/reasoning.py)
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 class ConfigError(ValueError):
@@ -181,6 +183,11 @@ class EngineConfig:
     # ``SpeculativeConfig`` or vLLM's dict form, e.g. {"method": "ngram", "num_speculative_tokens": 4}
     # or {"model": "Qwen/Qwen2.5-0.5B-Instruct", "num_speculative_tokens": 4}; None: off.
     speculative_config: Optional[SpeculativeConfig] = None
+    # A thinking model's reasoning (vLLM's ``reasoning_parser``): "qwen3" or "deepseek_r1". Structured
+    # outputs then constrain the answer after ``</think>``, the reasoning is free (engine/reasoning.py);
+    # ``ingot serve`` also returns the reasoning as ``reasoning_content``. None: a constraint applies
+    # from a reply's first token.
+    reasoning_parser: Optional[str] = None
     # UX
     show_progress: bool = True
 
@@ -241,6 +248,9 @@ class EngineConfig:
         bad = [op for op in self.compile_native_ops if op not in FUSIBLE_OPS]
         if bad:
             raise ConfigError(f"compile_native_ops: unknown op(s) {bad}; choose from {FUSIBLE_OPS}", "compile_native_ops")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"reasoning_parser must be one of {REASONING_PARSERS} (or None), got "
+                              f"{self.reasoning_parser!r}", "reasoning_parser")
         if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         if self.speculative_config is not None and self.speculative_config.uses_draft_model \

@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from ingot.config import DTYPES, LOAD_FORMATS, QUANTIZATIONS, ConfigError
+from ingot.config import DTYPES, LOAD_FORMATS, QUANTIZATIONS, REASONING_PARSERS, ConfigError
 from ingot.loading.dummy import SHAPES
 
 
@@ -73,6 +73,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help='speculative decoding, vLLM\'s JSON form: \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\', or a draft model with the target\'s '
                         'vocabulary: \'{"model": PATH_OR_ID_OR_SHAPE, "num_speculative_tokens": 4}\' (docs/speculative.md)')
+    g.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                   help="a thinking model's <think>...</think>: structured outputs constrain the answer after it "
+                        "(the reasoning is free); ingot serve returns it as reasoning_content: qwen3 or deepseek_r1")
     g.add_argument("--quiet", action="store_true", help="no progress bars or logs")
 
 
@@ -99,6 +102,8 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
         extra["tensor_parallel_size"] = args.tensor_parallel_size
     if args.speculative_config is not None:
         extra["speculative_config"] = speculative_config_arg(args.speculative_config)
+    if args.reasoning_parser is not None:
+        extra["reasoning_parser"] = args.reasoning_parser
     if args.quiet:
         extra["show_progress"] = False
     if getattr(args, "max_num_seqs", None) is not None:

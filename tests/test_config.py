@@ -33,6 +33,7 @@ def test_bool_spellings(value, expected):
         ({"INGOT_COMPILE_NATIVE_OPS": "attention"}, "compile_native_ops"),
         ({"INGOT_CUDAGRAPH_CAPTURE_SIZES": "1,x"}, "INGOT_CUDAGRAPH_CAPTURE_SIZES"),
         ({"INGOT_DEVICE": "tpu"}, "device"),
+        ({"INGOT_REASONING_PARSER": "granite"}, r"INGOT_REASONING_PARSER='granite': reasoning_parser must be one of"),
     ],
 )
 def test_bad_values_name_the_problem(env, match):
@@ -47,6 +48,14 @@ def test_load_format_from_env_and_bounds():
         EngineConfig.create(env={"INGOT_LOAD_FORMAT": "pt"})
 
 
+def test_reasoning_parser_from_env():
+    assert EngineConfig().reasoning_parser is None
+    assert EngineConfig.create(env={"INGOT_REASONING_PARSER": "qwen3"}).reasoning_parser == "qwen3"
+    assert EngineConfig.create(env={"INGOT_REASONING_PARSER": "none"}).reasoning_parser is None
+    with pytest.raises(ConfigError, match="reasoning_parser must be one of"):
+        EngineConfig(reasoning_parser="r1")
+
+
 def test_removed_options_are_unknown_arguments():
     """Options measured to lose or never used by a default are gone: asking for one is an error."""
     for name in ("skinny_gemm_max_rows", "compile_autotune_gemm", "fake_graph_capture"):
@@ -54,10 +63,10 @@ def test_removed_options_are_unknown_arguments():
             EngineConfig.create(env={}, **{name: 1})
 
 
-def test_at_most_24_fields():
+def test_at_most_25_fields():
     import dataclasses
 
-    assert len(dataclasses.fields(EngineConfig)) <= 24
+    assert len(dataclasses.fields(EngineConfig)) <= 25
 
 
 def test_bad_bool_message_names_the_variable_once():

@@ -22,6 +22,7 @@ import torch
 from ingot.config import ConfigError, EngineConfig
 from ingot.engine.block_manager import BlockManager
 from ingot.engine.outputs import RequestState, build_output, record_prompt_logprobs
+from ingot.engine.reasoning import reasoning_tags
 from ingot.engine.request import EngineRequest, InputProcessor, Prompt, RequestError
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, needs_history
@@ -66,6 +67,8 @@ class Engine:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(dict.fromkeys([*model_config.eos_token_ids, *tokenizer.eos_token_ids]))
+        # a reasoning parser's tags, checked before the KV pool and the graphs
+        tags = reasoning_tags(config.reasoning_parser, tokenizer) if config.reasoning_parser is not None else None
         num_blocks = self.executor.num_kv_blocks()
         self.executor.allocate_kv_cache(num_blocks)
         spec = config.speculative_config
@@ -84,7 +87,8 @@ class Engine:
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
-        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids, pin_memory=self.executor.device.type == "cuda")
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids,
+                                 pin_memory=self.executor.device.type == "cuda", reasoning=tags)
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
         self._inflight: Optional[_InFlight] = None  # a step queued but not read back (overlap)

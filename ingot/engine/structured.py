@@ -13,6 +13,10 @@ Where the work runs:
   already queued on the device) fills each constrained row's allowed-token bitmask
   from its matcher; the sampler applies it on the device.
 
+With a reasoning parser a sequence's constraint starts after its reasoning
+(``engine/reasoning.py``: the phase a sequence starts in; ``SequenceGrammar`` moves through
+the phases as it takes tokens).
+
 xgrammar (and the transformers tokenizer wrapper it needs) is imported only when the
 first request with structured outputs arrives.
 """
@@ -32,6 +36,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 import numpy as np
 import torch
 
+from ingot.engine.reasoning import ACTIVE, OPENING, REASONING, ReasoningTags
 from ingot.loading.tokenizer import Tokenizer
 from ingot.runner.sampler import TokenMask
 from ingot.sampling_params import StructuredOutputsParams
@@ -111,11 +116,16 @@ class SequenceGrammar:
     """One sequence's matcher: it accepts each token the sequence keeps, once (a preempted
     sequence recomputes its tokens without sampling them: nothing reaches the matcher).
 
-    ``rollback`` is there for speculative decoding (rejected draft tokens)."""
+    With a reasoning parser (``tags``) the sequence may start in its reasoning (``phase``,
+    engine/reasoning.py): those tokens never reach the matcher, which takes the tokens after
+    ``</think>``. ``mark`` / ``restore`` walk a verify step's drafts and go back."""
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, phase: str = ACTIVE, tags: Optional[ReasoningTags] = None) -> None:
         self.matcher = matcher
-        self.num_accepted = 0
+        self.phase = phase
+        self.tags = tags
+        self.num_accepted = 0  # tokens taken, the reasoning's included (what min_tokens counts)
+        self.num_matched = 0  # of them, those the matcher accepted
         self.error: Optional[str] = None  # once set, the sequence fails at its next read-back
 
     @property
@@ -123,22 +133,40 @@ class SequenceGrammar:
         """The grammar ended: it accepted a stop token after a complete output."""
         return self.matcher.is_terminated()
 
+    def take(self, token: int) -> bool:
+        """Advance by ``token``; False (nothing changed) if the grammar refuses it."""
+        if self.phase == REASONING:
+            if token == self.tags.end:
+                self.phase = ACTIVE
+        elif self.phase == OPENING and token == self.tags.start:
+            self.phase = REASONING
+        elif self.matcher.accept_token(token):
+            self.phase = ACTIVE
+            self.num_matched += 1
+        else:
+            return False
+        self.num_accepted += 1
+        return True
+
     def accept(self, token: int) -> None:
         if self.error is not None:
             return
         try:
-            ok = self.matcher.accept_token(token)
+            ok = self.take(token)
         except Exception as exc:
             self.error = f"structured outputs: the grammar matcher failed: {_message(exc)}"
             return
-        if ok:
-            self.num_accepted += 1
-        else:
+        if not ok:
             self.error = f"structured outputs: token {token} is not allowed by the grammar"
 
-    def rollback(self, num_tokens: int) -> None:
-        self.matcher.rollback(num_tokens)
-        self.num_accepted -= num_tokens
+    def mark(self) -> tuple[str, int, int]:
+        return self.phase, self.num_accepted, self.num_matched
+
+    def restore(self, mark: tuple[str, int, int]) -> None:
+        """Back to ``mark`` (the tokens taken since, rolled back)."""
+        if self.num_matched > mark[2]:
+            self.matcher.rollback(self.num_matched - mark[2])
+        self.phase, self.num_accepted, self.num_matched = mark
 
     @property
     def live(self) -> bool:
@@ -147,12 +175,22 @@ class SequenceGrammar:
 
     def fill(self, bitmask: Any, row: int) -> bool:
         """Row ``row`` of ``bitmask``: the tokens allowed next; False (and ``error``) if it failed."""
+        if self.phase == REASONING:
+            bitmask[row] = -1
+            return True
         try:
             self.matcher.fill_next_token_bitmask(bitmask, row)
-            return True
         except Exception as exc:
             self.error = f"structured outputs: the grammar matcher failed: {_message(exc)}"
             return False
+        self.allow_opening(bitmask, row)
+        return True
+
+    def allow_opening(self, bitmask: torch.Tensor, row: int) -> None:
+        """Where the reply may open its reasoning, ``<think>`` is allowed besides the grammar's tokens."""
+        if self.phase == OPENING:
+            t = self.tags.start
+            bitmask.numpy().view(np.uint32)[row, t >> 5] |= np.uint32(1 << (t & 31))
 
 
 def _hold_stop_tokens(line: np.ndarray, stop_ids: Sequence[int]) -> None:
@@ -171,8 +209,9 @@ class Grammars:
     requests waiting for theirs, and per step the constrained rows' bitmask."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int], workers: int = 2,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, reasoning: Optional[ReasoningTags] = None) -> None:
         self.tokenizer = tokenizer
+        self.reasoning = reasoning  # a reasoning parser's tags: the constraint starts after the reasoning
         self.vocab_size = vocab_size  # the logits' width: the tokenizer's ids, padded to the model's
         self.stop_token_ids = tuple(stop_token_ids)
         self.workers = workers
@@ -215,8 +254,10 @@ class Grammars:
                 outputs.append(finish(state, "error", f"structured outputs: xgrammar cannot compile the grammar: {_message(exc)}"))
                 continue
             xgr = xgrammar()
+            tags = self.reasoning
             for seq in state.seqs:
-                seq.grammar = SequenceGrammar(xgr.GrammarMatcher(future.result()))
+                phase = tags.first_phase(seq.prompt_token_ids) if tags is not None else ACTIVE
+                seq.grammar = SequenceGrammar(xgr.GrammarMatcher(future.result()), phase, tags)
                 add(seq)
         return outputs
 
@@ -254,8 +295,9 @@ class Grammars:
         with self._lock:  # the first compilation builds it, in a pool thread
             if self._compiler is None:
                 xgr = xgrammar()
-                self._compiler = xgr.GrammarCompiler(tokenizer_info(xgr, self.tokenizer, self.vocab_size, self.stop_token_ids),
-                                                     max_threads=self.workers, cache_enabled=False)
+                tags = () if self.reasoning is None else (self.reasoning.start, self.reasoning.end)
+                info = tokenizer_info(xgr, self.tokenizer, self.vocab_size, self.stop_token_ids, blank=tags)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self.workers, cache_enabled=False)
             return self._compiler
 
     # ------------------------------------------------------------------ steps
@@ -304,9 +346,10 @@ class Grammars:
                     stop_ids: Sequence[int]) -> TokenMask:
         """A verify step's mask: each constrained row's allowed tokens at each of its positions
         (rows of the logits: a row's last token, then its drafts), its matcher walked through
-        the drafts and rolled back. Past a draft the grammar refuses (the target never keeps
-        it: its own position's mask excludes it) or past the grammar's end, every token is
-        allowed: no kept token is sampled there."""
+        the drafts and rolled back (a draft ``</think>`` ends the reasoning for the positions
+        after it). Past a draft the grammar refuses (the target never keeps it: its own
+        position's mask excludes it) or past the grammar's end, every token is allowed: no
+        kept token is sampled there."""
         starts = [0]
         for d in drafts:
             starts.append(starts[-1] + len(d) + 1)
@@ -316,30 +359,36 @@ class Grammars:
         at = 0
         for j in constrained:
             grammar, params = seqs[j].grammar, seqs[j].params
-            walked = 0
-            for i in range(len(drafts[j]) + 1):
-                if not grammar.live or not grammar.fill(bitmask, at + i):
-                    break
-                if i == 0 and grammar.num_accepted < params.min_tokens:
-                    _hold_stop_tokens(words[at], (*stop_ids, *params.stop_token_ids))
-                if i == len(drafts[j]) or not grammar.matcher.accept_token(drafts[j][i]):
-                    break
-                walked += 1
-            if walked:
-                grammar.matcher.rollback(walked)
+            mark = grammar.mark()
+            try:
+                for i in range(len(drafts[j]) + 1):
+                    if not grammar.live or not grammar.fill(bitmask, at + i):
+                        break
+                    if grammar.num_accepted < params.min_tokens:
+                        _hold_stop_tokens(words[at + i], (*stop_ids, *params.stop_token_ids))
+                    if i == len(drafts[j]) or not grammar.take(drafts[j][i]):
+                        break
+            finally:
+                grammar.restore(mark)
             if grammar.error is not None:
                 bitmask[at : at + len(drafts[j]) + 1] = -1
             at += len(drafts[j]) + 1
         return TokenMask(rows, bitmask)
 
     def _fill(self, bitmask: torch.Tensor, live: list[tuple[int, SequenceGrammar]]) -> None:
-        """Fill the live rows: many at once through xgrammar's threaded batch fill; a
-        failure there (or a few rows) row by row, so that a failing matcher fails alone."""
-        if len(live) >= BATCH_FILL_ROWS:
+        """Fill the live rows: many at once through xgrammar's threaded batch fill (the rows
+        whose matcher decides: not in their reasoning); a failure there (or a few rows) row
+        by row, so that a failing matcher fails alone."""
+        matched = [(i, g) for i, g in live if g.phase != REASONING]
+        if len(matched) >= BATCH_FILL_ROWS:
             if self._batch_fill is None:
                 self._batch_fill = xgrammar().BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
             try:
-                self._batch_fill.batch_fill_next_token_bitmask([g.matcher for _, g in live], bitmask, [i for i, _ in live])
+                self._batch_fill.batch_fill_next_token_bitmask([g.matcher for _, g in matched], bitmask, [i for i, _ in matched])
+                for i, g in live:
+                    if g.phase == REASONING:
+                        bitmask[i] = -1
+                    g.allow_opening(bitmask, i)
                 return
             except Exception:
                 pass
@@ -360,10 +409,12 @@ def advance(seqs: Sequence[Any], tokens: Sequence[int], errors: Optional[Sequenc
             grammar.accept(tokens[k])
 
 
-def tokenizer_info(xgr: Any, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> Any:
+def tokenizer_info(xgr: Any, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int],
+                   blank: Sequence[int] = ()) -> Any:
     """xgrammar's view of ingot's tokenizer, ``vocab_size`` wide (ids past the tokenizer's are
-    never allowed). Special tokens are blanked, so no grammar matches them as text (a
-    ``<|im_start|>`` inside a JSON string); the stop tokens end a complete output."""
+    never allowed). Special tokens and ``blank`` (a reasoning parser's tags) are blanked, so no
+    grammar matches them as text (a ``<|im_start|>`` inside a JSON string); the stop tokens end
+    a complete output."""
     from transformers import PreTrainedTokenizerFast  # xgrammar reads the vocabulary's encoding from it
 
     hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.tok)
@@ -375,5 +426,8 @@ def tokenizer_info(xgr: Any, tokenizer: Tokenizer, vocab_size: int, stop_token_i
             vocab[i] = token
     for i, added in tokenizer.tok.get_added_tokens_decoder().items():
         if added.special and i < vocab_size:
+            vocab[i] = ""
+    for i in blank:
+        if i < vocab_size:
             vocab[i] = ""
     return xgr.TokenizerInfo.from_vocab_and_metadata(vocab, meta)

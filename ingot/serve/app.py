@@ -191,7 +191,7 @@ def build_app(llm: AsyncLLM, settings: ServerSettings) -> FastAPI:
         text = _render(llm, [m.as_dict() for m in body.messages], add_generation_prompt=body.add_generation_prompt,
                        continue_final_message=body.continue_final_message, chat_template=body.chat_template,
                        tools=defs, **body.template_kwargs())
-        so_param, so = _chat_constraint(body, plan, settings.tools, text)
+        so_param, so = _chat_constraint(body, plan)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         top = (body.top_logprobs or 0) if body.logprobs else None
@@ -248,24 +248,16 @@ def _render(llm: AsyncLLM, messages: list[dict[str, Any]], **options: Any) -> st
         raise APIError(400, str(exc), "messages") from None
 
 
-def _chat_constraint(body: ChatCompletionRequest, plan: Optional[tools.ToolPlan], settings: tools.ToolSettings,
-                     prompt: str) -> tuple[Optional[str], Any]:
+def _chat_constraint(body: ChatCompletionRequest, plan: Optional[tools.ToolPlan]) -> tuple[Optional[str], Any]:
     """(the field that asked, StructuredOutputsParams) of a chat request: its structured-output
     fields, or the constraint of a required / named tool choice (not both). With a reasoning
-    parser, only on a prompt that already closed the reasoning: the engine constrains a reply
-    from its first token."""
+    parser the engine applies it to the answer after the reasoning."""
     so_param, so = structured.requested(body)
     if plan is not None and plan.schema is not None:
         if so is not None:
             raise APIError(400, f"{so_param} cannot be combined with tool_choice {plan.choice!r}: the tool calls "
                                 "have their own constraint", so_param)
         so_param, so = "tools", structured.make_params({"json": plan.schema, "disable_any_whitespace": True}, "tools")
-    kind = settings.reasoning_parser
-    if kind is not None and so is not None and not ReasoningParser(kind, prompt).reasoning_done_in_prompt:
-        raise APIError(400, f"{so_param} with the {kind} reasoning parser: ingot constrains a reply from its first "
-                            "token, so the constraint would apply to the reasoning too. Turn thinking off for this "
-                            'request (chat_template_kwargs {"enable_thinking": false}, which ends the reasoning '
-                            "in the prompt) or send no constraint", so_param)
     return so_param, so
 
 

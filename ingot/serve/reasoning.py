@@ -13,7 +13,9 @@ where a reply starts when nothing says otherwise:
   thinking-only models put it there).
 
 Either way a prompt that already ends with ``</think>`` (Qwen3's template with
-``enable_thinking: false``) leaves the whole reply to the answer. ``split`` is a pure
+``enable_thinking: false``) leaves the whole reply to the answer. The engine decides
+where a structured-output constraint starts by the same rule (``engine/reasoning.py``),
+so the answer split off here is the part the constraint applied to. ``split`` is a pure
 function of the text so far; while streaming, a tag that may be starting at the end
 is held back.
 """
@@ -23,10 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ingot.config import REASONING_PARSERS
+from ingot.engine.reasoning import END, START
 from ingot.serve.tool_parsers import held
-
-START, END = "<think>", "</think>"
-PARSERS = ("deepseek_r1", "qwen3")
 
 
 @dataclass
@@ -37,17 +38,12 @@ class Split:
 
 class ReasoningParser:
     def __init__(self, kind: str, prompt: str = "") -> None:
-        if kind not in PARSERS:
-            raise ValueError(f"unknown reasoning parser {kind!r}; ingot has {', '.join(PARSERS)}")
+        if kind not in REASONING_PARSERS:
+            raise ValueError(f"unknown reasoning parser {kind!r}; ingot has {', '.join(REASONING_PARSERS)}")
         self.kind = kind
         tail = prompt.rstrip()
         self.prompt_ended = tail.endswith(END)
         self.opens_in_reasoning = not self.prompt_ended and (kind == "deepseek_r1" or tail.endswith(START))
-
-    @property
-    def reasoning_done_in_prompt(self) -> bool:
-        """The prompt closed the reasoning: everything the model writes is the answer."""
-        return self.prompt_ended
 
     def split(self, text: str, final: bool) -> Split:
         if self.prompt_ended:

@@ -43,7 +43,6 @@ class ServeOptions:
     log_level: str = "warning"  # uvicorn's own access/error logging
     tool_call_parser: Optional[str] = None  # hermes | llama3_json | mistral: finds tool calls for "auto"
     enable_auto_tool_choice: bool = False
-    reasoning_parser: Optional[str] = None  # qwen3 | deepseek_r1: <think> text as reasoning_content
     api_server_count: int = 1  # API server processes sharing the socket and one engine process (api_servers.py)
 
 
@@ -107,7 +106,7 @@ def ready_line(address: tuple, name: str, info: EngineInfo, more: str = "") -> s
 def server_settings(config: EngineConfig, options: ServeOptions, **extra: Any) -> ServerSettings:
     api_key = options.api_key if options.api_key is not None else os.environ.get(API_KEY_ENV) or None
     name = options.served_model_name or model_name(config)
-    tools = ToolSettings(options.tool_call_parser, options.enable_auto_tool_choice, options.reasoning_parser)
+    tools = ToolSettings(options.tool_call_parser, options.enable_auto_tool_choice, config.reasoning_parser)
     return ServerSettings(name, api_key, options.max_queued_requests, tools, **extra)
 
 

@@ -1,13 +1,15 @@
 """`ingot serve --tool-call-parser hermes --enable-auto-tool-choice --reasoning-parser qwen3` on a
 scripted model (tests/serve/scripted_model.py: its greedy replies are known), driven by the
 official `openai` client: reasoning split out of the answer, tool calls parsed from the reply,
-streamed and not, a tool's result answered, and the constraints of required / named tool choice."""
+streamed and not, a tool's result answered, and the constraints of structured outputs and of
+required / named tool choice applied to the answer after the reasoning."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -90,13 +92,35 @@ def test_chat_template_kwargs_reach_the_template(client, server):
     assert choice in ("yes", "no")
 
 
-def test_a_constraint_while_reasoning_is_refused(client):
-    with pytest.raises(openai.BadRequestError) as err:
-        ask(client, "Hi [think]", response_format={"type": "json_object"})
-    assert err.value.body["param"] == "response_format" and "enable_thinking" in err.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as err:
-        ask(client, "Hi [think]", tools=TOOLS, tool_choice="required")
-    assert err.value.body["param"] == "tools"
+CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_constraint_applies_to_the_answer_after_the_reasoning(client, stream):
+    """The model reasons first ("[think]": <think> is its first token), freely: its reasoning
+    is text no constraint allows; the answer after </think> follows the constraint."""
+    asks = [({"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}},
+             lambda text: jsonschema.validate(json.loads(text), CITY)),
+            ({"extra_body": {"guided_choice": ["yes", "no"]}}, lambda text: text in ("yes", "no") or pytest.fail(text))]
+    for kw, validate in asks:
+        response = ask(client, "Hi [think]", stream=stream, max_tokens=40, **kw)
+        if stream:
+            got = collect(response)
+            reasoning, content, finish = got["reasoning"], got["content"], got["finish"]
+        else:
+            message = response.choices[0].message
+            reasoning, content, finish = message.reasoning_content, message.content, response.choices[0].finish_reason
+        assert reasoning == "Let me think." and finish == "stop"
+        validate(content)
+
+
+def test_completions_constrain_after_the_reasoning_and_return_the_whole_text(client):
+    """/v1/completions with a reasoning parser: the same engine rule, the text unsplit."""
+    name = client.models.list().data[0].id
+    out = client.completions.create(model=name, prompt="Hi [think]", max_tokens=40, temperature=0,
+                                    extra_body={"guided_choice": ["yes", "no"]})
+    assert out.choices[0].text in ("<think>Let me think.</think>yes", "<think>Let me think.</think>no")
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -150,17 +174,17 @@ def test_a_tool_result_is_answered(client, server):
 def test_named_and_required_tool_choice_always_give_valid_calls(client, stream):
     named = {"type": "function", "function": {"name": "get_time"}}
     for choice, names in [(named, ["get_time"]), ("required", None)]:
-        # thinking off (the reasoning parser refuses a constraint on a reply that may reason)
-        response = ask(client, "What time is it?", stream=stream, tools=TOOLS, tool_choice=choice,
-                       parallel_tool_calls=False, max_tokens=80,
-                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        # the model reasons first, freely; the calls' constraint applies after </think>
+        response = ask(client, "What time is it? [think]", stream=stream, tools=TOOLS, tool_choice=choice,
+                       parallel_tool_calls=False, max_tokens=80)
         if stream:
             got = collect(response)
             calls = [(c["name"], json.loads(c["arguments"])) for c in got["calls"].values()]
-            assert got["finish"] == "tool_calls" and got["content"] == ""
+            assert got["finish"] == "tool_calls" and got["content"] == "" and got["reasoning"] == "Let me think."
         else:
             message = response.choices[0].message
             assert response.choices[0].finish_reason == "tool_calls" and message.content is None
+            assert message.reasoning_content == "Let me think."
             calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
         assert len(calls) == 1
         name, arguments = calls[0]
