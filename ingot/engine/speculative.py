@@ -16,7 +16,7 @@ ends the sequence exactly where plain decoding would.
 
 Not speculating: above ``disable_by_batch_size`` running sequences (a big batch is
 compute-bound), for sequences with penalties or an active ``min_tokens`` (their
-distributions depend on every earlier token), with a grammar (structured outputs), and per
+distributions depend on every earlier token), and per
 sequence after low acceptance or lookups that found nothing (``SpecState.backoff``).
 With a draft model, the draft sits out every step after which no sequence may speculate
 (``DraftModelSpeculator.plan``): above ``disable_by_batch_size`` it costs nothing; each

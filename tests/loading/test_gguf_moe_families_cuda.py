@@ -60,7 +60,8 @@ def test_gpt_oss_mxfp4_experts_held_as_fp8(mxfp4_twins, tmp_path, fuse_gate_up):
 
 
 def test_deepseek_quantized_gguf_served_dense(tmp_path):
-    hf_dir = write_tiny_checkpoint(tmp_path / "hf", "deepseek_v3", overrides=dict(rope_scaling=V3_ROPE))
+    # q_lora_rank 32: attn_q_b's rows in whole Q8_0 blocks of 32
+    hf_dir = write_tiny_checkpoint(tmp_path / "hf", "deepseek_v3", overrides=dict(rope_scaling=V3_ROPE, q_lora_rank=32))
     path = write_deepseek_gguf(hf_dir, tmp_path / "f32.gguf", True)
     assert_close(ingot_logits(cuda_engine(path), IDS, prefill_len=20, chunk=9), hf_logits(hf_dir, IDS))
     greedy_matches_hf(path, hf_dir, IDS[:12])
