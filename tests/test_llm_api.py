@@ -78,16 +78,16 @@ def test_stream_deltas_add_up(llm):
 def test_generate_detokenizes_once_at_the_end(llm, monkeypatch):
     """generate() reads text only at the end: its tokens are decoded once, in one batch for
     the sequences that finish together; stop strings still need the text of every step."""
-    import ingot.engine.engine as engine_mod
+    import ingot.engine.stop_rules as stop_rules
 
     calls = []
-    real = engine_mod.add_tokens
+    real = stop_rules.add_tokens
 
     def counting(detoks, token_ids, final=False):
         calls.append((len(detoks), final))
         return real(detoks, token_ids, final)
 
-    monkeypatch.setattr(engine_mod, "add_tokens", counting)
+    monkeypatch.setattr(stop_rules, "add_tokens", counting)
     outs = llm.generate(["hello world", "the quick brown fox"], greedy(9))
     assert [c for c in calls if c[0]] == [(2, True)]
     tok = llm.get_tokenizer()

@@ -51,16 +51,16 @@ def test_non_prompts_raise_a_clear_type_error(llm):
 
 
 def test_failing_stop_check_fails_that_request_alone(llm, monkeypatch):
-    import ingot.engine.engine as engine_mod
+    import ingot.engine.stop_rules as stop_rules
 
-    real = engine_mod._find_stop
+    real = stop_rules.find_stop
 
     def find_stop(text, stops, already):
         if "BOOM" in stops:
             raise RuntimeError("stop check exploded")
         return real(text, stops, already)
 
-    monkeypatch.setattr(engine_mod, "_find_stop", find_stop)
+    monkeypatch.setattr(stop_rules, "find_stop", find_stop)
     good = llm.generate(["hello world", "the fox"], GREEDY)
     params = [GREEDY, SamplingParams(temperature=0.0, max_tokens=8, stop=["BOOM"]), GREEDY]
     outs = llm.generate(["hello world", "lazy dog", "the fox"], params)
@@ -70,10 +70,10 @@ def test_failing_stop_check_fails_that_request_alone(llm, monkeypatch):
 
 
 def test_failing_detokenizer_fails_that_request_alone(llm, monkeypatch):
-    import ingot.engine.engine as engine_mod
+    import ingot.engine.stop_rules as stop_rules
 
     victim = llm.get_tokenizer().encode("lazy dog")
-    real = engine_mod.add_tokens
+    real = stop_rules.add_tokens
 
     def add_tokens(detoks, token_ids, final=False):
         if any(d.ids[: len(victim)] == victim for d in detoks):
@@ -82,7 +82,7 @@ def test_failing_detokenizer_fails_that_request_alone(llm, monkeypatch):
 
     stream_params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=["never seen"])
     alone = llm.generate(["hello world", "the fox"], stream_params)
-    monkeypatch.setattr(engine_mod, "add_tokens", add_tokens)
+    monkeypatch.setattr(stop_rules, "add_tokens", add_tokens)
     outs = llm.generate(["hello world", "lazy dog", "the fox"], stream_params)
     assert outs[1].error and "cannot decode" in outs[1].error
     assert [o.error for o in (outs[0], outs[2])] == [None, None]
