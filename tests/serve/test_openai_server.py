@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingot import LLM, SamplingParams
 from tests.serve.server_process import running_server, wait_until
-from tests.serve.soak import Answer, make_jobs, run_clients
+from tests.serve.soak import CONSTRAINTS, Answer, make_jobs, run_clients, valid
 
 KEY = "test-key"
 MODEL = "smol"
@@ -236,16 +236,22 @@ def test_metrics_count_requests_and_latencies(server, client):
 
 
 def test_soak_with_disconnecting_clients(server, offline):
-    """200 concurrent requests (INGOT_SOAK_REQUESTS) of mixed lengths, 20% of the clients leave at random points:
-    every other request completes with offline greedy's text, no block leaks, still healthy
-    (tests/serve/test_soak_cuda.py: 2,000 on a GPU)."""
-    jobs = make_jobs(int(os.environ.get("INGOT_SOAK_REQUESTS", "200")))
-    expected = [o.outputs[0].text for o in offline.generate([j.prompt for j in jobs], [greedy(j.max_tokens) for j in jobs],
-                                                             use_tqdm=False)]
+    """200 concurrent requests (INGOT_SOAK_REQUESTS) of mixed lengths, a quarter of them
+    constrained (a choice, a regex, a JSON schema through structured_outputs, guided_regex
+    and response_format), 20% of the clients leave at random points: every other request
+    completes with offline greedy's text under the same constraint, every finished
+    constrained answer follows it, no block leaks, still healthy (tests/serve/test_soak_cuda.py:
+    2,000 on a GPU)."""
+    jobs = make_jobs(int(os.environ.get("INGOT_SOAK_REQUESTS", "200")), constrained=0.25)
+    params = [greedy(j.max_tokens, structured_outputs=j.structured_outputs()) for j in jobs]
+    expected = [o.outputs[0].text for o in offline.generate([j.prompt for j in jobs], params, use_tqdm=False)]
     results = run_clients(server.v1, KEY, MODEL, jobs)
     kept = [i for i, r in enumerate(results) if r != "left"]
     assert len(kept) > 0.65 * len(jobs)
     assert [results[i].text if isinstance(results[i], Answer) else results[i] for i in kept] == [expected[i] for i in kept]
+    finished = [i for i in kept if jobs[i].constraint is not None and results[i].finish_reason == "stop"]
+    assert {jobs[i].constraint for i in finished} == set(CONSTRAINTS), "every kind of constraint finished an answer"
+    assert [i for i in finished if not valid(jobs[i], results[i].text)] == []
     assert wait_until(lambda: idle(server), 60), metrics(server)
     assert raw(server, "GET", "/health", key=None).status_code == 200
 

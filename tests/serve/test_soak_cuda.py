@@ -1,5 +1,6 @@
 """The server soak on a GPU: 2,000 concurrent requests (INGOT_SOAK_REQUESTS) of mixed lengths
-against `ingot serve` on CUDA, a fifth of the clients leaving at random points.
+against `ingot serve` on CUDA, a quarter of them constrained (structured outputs), a fifth of
+the clients leaving at random points; every finished constrained answer follows its grammar.
 
 The reference is the offline engine on the same GPU, in fp32. A GPU step's floating-point
 results depend on its batch (which kernels and GEMM algorithms run), so a token where two
@@ -19,7 +20,7 @@ import torch
 
 from ingot import LLM, SamplingParams
 from tests.serve.server_process import running_server, wait_until
-from tests.serve.soak import Answer, close_to, make_jobs, run_clients
+from tests.serve.soak import Answer, close_to, make_jobs, run_clients, valid
 
 KEY = "soak-key"
 TOP = 5
@@ -31,7 +32,8 @@ def reference(jobs: list, device: str) -> list[tuple[list[str], list[dict[str, f
     memory, so that the server finds room even before this engine's is released)."""
     with LLM(device=device, dtype="float32", show_progress=False, gpu_memory_utilization=0.3) as offline:
         outs = offline.generate([j.prompt for j in jobs],
-                                [SamplingParams(temperature=0.0, max_tokens=j.max_tokens, logprobs=TOP) for j in jobs],
+                                [SamplingParams(temperature=0.0, max_tokens=j.max_tokens, logprobs=TOP,
+                                                structured_outputs=j.structured_outputs()) for j in jobs],
                                 use_tqdm=False)
     expected = []
     for out in outs:
@@ -47,7 +49,7 @@ def reference(jobs: list, device: str) -> list[tuple[list[str], list[dict[str, f
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_soak_on_the_gpu(smollm2_gguf):
-    jobs = make_jobs(int(os.environ.get("INGOT_SOAK_REQUESTS", "2000")))
+    jobs = make_jobs(int(os.environ.get("INGOT_SOAK_REQUESTS", "2000")), constrained=0.25)
     expected = reference(jobs, DEVICE)
     gc.collect()
     torch.cuda.empty_cache()
@@ -60,6 +62,9 @@ def test_soak_on_the_gpu(smollm2_gguf):
         failures = [f"{i}: {r!r}" for i, r in enumerate(results) if i in kept and not isinstance(r, Answer)]
         failures += [f"{i}: {why}" for i in kept if isinstance(results[i], Answer)
                      for why in [close_to(results[i], *expected[i])] if why]
+        failures += [f"{i}: {results[i].text!r} breaks {jobs[i].constraint}" for i in kept
+                     if isinstance(results[i], Answer) and jobs[i].constraint is not None
+                     and results[i].finish_reason == "stop" and not valid(jobs[i], results[i].text)]
         assert not failures, f"{len(failures)} of {len(kept)} answers differ: " + "; ".join(failures[:5])
 
         def idle() -> bool:
