@@ -14,7 +14,10 @@ are then counted in three kinds and priced:
 * a plain step behind a backoff (no lookup: overlap scheduling hides the host), ``--plain-ms``;
 * a verify step (drafts found), ``--verify-ms``;
 * a plain step after a lookup that found nothing (the step before was read back first to
-  look up its token, so it ran without overlap), priced as a verify step.
+  look up its token, so it ran without overlap), priced as a verify step;
+
+a plain step whose lookup could not succeed whatever its pending token
+(``NgramIndex.may_follow``) is not read back: a backoff step's price.
 
 The default prices are the default model's (Q4_1) on an H100 at batch 1 (2026-12-07: 1.25 ms
 a plain step measured; 1.8 ms a step without overlap, the value that makes this replay's
@@ -62,10 +65,14 @@ def replay(outputs: list[tuple[list[int], list[int]]], k: int, lo: int, hi: int)
         seq.status = Status.RUNNING
         seq.output_token_ids = out[:1]  # the prefill's token
         seq.num_computed_tokens = len(prompt)
+        pending = False  # the last token still on the device (overlap scheduling, after a plain step)
         while len(seq.output_token_ids) < len(out):
             n = len(seq.output_token_ids)
+            if pending:
+                seq.output_token_ids, seq.num_pending = out[: n - 1], 1
             wanted = speculator.wanted([seq])
-            speculator.propose([seq], True)
+            seq.output_token_ids, seq.num_pending = out[:n], 0
+            speculator.propose([seq], wanted)
             draft = seq.draft_token_ids
             kept = 0
             while kept < len(draft) and draft[kept] == out[n + kept]:
@@ -81,6 +88,7 @@ def replay(outputs: list[tuple[list[int], list[int]]], k: int, lo: int, hi: int)
                 result.backoff_steps += 1
             seq.output_token_ids = out[: n + kept + 1]
             seq.num_computed_tokens += kept + 1
+            pending = not draft
         result.tokens += len(out)
     return result
 

@@ -66,6 +66,14 @@ class NgramIndex:
         mixed = memoryview(self.buf)[4 * end : 4 * min(end + k, n_tok)].cast("I").tolist()
         return [(m * _UNMIX) & _U32 for m in mixed]
 
+    def may_follow(self) -> bool:
+        """Can a lookup after one more token find anything? Only where the last
+        ``lookup_min - 1`` tokens occurred before (followed by some token): every suffix a
+        lookup searches ends with them and the token to come. Lets a step with that token
+        still on the device skip reading it back for a lookup that cannot succeed."""
+        n = self.lookup_min - 1
+        return self.num_tokens > 0 if n == 0 else self._find(n, 0) >= 0
+
     def _find(self, n: int, start: int) -> int:
         """Index of the token after the earliest occurrence of the last ``n`` tokens that
         starts at token ``start`` or later and ends before the last token; -1 if none."""

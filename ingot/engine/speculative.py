@@ -16,8 +16,10 @@ ends the sequence exactly where plain decoding would.
 
 Not speculating: above ``disable_by_batch_size`` running sequences (a big batch is
 compute-bound), for sequences with penalties or an active ``min_tokens`` (their
-distributions depend on every earlier token), and per
-sequence after low acceptance or lookups that found nothing (``SpecState.backoff``).
+distributions depend on every earlier token), per sequence after low acceptance or
+lookups that found nothing (``SpecState.backoff``), and, with the step in flight not yet
+read back, where the tokens before its pending one never occurred earlier: no lookup could
+find a draft, so the step stays overlapped (``NgramIndex.may_follow``).
 With a draft model, the draft sits out every step after which no sequence may speculate
 (``DraftModelSpeculator.plan``): above ``disable_by_batch_size`` it costs nothing; each
 sequence's draft K/V then trails its own (``Sequence.draft_kv_len``) and is caught up when it
@@ -89,7 +91,19 @@ class Speculator:
         back first: proposals need the tokens it sampled.)"""
         if len(running) > self.config.disable_by_batch_size:
             return False
-        return any(self._budget(seq) for seq in running)
+        return any(self._budget(seq) and self._may_draft(seq) for seq in running)
+
+    def _may_draft(self, seq: Sequence) -> bool:
+        """Can ``seq``'s lookup find a draft once its pending token is read back? Not where
+        the tokens before that one never occurred earlier (``NgramIndex.may_follow``): its step
+        then stays overlapped, a plain step, and its backoff does not count it."""
+        if not seq.num_pending:
+            return True
+        index = self._state(seq).index
+        known = seq.num_tokens - seq.num_pending
+        if index.num_tokens < known:
+            index.extend(seq.tokens(index.num_tokens, known))
+        return index.may_follow()
 
     def propose(self, running: list[Sequence], active: bool) -> None:
         """Set every running sequence's ``draft_token_ids`` for the next schedule (empty
@@ -187,6 +201,9 @@ class DraftModelSpeculator(Speculator):
 
     def _draft(self, seq: Sequence, st: SpecState, k: int) -> list[int]:
         return [DRAFT_PLACEHOLDER] * k
+
+    def _may_draft(self, seq: Sequence) -> bool:
+        return True  # the draft model proposes whatever the token
 
     def plan(self, batch: ScheduledBatch, running: list[Sequence]) -> None:
         """The draft runs on a plain step (``batch.draft_follows``) when the next step may

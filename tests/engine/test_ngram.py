@@ -50,3 +50,44 @@ def test_backoff_after_poor_drafts_and_misses():
     st.record(4, 0)
     assert st.skip == BACKOFF_MIN and st.backoff == 2 * BACKOFF_MIN
     assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens) == (3, 12, 4)
+
+
+def test_may_follow_only_where_the_tokens_before_the_next_occurred_earlier():
+    """A lookup after one more token t searches suffixes ending (..., last, t): with
+    lookup_min 2 it can only succeed where ``last`` occurred before the end (followed by
+    something); with lookup_min 3 where the last two did; with lookup_min 1 always."""
+    assert index([5, 6, 7, 6], 2, 4).may_follow()  # 6 occurred at 1 (followed by 7)
+    assert not index([5, 6, 7, 8], 2, 4).may_follow()  # 8 never occurred before
+    assert not index([5, 6, 7, 6], 3, 4).may_follow()  # [7, 6] never occurred before
+    assert index([7, 6, 1, 7, 6], 3, 4).may_follow()
+    assert index([5, 6, 7, 8], 1, 4).may_follow()
+    for tokens in ([5, 6, 7, 6, 9], [5, 6, 7, 8, 9], [7, 6, 1, 7, 6, 6], [3, 3, 3]):  # agrees with a lookup
+        for lo in (2, 3):
+            before = index(tokens[:-1], lo, 4)
+            assert before.may_follow() or not index(tokens, lo, 4).propose(2)
+
+
+def test_a_pending_token_is_read_back_only_when_a_lookup_can_succeed():
+    """With the step in flight not read back (overlap scheduling), the speculator wants the
+    read-back only where the tokens before the pending one occurred earlier; a draft model
+    always proposes."""
+    from ingot.config import SpeculativeConfig
+    from ingot.engine.sequence import Sequence, Status
+    from ingot.engine.speculative import DraftModelSpeculator, Speculator
+    from ingot.sampling_params import SamplingParams
+
+    def pending_seq(prompt: list[int], known: list[int]) -> Sequence:
+        seq = Sequence("r", None, prompt, SamplingParams(max_tokens=100), None)  # type: ignore[arg-type]
+        seq.status, seq.output_token_ids, seq.num_pending = Status.RUNNING, known, 1
+        seq.num_computed_tokens = seq.num_tokens - 1
+        return seq
+
+    config = SpeculativeConfig("ngram", 4, 2, 4)
+    assert Speculator(config, 1000).wanted([pending_seq([1, 2, 3, 4], [2])])  # 2 occurred in the prompt
+    assert not Speculator(config, 1000).wanted([pending_seq([1, 2, 3, 4], [9])])
+    assert Speculator(config, 1000).wanted([pending_seq([1, 2, 3, 4], [9]), pending_seq([1, 2, 3, 4], [3])])
+    seq = pending_seq([1, 2, 3, 4], [9])
+    seq.num_pending = 0  # nothing in flight: the lookup itself decides
+    assert Speculator(config, 1000).wanted([seq])
+    draft = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 4})
+    assert DraftModelSpeculator(draft, 1000).wanted([pending_seq([1, 2, 3, 4], [9])])
