@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from ingot import LLM, SamplingParams
-from ingot.bench.workload import Workload, make_requests
+from ingot.bench.workload import Workload, make_requests, parse_range
 from ingot.config import SpeculativeConfig
 from ingot.engine.sequence import Sequence, Status
 from ingot.engine.speculative import Speculator
@@ -103,18 +103,13 @@ def greedy_outputs(args: argparse.Namespace) -> list[tuple[list[int], list[int]]
     return [(r.prompt_token_ids, list(o.outputs[0].token_ids)) for r, o in zip(requests, outs)]
 
 
-def _range(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition("-")
-    return int(lo), int(hi or lo)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="default: the default model")
     p.add_argument("--workload", choices=["copy", "random"], default="copy")
     p.add_argument("--num-requests", type=int, default=16)
-    p.add_argument("--input-len", type=_range, default=(512, 512), metavar="LOW-HIGH")
-    p.add_argument("--output-len", type=_range, default=(256, 256), metavar="LOW-HIGH")
+    p.add_argument("--input-len", type=parse_range, default=(512, 512), metavar="LOW-HIGH")
+    p.add_argument("--output-len", type=parse_range, default=(256, 256), metavar="LOW-HIGH")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", default="4,8", help="comma-separated num_speculative_tokens")
     p.add_argument("--lookup", default="2-5,1-8", help="comma-separated prompt_lookup_min-max")
@@ -125,7 +120,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     outputs = greedy_outputs(args)
     rows = []
     for k in (int(x) for x in args.k.split(",")):
-        for lo, hi in (_range(x) for x in args.lookup.split(",")):
+        for lo, hi in (parse_range(x) for x in args.lookup.split(",")):
             r = replay(outputs, k, lo, hi)
             ms = (r.verify_steps + r.failed_lookups) * args.verify_ms + r.backoff_steps * args.plain_ms
             r.predicted_speedup = r.tokens * args.plain_ms / ms
