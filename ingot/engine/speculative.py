@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol
 
 from ingot.config import SpeculativeConfig
-from ingot.engine.ngram import SpecState
+from ingot.engine.ngram import NgramIndex, SpecState
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status
 from ingot.outputs import RequestOutput
@@ -99,11 +99,7 @@ class Speculator:
         then stays overlapped, a plain step, and its backoff does not count it."""
         if not seq.num_pending:
             return True
-        index = self._state(seq).index
-        known = seq.num_tokens - seq.num_pending
-        if index.num_tokens < known:
-            index.extend(seq.tokens(index.num_tokens, known))
-        return index.may_follow()
+        return _indexed(self._state(seq), seq, seq.num_tokens - seq.num_pending).may_follow()
 
     def propose(self, running: list[Sequence], active: bool) -> None:
         """Set every running sequence's ``draft_token_ids`` for the next schedule (empty
@@ -125,10 +121,7 @@ class Speculator:
 
     def _draft(self, seq: Sequence, st: SpecState, k: int) -> list[int]:
         """Up to ``k`` drafted tokens for ``seq``: the n-gram lookup's."""
-        index = st.index
-        if index.num_tokens < seq.num_tokens:
-            index.extend(seq.tokens(index.num_tokens, seq.num_tokens))
-        return index.propose(k)
+        return _indexed(st, seq, seq.num_tokens).propose(k)
 
     def plan(self, batch: ScheduledBatch, running: list[Sequence]) -> None:
         """Before ``batch`` is launched (``running``: the scheduler's sequences now): does a
@@ -184,6 +177,14 @@ class Speculator:
 
     def _verified(self, seq: Sequence, draft: list[int], accepted: int) -> None:
         """After ``seq``'s verify step, its computed tokens rolled back (n-gram drafts: nothing to do)."""
+
+
+def _indexed(st: SpecState, seq: Sequence, upto: int) -> NgramIndex:
+    """``seq``'s n-gram index, holding its first ``upto`` tokens (those known on the host)."""
+    index = st.index
+    if index.num_tokens < upto:
+        index.extend(seq.tokens(index.num_tokens, upto))
+    return index
 
 
 # What a draft model's speculator proposes before scheduling: how many drafts a sequence may

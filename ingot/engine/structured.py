@@ -175,20 +175,22 @@ class SequenceGrammar:
 
     def fill(self, bitmask: Any, row: int) -> bool:
         """Row ``row`` of ``bitmask``: the tokens allowed next; False (and ``error``) if it failed."""
-        if self.phase == REASONING:
-            bitmask[row] = -1
-            return True
-        try:
-            self.matcher.fill_next_token_bitmask(bitmask, row)
-        except Exception as exc:
-            self.error = f"structured outputs: the grammar matcher failed: {_message(exc)}"
-            return False
-        self.allow_opening(bitmask, row)
+        if self.phase != REASONING:
+            try:
+                self.matcher.fill_next_token_bitmask(bitmask, row)
+            except Exception as exc:
+                self.error = f"structured outputs: the grammar matcher failed: {_message(exc)}"
+                return False
+        self.amend(bitmask, row)
         return True
 
-    def allow_opening(self, bitmask: torch.Tensor, row: int) -> None:
-        """Where the reply may open its reasoning, ``<think>`` is allowed besides the grammar's tokens."""
-        if self.phase == OPENING:
+    def amend(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row ``row`` as the reasoning makes it, once the matcher has filled it (outside the
+        reasoning): in the reasoning every token; where the reply may open its reasoning,
+        ``<think>`` besides the grammar's tokens."""
+        if self.phase == REASONING:
+            bitmask[row] = -1
+        elif self.phase == OPENING:
             t = self.tags.start
             bitmask.numpy().view(np.uint32)[row, t >> 5] |= np.uint32(1 << (t & 31))
 
@@ -386,9 +388,7 @@ class Grammars:
             try:
                 self._batch_fill.batch_fill_next_token_bitmask([g.matcher for _, g in matched], bitmask, [i for i, _ in matched])
                 for i, g in live:
-                    if g.phase == REASONING:
-                        bitmask[i] = -1
-                    g.allow_opening(bitmask, i)
+                    g.amend(bitmask, i)
                 return
             except Exception:
                 pass
