@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ingot.config import REASONING_PARSERS, ConfigError
+from ingot.config import ConfigError
 from ingot.loading.tokenizer import Tokenizer
 
 START, END = "<think>", "</think>"
@@ -52,9 +52,8 @@ class ReasoningTags:
 
 
 def reasoning_tags(parser: str, tokenizer: Tokenizer) -> ReasoningTags:
-    """``parser``'s tags in ``tokenizer``'s vocabulary; ConfigError unless each is one token."""
-    if parser not in REASONING_PARSERS:
-        raise ConfigError(f"reasoning_parser must be one of {REASONING_PARSERS}, got {parser!r}", "reasoning_parser")
+    """``parser``'s tags (a name ``EngineConfig`` has checked) in ``tokenizer``'s vocabulary;
+    ConfigError unless each is one token."""
     ids = []
     for tag in (START, END):
         token = tokenizer.tok.token_to_id(tag)
