@@ -41,12 +41,15 @@ SHAPES = {
     "1.5b": dict(qkv=(2048, 1536), o=(1536, 1536), gate_up=(17920, 1536), down=(1536, 8960)),
     "7b": dict(qkv=(4608, 3584), o=(3584, 3584), gate_up=(37888, 3584), down=(3584, 18944)),
 }
-# name -> ("int", bits, group (0: per channel), zeros) or ("fp8", block_n, block_k, act_group)
+# name -> ("int", bits, group (0: per channel), zeros[, mins]) or ("fp8", block_n, block_k, act_group);
+# int4-g32-mins and int8-g32 are GGUF's Q4_1 and Q8_0 (the default model's weights are Q4_1)
 FORMATS = {
     "bf16": ("bf16",),
     "int4-g128": ("int", 4, 128, True),
     "int8-g128": ("int", 8, 128, False),
     "int8-channel": ("int", 8, 0, False),
+    "int4-g32-mins": ("int", 4, 32, False, True),
+    "int8-g32": ("int", 8, 32, False),
     "fp8-block-w8a16": ("fp8", 128, 128, -1),
     "fp8-block-w8a8": ("fp8", 128, 128, 128),
     "fp8-channel-w8a8": ("fp8", 1, 0, 0),
@@ -65,14 +68,16 @@ def make_call(fmt: str, n: int, k: int, m: int) -> tuple[Callable[..., torch.Ten
         w = torch.randn(n, k, dtype=BF16, device="cuda") * k**-0.5
         return torch.nn.functional.linear, [x, w], 2 * n * k + io_bytes
     if spec[0] == "int":
-        _, bits, group, zeros = spec
+        _, bits, group, zeros, *has_mins = spec
         group = group or k
         g = -(-k // group)
         qweight = ref.pack_int(torch.randint(0, 2**bits, (n, k), dtype=torch.int32, device="cuda"), bits)
         scales = torch.rand(n, g, dtype=torch.float16, device="cuda") / (2 ** (bits - 1) * k**0.5)
         zero_pts = torch.randint(0, 2**bits, (n, g), dtype=torch.uint8, device="cuda") if zeros else None
-        nbytes = n * k * bits // 8 + n * g * (3 if zeros else 2) + io_bytes
-        return int_linear.int_linear, [x, qweight, scales, zero_pts, None, None, bits, group, 2 ** (bits - 1)], nbytes
+        mins = -scales * 2 ** (bits - 1) if has_mins else None  # Q4_1: d * u + m, zero point 0
+        nbytes = n * k * bits // 8 + n * g * (2 + (1 if zeros else 0) + (2 if has_mins else 0)) + io_bytes
+        zero_point = 0 if has_mins else 2 ** (bits - 1)
+        return int_linear.int_linear, [x, qweight, scales, zero_pts, mins, None, bits, group, zero_point], nbytes
     _, block_n, block_k, act_group = spec
     weight = (torch.randn(n, k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
     gn, gk = -(-n // (block_n or n)), -(-k // (block_k or k))
@@ -106,13 +111,14 @@ def run_rows(args, copy_gbps: float) -> list:
     return rows
 
 
-SWEEP_GEMV_1 = ([dict(block_n=bn, num_warps=w, waves=wv) for bn, w, wv in itertools.product((64, 128, 256), (4, 8), (2, 4, 8))]
+SWEEP_GEMV_1 = ([dict(use_dot=True, block_m=16, block_k=128, block_n=bn, num_warps=w, waves=wv)
+                 for bn, w, wv in itertools.product((64, 128, 256), (4, 8), (2, 4, 8))]
                 + [dict(use_dot=False, block_m=1, block_n=64, block_k=256, num_warps=4, waves=4)])  # the multiply-reduce
 SWEEP_GEMV_16 = [dict(block_n=bn, num_warps=w, waves=wv, num_stages=st) for bn, w, wv, st in
                  itertools.product((64, 128, 256), (4, 8), (1, 2, 4), (3, 4))]
 SWEEP_GEMM = [dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s) for bm, bn, bk, (w, s) in
               itertools.product((64, 128), (64, 128, 256), (64, 128), ((4, 3), (8, 3), (8, 4)))]
-SWEPT = ("int4-g128", "fp8-block-w8a16", "fp8-block-w8a8")
+SWEPT = ("int4-g128", "int4-g32-mins", "int8-g32", "fp8-block-w8a16", "fp8-block-w8a8")
 
 
 def run_sweep(formats: list, batches: list) -> list:
