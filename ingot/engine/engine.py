@@ -14,6 +14,7 @@ import functools
 import itertools
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
@@ -29,7 +30,7 @@ from ingot.engine.sequence import Sequence, needs_history
 from ingot.engine.speculative import make_speculator
 from ingot.engine.stop_rules import append_token, detokenize, flush_text
 from ingot.engine.stats import EngineInfo, EngineStats
-from ingot.engine.structured import Grammars, advance
+from ingot.engine.structured import Grammars, NextMasks, advance
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.tokenizer import IncrementalDetokenizer, Tokenizer
 from ingot.models.loader import open_model
@@ -88,8 +89,9 @@ class Engine:
         self.scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_wave_tokens)
         self.executor.setup_decode_graphs(blocks_for(max_model_len, config.block_size))
         self.inputs = InputProcessor(tokenizer, model_config.vocab_size, max_model_len)
-        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids,
-                                 pin_memory=self.executor.device.type == "cuda", reasoning=tags)
+        cuda = self.executor.device.type == "cuda"
+        self.grammars = Grammars(tokenizer, model_config.vocab_size, self.eos_token_ids, pin_memory=cuda, reasoning=tags,
+                                 ahead=cuda)
         self._ids = itertools.count()
         self.requests: dict[str, RequestState] = {}
         self._inflight: Optional[_InFlight] = None  # a step queued but not read back (overlap)
@@ -211,7 +213,9 @@ class Engine:
         n's outputs. A sequence that step n finished (a stop) has an extra token in step
         n+1, dropped. A step whose sampling needs the host to know those tokens (penalties,
         ``min_tokens``) waits for step n first. Grammar rows need them only for their mask:
-        step n+1's forward is queued first, then step n is read back (``Grammars.token_mask``).
+        step n+1's forward is queued first, then step n is read back (``Grammars.token_mask``);
+        with ``Grammars.ahead`` a thread reads step n back as soon as its tokens are there,
+        advances their matchers and fills step n+1's rows meanwhile (``_InFlight.run_ahead``).
         """
         outputs = self.grammars.admit(self.scheduler.add, self._finish_request) if self.grammars.num_held else []
         prev, self._inflight = self._inflight, None
@@ -239,6 +243,8 @@ class Engine:
             return outputs + flight
         if self.config.overlap_scheduling and flight.step.sample is not None and batch.draft_tokens is None:
             self._inflight = flight
+            if self.grammars.ahead:
+                flight.run_ahead(self.grammars, self.eos_token_ids)
         else:
             outputs += self._finish(flight)
         return outputs
@@ -313,6 +319,8 @@ class Engine:
         if flight.pending:
             for seq in touched:
                 seq.num_pending -= 1
+        if flight.grammar_rows:
+            flight.advance_grammars()  # (with an ahead thread: waits for it, which read the step back)
         try:
             out = flight.step.collect()
         except Exception as exc:
@@ -324,7 +332,6 @@ class Engine:
         self.generation_tokens += len(touched)
         errors = out.errors or [None] * len(touched)
         if flight.grammar_rows:
-            flight.advance_grammars()
             errors = [e or (s.grammar.error if s.grammar is not None else None) for e, s in zip(errors, touched)]
         return self._outputs(self._apply(touched, out.token_ids, out.logprobs, errors).values())
 
@@ -385,18 +392,43 @@ class _InFlight:
     sampled: list[Sequence]  # the rows that sample, in the order of the step's tokens
     pending: bool  # their tokens were counted as pending (overlap scheduling)
     grammar_rows: bool = False  # some rows sample with a grammar
-    advanced: bool = False  # their matchers have accepted the step's tokens
+    advanced: bool = False  # their matchers have accepted the step's tokens (or the ahead thread will)
+    ahead: Optional[Future] = None  # the ahead thread's job (run_ahead): its NextMasks
 
-    def advance_grammars(self) -> None:
+    def advance_grammars(self) -> Optional[NextMasks]:
         """The step's tokens into their sequences' matchers, once: at read-back, or earlier
-        when the next step's mask needs them (the device runs the next forward meanwhile)."""
+        when the next step's mask needs them (the device runs the next forward meanwhile).
+        With an ahead thread, its job's end: the next step's rows it filled (None if it filled none)."""
+        if self.ahead is not None:
+            return self.ahead.result()
         if self.grammar_rows and not self.advanced:
             self.advanced = True
             try:
                 out = self.step.collect()
             except Exception:
-                return  # the step failed: _finish fails its requests
+                return None  # the step failed: _finish fails its requests
             advance(self.sampled, out.token_ids, out.errors)
+        return None
+
+    def run_ahead(self, grammars: Grammars, stop_ids: tuple[int, ...]) -> None:
+        """Hand the step's read-back, its matchers' advance and the next step's rows of its
+        sequences (``Grammars.fill_ahead``) to the ahead thread; the engine loop touches those
+        matchers again only after ``advance_grammars`` (the next mask, or this step's read-back)."""
+        if self.grammar_rows and not self.advanced:
+            self.advanced = True
+            self.ahead = grammars.run_ahead(functools.partial(self._advance_and_fill, grammars, stop_ids))
+
+    def _advance_and_fill(self, grammars: Grammars, stop_ids: tuple[int, ...]) -> Optional[NextMasks]:
+        try:
+            out = self.step.collect()
+        except Exception:
+            return None  # the step failed: _finish fails its requests
+        advance(self.sampled, out.token_ids, out.errors, batched=True)
+        try:
+            return grammars.fill_ahead(self.sampled, stop_ids)
+        except Exception:  # the next step's mask fills its rows itself
+            log.exception("structured outputs: filling the next step's rows ahead failed")
+            return None
 
     @functools.cached_property
     def row_of(self) -> dict[int, int]:

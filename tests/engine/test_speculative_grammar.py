@@ -35,17 +35,19 @@ def params() -> list[SamplingParams]:
     ]
 
 
-def run(path, spec):
+def run(path, spec, ahead=False):
     with LLM(str(path), dtype="float32", device="cpu", show_progress=False, speculative_config=spec) as llm:
+        llm.engine.grammars.ahead = ahead  # a step's grammar work in the ahead thread, as on CUDA
         outs = llm.generate([p for p in PROMPTS for _ in range(3)], params() * len(PROMPTS), use_tqdm=False)
         sched = llm.engine.scheduler
         assert sched.blocks.num_free == sched.blocks.num_blocks - 1, "every block came back"
         return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs], outs
 
 
-def test_grammar_rows_speculate_and_equal_plain_greedy(tiny):
+@pytest.mark.parametrize("ahead", [False, True], ids=["loop", "ahead"])
+def test_grammar_rows_speculate_and_equal_plain_greedy(tiny, ahead):
     plain, _ = run(tiny, None)
-    spec, outs = run(tiny, SPEC)
+    spec, outs = run(tiny, SPEC, ahead)
     assert spec == plain
     for k, (_, text, reason) in enumerate(spec):
         kind = k % 3

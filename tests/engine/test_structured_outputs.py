@@ -1,5 +1,7 @@
 """Structured outputs on a tiny random checkpoint: every constraint kind, sampling modes,
-overlap scheduling on and off, preemption, prefix caching, the compile cache, errors.
+overlap scheduling on and off (and with the ahead thread CUDA engines use: a step's
+matchers advanced and the next step's rows filled off the engine loop), preemption, prefix
+caching, the compile cache, errors.
 
 A random model has no idea of JSON: what it writes is the grammar's doing alone. Schemas
 here are bounded (enums, ranges, patterns, maxItems, no free whitespace) so that every
@@ -44,13 +46,16 @@ def path(tmp_path_factory):
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("so") / "llama", "llama"))
 
 
-def make_llm(path: str, **kw) -> LLM:
-    return LLM(path, dtype="float32", device="cpu", show_progress=False, **{"max_num_seqs": 16, **kw})
+def make_llm(path: str, ahead: bool = False, **kw) -> LLM:
+    """``ahead``: the grammar work of a step in flight in the ahead thread (a CUDA engine's way)."""
+    llm = LLM(path, dtype="float32", device="cpu", show_progress=False, **{"max_num_seqs": 16, **kw})
+    llm.engine.grammars.ahead = ahead
+    return llm
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["overlap", "serial"])
+@pytest.fixture(scope="module", params=["overlap", "ahead", "serial"])
 def llm(request, path):
-    llm = make_llm(path, overlap_scheduling=request.param)
+    llm = make_llm(path, ahead=request.param == "ahead", overlap_scheduling=request.param != "serial")
     yield llm
     llm.shutdown()
 
@@ -170,7 +175,8 @@ def test_unconstrained_rows_unchanged_by_a_constrained_neighbour(llm):
     jsonschema.validate(json.loads(mixed[3].outputs[0].text), SCHEMA)
 
 
-def test_preemption_and_prefix_caching(path):
+@pytest.mark.parametrize("ahead", [False, True], ids=["loop", "ahead"])
+def test_preemption_and_prefix_caching(path, ahead):
     """A KV pool too small for the batch preempts sequences (recomputed, the matchers not
     advanced again); a prompt seen before is served from the prefix cache. Greedy outputs
     equal those of a roomy engine."""
@@ -180,7 +186,7 @@ def test_preemption_and_prefix_caching(path):
     prompts = [PROMPTS[1] * 3, PROMPTS[2] * 3]
     roomy = make_llm(path, block_size=4)
     want = roomy.generate(prompts * 2, params * 2)
-    tight = make_llm(path, block_size=4, num_kv_blocks=40, max_num_seqs=8)
+    tight = make_llm(path, ahead, block_size=4, num_kv_blocks=40, max_num_seqs=8)
     got = tight.generate(prompts * 2, params * 2)
     assert tight.engine.stats().num_preemptions > 0
     assert texts(got) == texts(want)
@@ -230,10 +236,12 @@ def test_a_vocabulary_dependent_failure_fails_its_request_alone(llm):
     assert len(outs[1].outputs[0].token_ids) == 5
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["loop", "ahead"])
 @pytest.mark.parametrize("samples", [1, 20], ids=["row-by-row", "batch-fill"])
-def test_a_failing_matcher_fails_its_request_alone(path, samples):
-    """Whether the rows are filled one by one or (many rows) in xgrammar's batch fill."""
-    llm = make_llm(path, max_num_seqs=32)
+def test_a_failing_matcher_fails_its_request_alone(path, samples, ahead):
+    """Whether the rows are filled one by one or (many rows) in xgrammar's batch fill, in
+    the engine loop or the ahead thread."""
+    llm = make_llm(path, ahead, max_num_seqs=32)
     eng = llm.engine
     spec = so(regex="[a-z]{30}")
     bad = eng.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=spec), "bad")
@@ -325,6 +333,65 @@ def test_overlap_keeps_the_next_forward_queued_and_equals_serial(path, monkeypat
         early = sum(events[i : i + 3] == ["forward", "collect", "mask"] for i in range(len(events)))
         assert (early > 10) if overlap else (early == 0), events[:40]
     assert results[True] == results[False]
+
+
+def test_the_ahead_thread_advances_the_matchers_and_fills_the_next_masks(path, monkeypatch):
+    """With the ahead thread, each step left in flight is read back, its matchers advanced and
+    the next step's rows filled off the engine loop; the next mask takes those rows (whole
+    in a decode step of the same rows). Outputs equal the serial engine's: penalties and
+    min_tokens (read back before scheduling), a sequence that stops while its next step
+    is in flight, sampled and greedy rows, an unconstrained neighbour."""
+    from ingot.engine import engine as engine_module
+
+    threads: dict[str, set] = {"advance": set(), "fill_ahead": set()}
+    whole = []
+    advance, fill_ahead, rows = engine_module.advance, structured.Grammars.fill_ahead, structured.Grammars._rows
+
+    def record(name, fn):
+        return lambda *a, **kw: threads[name].add(threading.current_thread().name) or fn(*a, **kw)
+
+    def taken(self, seqs, filled, stop_ids):
+        out = rows(self, seqs, filled, stop_ids)
+        whole.append(filled is not None and out is filled.bitmask)
+        return out
+
+    monkeypatch.setattr(engine_module, "advance", record("advance", advance))
+    monkeypatch.setattr(structured.Grammars, "fill_ahead", record("fill_ahead", fill_ahead))
+    monkeypatch.setattr(structured.Grammars, "_rows", taken)
+    spec = so(json=SCHEMA, disable_any_whitespace=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=spec),
+              SamplingParams(temperature=0.9, seed=1, n=2, max_tokens=120, structured_outputs=so(regex="[a-z]{5,40}")),
+              SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=1.2, structured_outputs=so(choice=["yes", "no"])),
+              SamplingParams(temperature=0.8, seed=4, max_tokens=60, min_tokens=20, structured_outputs=so(regex="[a-z]{1,50}"))]
+    results = {}
+    for ahead in (True, False):
+        llm = make_llm(path, ahead, overlap_scheduling=ahead)
+        results[ahead] = [(c.token_ids, c.finish_reason) for o in llm.generate(PROMPTS + PROMPTS[:2], params) for c in o.outputs]
+        llm.shutdown()
+        if ahead:
+            assert threads == {"advance": {"ingot-grammar-ahead_0"}, "fill_ahead": {"ingot-grammar-ahead_0"}}, threads
+            assert sum(whole) > 20, whole
+    assert results[True] == results[False]
+
+
+def test_an_abort_while_the_ahead_thread_holds_its_rows(path):
+    """A request aborted while the ahead thread advances its step leaves the others' greedy
+    outputs as a run without it makes them."""
+    llm = make_llm(path, ahead=True)
+    eng = llm.engine
+    p = SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=so(json=SCHEMA, disable_any_whitespace=True))
+    want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, p)]
+    seqs = [eng.add_request(prompt, p, f"r{i}") for i, prompt in enumerate(PROMPTS)]
+    gone = eng.add_request(PROMPTS[0] + " again", p, "gone")
+    for _ in range(6):
+        eng.step()
+    assert eng._inflight is not None and eng._inflight.ahead is not None
+    eng.abort("gone")
+    while eng.has_unfinished():
+        eng.step()
+    assert gone.finish_reason == "abort" and [s.output_token_ids for s in seqs] == want
+    llm.shutdown()
 
 
 @pytest.mark.parametrize("vocab", [64, 100, 383])

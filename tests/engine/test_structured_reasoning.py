@@ -120,10 +120,13 @@ def scripts(tok: Tokenizer) -> list[tuple[str, str, str, list[int]]]:
     ]
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["loop", "ahead"])
 @pytest.mark.parametrize("case", range(9))
-def test_masks_follow_the_phases(tok, case):
+def test_masks_follow_the_phases(tok, case, ahead):
     """Each step's mask against a reference written here: every token while reasoning, the
-    reference matcher's tokens in the answer, those and <think> on a qwen3 reply's first."""
+    reference matcher's tokens in the answer, those and <think> on a qwen3 reply's first.
+    ``ahead``: what the ahead thread does, each token accepted in the batched call and the
+    next step's row filled then (``fill_ahead``), which the mask takes."""
     parser, prompt, first, reply = scripts(tok)[case]
     start, end = tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>")
     grammars = make_grammars(tok, parser)
@@ -131,8 +134,11 @@ def test_masks_follow_the_phases(tok, case):
     ref = Reference(grammars)
     phase = first
     assert seq.grammar.phase == first
+    filled = None
     for token in reply:
-        mask = grammars.token_mask([seq], (EOS,), None, [0])
+        seq.num_pending = int(filled is not None)
+        mask = grammars.token_mask([seq], (EOS,), (lambda: filled) if ahead else None, [0])
+        assert filled is None or mask.bitmask is filled.bitmask
         assert mask.rows == [0]
         got = allowed(mask.bitmask[0].numpy())
         if phase == REASONING:
@@ -146,9 +152,34 @@ def test_masks_follow_the_phases(tok, case):
             else:
                 assert ref.matcher.accept_token(token)
                 phase = ACTIVE
-        structured.advance([seq], [token], None)
+        structured.advance([seq], [token], None, batched=ahead)
         assert seq.grammar.error is None and seq.grammar.phase == phase
+        if ahead:
+            filled = grammars.fill_ahead([seq], (EOS,))
     assert seq.grammar.terminated and ref.matcher.is_terminated()
+
+
+def test_the_batched_advance_takes_and_refuses_as_row_by_row(tok):
+    """One xgrammar call for the rows the grammar decides, the others (opening or in their
+    reasoning, finished, failed sampling, failed before) as row by row: the same phases,
+    counts and refusals."""
+    start, end = tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>")
+    brace, x = ids(tok, "{")[0], ids(tok, "x")[0]  # the schema opens with "{"
+    prompts = ["thinking off<think>\n\n</think>\n\n"] * 2 + ["hello"] * 2 + ["thinking off<think>\n\n</think>\n\n"] * 4
+    tokens = [brace, x, start, end, brace, brace, brace, brace]
+    states = []
+    for batched in (False, True):
+        grammars = make_grammars(tok, "qwen3")
+        seqs = [admitted(grammars, ids(tok, p), SamplingParams(structured_outputs=SPEC)) for p in prompts]
+        structured.advance(seqs[3:4], [start], None)  # reasoning: its </think> ends it
+        seqs[5].finished = True
+        seqs[7].grammar.error = "failed before"
+        structured.advance(seqs, tokens, [None] * 6 + ["sampling failed", None], batched=batched)
+        states.append([(s.grammar.phase, s.grammar.num_accepted, s.grammar.num_matched, s.grammar.error) for s in seqs])
+    assert states[0] == states[1]
+    assert states[0][:2] == [(ACTIVE, 1, 1, None), (ACTIVE, 0, 0, f"structured outputs: token {x} is not allowed by the grammar")]
+    assert [p for p, *_ in states[0]] == [ACTIVE, ACTIVE, REASONING, ACTIVE, ACTIVE, ACTIVE, ACTIVE, ACTIVE]
+    assert [n for _, n, *_ in states[0]] == [1, 0, 1, 2, 1, 0, 0, 0]
 
 
 def test_reasoning_holds_stop_tokens_below_min_tokens(tok):
@@ -262,10 +293,12 @@ def check_answers(tok: Tokenizer, outs, first_token_free: bool) -> dict[str, int
     return seen
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["overlap", "serial"])
+@pytest.fixture(scope="module", params=["overlap", "ahead", "serial"])
 def deepseek(path, request):
+    """``ahead``: a step's grammar work in the ahead thread, as on CUDA."""
     with LLM(str(path), dtype="float32", device="cpu", show_progress=False, reasoning_parser="deepseek_r1",
-             overlap_scheduling=request.param) as llm:
+             overlap_scheduling=request.param != "serial") as llm:
+        llm.engine.grammars.ahead = request.param == "ahead"
         yield llm
 
 
@@ -326,6 +359,7 @@ def test_speculative_decoding_equals_plain_through_the_reasoning(path, tok, pars
     for speculative in (None, spec):
         with LLM(str(path), dtype="float32", device="cpu", show_progress=False, reasoning_parser=parser,
                  speculative_config=speculative) as llm:
+            llm.engine.grammars.ahead = speculative is not None  # steps left in flight between verify steps
             outs = llm.generate(prompts, greedy, use_tqdm=False)
             runs[speculative is None] = [(c.token_ids, c.finish_reason) for o in outs for c in o.outputs]
             if speculative is not None:
