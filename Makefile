@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # torch pulls a multi-GB CUDA build). GPU users: see README "Installing on a GPU machine".
 TORCH ?= torch==2.13.0
 # Triton on a CPU machine only runs the kernels' tests through its interpreter
-# (tests/ops/test_triton_interpret.py); pinned to the version the H200 runs.
+# (tests/ops/test_*_interpret.py); pinned to the version the H200 runs.
 TRITON ?= triton==3.6.0
 
 .PHONY: install run test test-cuda clean
@@ -29,7 +29,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
-	INGOT_TEST_TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests/ops/test_triton_interpret.py tests/ops/test_quant_interpret.py tests/ops/test_fused_moe_quant_interpret.py tests/ops/test_rope_tables_interpret.py tests/ops/test_sinks_interpret.py tests/ops/test_moe_variant_interpret.py tests/ops/test_mla_interpret.py tests/ops/test_geglu_interpret.py
+	INGOT_TEST_TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests/ops/test_triton_interpret.py tests/ops/test_decode_interpret.py tests/ops/test_skinny_gemm_interpret.py tests/ops/test_window_interpret.py tests/ops/test_elementwise_interpret.py tests/ops/test_prefill_interpret.py tests/ops/test_fused_moe_interpret.py tests/ops/test_quant_interpret.py tests/ops/test_fused_moe_quant_interpret.py tests/ops/test_rope_tables_interpret.py tests/ops/test_sinks_interpret.py tests/ops/test_moe_variant_interpret.py tests/ops/test_mla_interpret.py tests/ops/test_geglu_interpret.py
 
 test-cuda: $(STAMP)
 	$(PY) -m pytest -q -m cuda

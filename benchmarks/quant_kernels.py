@@ -7,7 +7,7 @@ Per projection of the 1.5B and 7B shapes (qkv, o, gate_up, down), batch (1, 16, 
 and format (bf16 ``F.linear``; int4 g128 with zero points; int8 g128; int8 per channel;
 fp8 128 x 128 blocks W8A16 and W8A8 per 128 columns; fp8 per channel W8A8 per token),
 each kernel with its ``launch_config``: its time (median of CUDA-graph replays on a cold
-L2, ``benchmarks.kernels.bench_flushed_graph``), the bytes the format makes it read and
+L2, ``benchmarks.kernel_timing.bench_flushed_graph``), the bytes the format makes it read and
 write (weights, scales and zero points, x, y: what the op cannot avoid; W8A8's fp8 copy of
 x is not counted), GB/s and its % of the device-to-device copy bandwidth (read + write)
 measured in the same run, TFLOP/s, and the speedup over bf16 at that shape. Prints a table
@@ -86,7 +86,7 @@ def make_call(fmt: str, n: int, k: int, m: int) -> tuple[Callable[..., torch.Ten
 
 
 def run_rows(args, copy_gbps: float) -> list:
-    from benchmarks.kernels import bench_flushed_graph
+    from benchmarks.kernel_timing import bench_flushed_graph
 
     rows = []
     print(f"{'shape':<5} {'proj':<8} {'N x K':>12} {'M':>4} {'format':<17} {'us':>9} {'GB/s':>7} {'%copy':>6} "
@@ -123,7 +123,7 @@ SWEPT = ("int4-g128", "int4-g32-mins", "int8-g32", "fp8-block-w8a16", "fp8-block
 
 def run_sweep(formats: list, batches: list) -> list:
     """Each path's launch configurations at the 7B shapes; the best per (format, proj, batch)."""
-    from benchmarks.kernels import bench_flushed_graph
+    from benchmarks.kernel_timing import bench_flushed_graph
     from ingot.ops.triton import fp8_linear, int_linear
 
     out = []
@@ -179,7 +179,7 @@ def main() -> None:
 
     import triton
 
-    from benchmarks.kernels import copy_bandwidth, warm_gpu
+    from benchmarks.kernel_timing import copy_bandwidth, warm_gpu
     from ingot.ops.triton import register_cuda_kernels
 
     register_cuda_kernels()

@@ -29,7 +29,7 @@ from ingot.loading.checkpoint import open_checkpoint
 from ingot.loading.errors import CheckpointError
 from ingot.loading.gguf import load_gguf
 from tests.helpers import hf_logits, hf_model, ingot_logits, write_tiny_checkpoint
-from tests.loading.test_gguf import write_gguf
+from tests.loading.gguf_fixtures import write_gguf
 from tests.loading.test_gguf_moe import MOE_TO_GGUF, hf_state_dict
 
 DS_TO_GGUF = {

@@ -12,7 +12,7 @@ import torch
 from ingot.config import EngineConfig
 from ingot.engine.engine import Engine
 from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
-from tests.loading.test_gguf import TO_GGUF, write_gguf
+from tests.loading.gguf_fixtures import TO_GGUF, write_gguf
 from tests.loading.test_gguf_moe import hf_state_dict
 
 OLMO2_TO_GGUF = {**TO_GGUF, "post_attention_layernorm": "post_attention_norm",

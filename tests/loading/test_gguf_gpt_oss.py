@@ -32,7 +32,7 @@ from ingot.loading.quant_pack import dequantize_fp8
 from ingot.loading.quant_scheme import Fp8Weights
 from ingot.models import loader
 from tests.helpers import hf_logits, hf_model, ingot_logits
-from tests.loading.test_gguf import TO_GGUF, write_gguf
+from tests.loading.gguf_fixtures import TO_GGUF, write_gguf
 from tests.loading.test_gguf_moe import hf_state_dict
 from tests.models.gpt_oss_cases import write_gpt_oss
 

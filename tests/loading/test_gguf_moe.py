@@ -25,7 +25,7 @@ from ingot.engine.engine import Engine
 from ingot.loading.errors import CheckpointError
 from ingot.loading.gguf import load_gguf
 from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
-from tests.loading.test_gguf import TO_GGUF, gpt2_vocab, llama_cpp_permute, write_gguf
+from tests.loading.gguf_fixtures import TO_GGUF, gpt2_vocab, llama_cpp_permute, write_gguf
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
 MOE_TO_GGUF = {

@@ -26,7 +26,7 @@ from ingot.engine.engine import Engine
 from ingot.loading.errors import CheckpointError
 from ingot.loading.gguf import load_gguf
 from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
-from tests.loading.test_gguf import TO_GGUF, write_gguf
+from tests.loading.gguf_fixtures import TO_GGUF, write_gguf
 from tests.loading.test_gguf_gemma import IDS, assert_close
 from tests.loading.test_gguf_moe import hf_state_dict
 

@@ -23,7 +23,7 @@ from ingot.loading.errors import CheckpointError
 from ingot.loading.gguf import load_gguf
 from ingot.loading.gguf_pre_tokenizers import PRE_TOKENIZERS, build_pre_tokenizer, pre_tokenizer_rule
 from ingot.loading.gguf_tokenizer import default_add_bos
-from tests.loading.test_gguf import byte_alphabet, write_gguf
+from tests.loading.gguf_fixtures import byte_alphabet, write_gguf
 
 # ---------------------------------------------------------------- the rules, as tokenizer.json spells them
 

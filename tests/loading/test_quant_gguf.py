@@ -23,7 +23,8 @@ from ingot.loading.gguf import load_gguf
 from ingot.loading.gguf_quant import blocks_to_canonical, native_form
 from ingot.loading.quant_scheme import IntWeights
 from ingot.ops.reference import dequantize_int
-from tests.loading.test_gguf import REFERENCES, random_blocks, to_gguf, tiny_state_dict, write_gguf
+from tests.loading.gguf_blocks import REFERENCES, random_blocks
+from tests.loading.gguf_fixtures import tiny_state_dict, to_gguf, write_gguf
 
 TYPES = {  # q/k/v in three types (held in one common form), gate/up in one, an f16 one left dense
     "attn_q": QT.Q4_1, "attn_k": QT.Q8_0, "attn_v": QT.Q4_0, "attn_output": QT.F16,

@@ -18,7 +18,7 @@ import torch
 from ingot.ops import reference as ref
 from tests.ops.kernel_cases import rel_err
 
-# 7B projections (N, K), as benchmarks/kernels.py lists them
+# 7B projections (N, K), as benchmarks/kernels_skinny.py lists them
 PROJECTIONS_7B = dict(qkv=(4608, 3584), o=(3584, 3584), gate_up=(37888, 3584), down=(3584, 18944))
 
 

@@ -19,8 +19,8 @@ import importlib.util
 import pytest
 import torch
 
+from tests.ops.gpu_fixtures import PoisonTorch
 from tests.ops.moe_cases import ROUTINGS, check_fused_moe, moe_inputs
-from tests.ops.test_triton_kernels import PoisonTorch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()

@@ -20,10 +20,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.ops.gpu_fixtures import PoisonTorch
 from tests.ops.kernel_cases import rel_err
 from tests.ops.moe_cases import ROUTINGS
 from tests.ops.moe_quant_cases import assert_near_reference, check_quant_moe, fp8_experts, fp8_moe_case, int_experts, int_moe_case
-from tests.ops.test_triton_kernels import PoisonTorch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()

@@ -1,6 +1,6 @@
 """The quantized fused-MoE kernels (fused_moe_int / fused_moe_fp8) through the Triton interpreter.
 
-Gated like tests/ops/test_triton_interpret.py (``INGOT_TEST_TRITON_INTERPRET=1``), whose fixture
+Gated by tests/ops/interpret_fixtures.py (``INGOT_TEST_TRITON_INTERPRET=1``), whose fixture
 ``K`` (the kernel modules imported afresh, allocations poisoned) this file reuses. Both paths
 (per pair, grouped) at small shapes: int4 / int8 with and without zero points and mins, groups
 of 16, 32, 128 and the whole row; fp8 per tensor, per row and in blocks, W8A16 and W8A8 per token /
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.ops.interpret_fixtures import ENABLED, K  # noqa: F401  (K: the fixture)
 from tests.ops.moe_quant_cases import check_quant_moe, fp8_moe_case, int_moe_case
-from tests.ops.test_triton_interpret import ENABLED, K  # noqa: F401  (K: the fixture)
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 F32, BF16 = torch.float32, torch.bfloat16

@@ -1,6 +1,6 @@
 """Gemma's GeGLU kernels through the Triton interpreter against the references: the gated
 activation on its own and fused in front of the skinny GEMM (one row and a few, whole-K and
-split K). Gated like tests/ops/test_triton_interpret.py, whose fixture ``K`` this file reuses."""
+split K). Gated by tests/ops/interpret_fixtures.py, whose fixture ``K`` this file reuses."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ingot.ops.reference_geglu import gelu_tanh_and_mul
+from tests.ops.interpret_fixtures import ENABLED, K, skinny_config  # noqa: F401  (K: the fixture)
 from tests.ops.kernel_cases import check_prologue_linear, rel_err
-from tests.ops.test_triton_interpret import ENABLED, K, skinny_config  # noqa: F401  (K: the fixture)
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 

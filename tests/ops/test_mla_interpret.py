@@ -1,5 +1,5 @@
 """The latent-attention kernels (ops/triton/mla_attention.py) against their references, through the
-Triton interpreter. Gated like tests/ops/test_triton_interpret.py, whose fixture ``K`` this file reuses."""
+Triton interpreter. Gated by tests/ops/interpret_fixtures.py, whose fixture ``K`` this file reuses."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from ingot.ops import reference_mla as ref
+from tests.ops.interpret_fixtures import ENABLED, K  # noqa: F401  (K: the fixture)
 from tests.ops.kernel_cases import rel_err
 from tests.ops.mla_cases import mla_case
-from tests.ops.test_triton_interpret import ENABLED, K  # noqa: F401  (K: the fixture)
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 

@@ -1,6 +1,6 @@
 """gpt-oss's expert epilogue (biases on gate/up and down, the clamped SwiGLU) in the fused-MoE
 kernels, dense and fp8 with MXFP4's 32-column scale blocks, through the Triton interpreter
-against the references. Gated like tests/ops/test_triton_interpret.py, whose fixtures ``K`` and
+against the references. Gated by tests/ops/interpret_fixtures.py, whose fixtures ``K`` and
 ``MOE`` this file reuses."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from ingot.ops import reference as ref
+from tests.ops.interpret_fixtures import ENABLED, MOE, K  # noqa: F401  (the fixtures)
 from tests.ops.kernel_cases import rel_err
 from tests.ops.moe_cases import moe_inputs
 from tests.ops.moe_quant_cases import fp8_moe_case
-from tests.ops.test_triton_interpret import ENABLED, MOE, K  # noqa: F401  (the fixtures)
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 ALPHA, LIMIT = 1.702, 0.5  # a small limit, so both clamps bite at these magnitudes

@@ -4,8 +4,8 @@ The launch rule, path support, the paged-KV gather and the varlen bounds it hand
 PyTorch's attention, against ingot.ops.reference. PyTorch's flash and cuDNN kernels
 run only on a GPU, so here CPU stand-ins of the same contract take their place
 (``tests/ops/kernel_cases.py``: they assert the bounds flash relies on); the Triton
-context kernel these paths pair with runs in test_triton_interpret.py, the real
-kernels in test_triton_kernels.py (cuda).
+context kernel these paths pair with runs in test_prefill_interpret.py, the real
+kernels in test_prefill_kernels_cuda.py (cuda).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The int_linear / fp8_linear Triton kernels run on CPU through the Triton interpreter.
 
-Gated like tests/ops/test_triton_interpret.py (``INGOT_TEST_TRITON_INTERPRET=1``), whose
+Gated by tests/ops/interpret_fixtures.py (``INGOT_TEST_TRITON_INTERPRET=1``), whose
 fixture ``K`` (the kernel modules imported afresh, allocations poisoned) this file reuses.
 Every path at small shapes: the one-row GEMV, the tl.dot GEMV, the tiled GEMM; int4 and
 int8 with groups of 16, 32, 128 and the whole row (fp16 or fp32 scales), zero points and mins on and off, bias, K
@@ -16,8 +16,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.ops.interpret_fixtures import ENABLED, K  # noqa: F401  (K: the fixture)
 from tests.ops.quant_cases import check_fp8_linear, check_int_linear, fp8_case, int_case
-from tests.ops.test_triton_interpret import ENABLED, K  # noqa: F401  (K: the fixture)
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 CPU = torch.device("cpu")

@@ -24,12 +24,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.ops.gpu_fixtures import PoisonTorch
 from tests.ops.kernel_cases import rel_err
 from tests.ops.quant_cases import (
     PROJECTIONS_7B, check_fp8_linear, check_int_linear, fp8_case, fp8_expected, fp8_weight, int_case, int_expected,
     int_weight,
 )
-from tests.ops.test_triton_kernels import PoisonTorch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()

@@ -1,7 +1,7 @@
 """The rotary and fused decode kernels on the model's special rotary tables, through the Triton
 interpreter: SmolLM3's identity table (one row seen at every position: stride 0) and a
-partial-rotary table (identity columns after the rotated ones). Gated like
-tests/ops/test_triton_interpret.py, whose fixture ``K`` this file reuses."""
+partial-rotary table (identity columns after the rotated ones). Gated by
+tests/ops/interpret_fixtures.py, whose fixture ``K`` this file reuses."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from ingot.layers.rotary import RotaryEmbedding
 from ingot.ops import reference as ref
+from tests.ops.interpret_fixtures import ENABLED, K  # noqa: F401  (K: the fixture)
 from tests.ops.kernel_cases import check_rope_decode, rope_decode_case
-from tests.ops.test_triton_interpret import ENABLED, K  # noqa: F401  (K: the fixture)
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
 

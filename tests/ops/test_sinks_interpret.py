@@ -1,6 +1,6 @@
 """Attention sinks (gpt-oss) in the decode and prefill kernels, through the Triton interpreter,
 against a dense softmax with the sink in its denominator written in tests/ops/window_cases.py,
-and the references against it too. Gated like tests/ops/test_triton_interpret.py, whose fixture
+and the references against it too. Gated by tests/ops/interpret_fixtures.py, whose fixture
 ``K`` this file reuses."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ingot.ops import reference as ref
+from tests.ops.interpret_fixtures import ENABLED, K  # noqa: F401  (K: the fixture)
 from tests.ops.kernel_cases import check_rope_decode, rel_err, rope_decode_case
-from tests.ops.test_triton_interpret import ENABLED, K  # noqa: F401  (K: the fixture)
 from tests.ops.window_cases import decode_window_case, prefill_window_case
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason="set INGOT_TEST_TRITON_INTERPRET=1 (needs triton)")
