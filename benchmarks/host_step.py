@@ -35,7 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -61,13 +61,19 @@ def _timed(times: dict[str, float], name: str, fn: Callable[..., Any]) -> Callab
     return wrapper
 
 
-def tiny_engine(batch: int, max_len: int) -> Engine:
-    """An engine over ``TINY`` with random weights (a config.json alone: token-id words as its tokenizer)."""
+def tiny_engine(batch: int, max_len: int, tokenizer: Optional[str] = None) -> Engine:
+    """An engine over ``TINY`` with random weights: a config.json alone (token-id words as its
+    tokenizer), or with ``tokenizer``'s and its vocabulary."""
+    config = dict(TINY)
+    if tokenizer is not None:
+        from ingot.loading.checkpoint import open_tokenizer
+
+        config["vocab_size"] = open_tokenizer(tokenizer).vocab_size
     with tempfile.TemporaryDirectory(prefix="ingot-host-step-") as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(TINY))
-        return Engine(EngineConfig(model=tmp, load_format="dummy", device="cpu", dtype="float32", max_num_seqs=batch,
-                                   max_model_len=max_len, num_kv_blocks=batch * (max_len // 16 + 2) + 8,
-                                   show_progress=False))
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        return Engine(EngineConfig(model=tmp, tokenizer=tokenizer, load_format="dummy", device="cpu", dtype="float32",
+                                   max_num_seqs=batch, max_model_len=max_len,
+                                   num_kv_blocks=batch * (max_len // 16 + 2) + 8, show_progress=False))
 
 
 def measure(batch: int, steps: int, prompt_len: int = 64, stream: bool = False) -> dict[str, float]:
@@ -106,18 +112,6 @@ GRAMMAR_PHASES = ["total", "host", "schedule", "step inputs", "token mask", "adv
                   "rest", "ahead job"]
 
 
-def grammar_engine(batch: int, max_len: int) -> Engine:
-    """``TINY`` with the default model tokenizer's vocabulary (random weights)."""
-    from ingot.loading.checkpoint import open_tokenizer
-
-    config = dict(TINY, vocab_size=open_tokenizer("default").vocab_size)
-    with tempfile.TemporaryDirectory(prefix="ingot-host-step-") as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(config))
-        return Engine(EngineConfig(model=tmp, tokenizer="default", load_format="dummy", device="cpu", dtype="float32",
-                                   max_num_seqs=batch, max_model_len=max_len,
-                                   num_kv_blocks=batch * (max_len // 16 + 2) + 8, show_progress=False))
-
-
 def _timed_by_thread(times: dict[str, float], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """As ``_timed``; time spent outside the engine's thread goes to ``"ahead: " + name``."""
     loop = threading.get_ident()
@@ -140,7 +134,7 @@ def measure_grammar(batch: int, steps: int, schema: Any, ahead: bool, prompt_len
     from ingot.sampling_params import StructuredOutputsParams
 
     torch.manual_seed(0)
-    engine = grammar_engine(batch, prompt_len + steps + 40)
+    engine = tiny_engine(batch, prompt_len + steps + 40, tokenizer="default")
     engine.grammars.ahead = ahead
     runner = engine.executor
     vocab = engine.model_config.vocab_size
