@@ -5,7 +5,8 @@
 
 Per projection of the 1.5B and 7B shapes (qkv, o, gate_up, down), batch (1, 16, 64, 256)
 and format (bf16 ``F.linear``; int4 g128 with zero points; int8 g128; int8 per channel;
-fp8 128 x 128 blocks W8A16 and W8A8 per 128 columns; fp8 per channel W8A8 per token),
+GGUF's Q4_1 and Q8_0 forms, groups of 32; fp8 128 x 128 blocks W8A16 and W8A8 per 128
+columns; fp8 per channel W8A8 per token),
 each kernel with its ``launch_config``: its time (median of CUDA-graph replays on a cold
 L2, ``benchmarks.kernel_timing.bench_flushed_graph``), the bytes the format makes it read and
 write (weights, scales and zero points, x, y: what the op cannot avoid; W8A8's fp8 copy of
@@ -14,7 +15,7 @@ measured in the same run, TFLOP/s, and the speedup over bf16 at that shape. Prin
 and writes JSON (default benchmarks/results/quant-kernels-<date>.json).
 
 ``--sweep`` also times each path over a grid of launch configurations at the 7B shapes
-(int4 g128 and fp8 blocks W8A16 / W8A8, of those ``--formats`` names, at the ``--batches``:
+(int4 g128, the two GGUF forms and fp8 blocks W8A16 / W8A8, of those ``--formats`` names, at the ``--batches``:
 the one-row GEMV at 1, the tl.dot GEMV up to 16, the GEMM above) and prints the best per
 row, to retune the ``launch_config`` tables (each configuration compiles once: a few
 hundred compilations for the whole grid, so sweep a format and a batch or two at a time).
