@@ -150,10 +150,6 @@ def run_sweep(formats: list, batches: list) -> list:
             shifts_us = 1e3 * bench_flushed_graph(lambda: fn(*call, config=replace(table, prmt=False)))
             timings.append(dict(format=fmt, proj=proj, m=m, config="table, prmt=False", us=shifts_us))
             extra = f" (shifts {shifts_us:.2f})"
-        if table.use_dot:  # the table's K loop without the weight words' prefetch
-            plain_us = 1e3 * bench_flushed_graph(lambda: fn(*call, config=replace(table, prefetch=False)))
-            timings.append(dict(format=fmt, proj=proj, m=m, config="table, prefetch=False", us=plain_us))
-            extra += f" (no prefetch {plain_us:.2f})"
         best = min(timings, key=lambda t: t["us"], default=dict(us=float("nan"), config=None))
         print(f"  {fmt:<16} {proj:<8} M{m:<4} table {table_us:8.2f} us{extra} | best {best['us']:8.2f} us {best['config']}")
         out.extend(timings + [dict(format=fmt, proj=proj, m=m, config="table", us=table_us)])

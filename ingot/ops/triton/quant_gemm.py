@@ -75,7 +75,6 @@ class QuantLaunch:
     fp8_dot: bool = False  # fp8 W8A8 dots on fp8 tensor cores, GEMV and GEMM (needs fp8_native)
     scaled_mm: bool = False  # fp8 W8A8 GEMM by torch._scaled_mm where its scale layouts fit
     prmt: bool = True  # int: unpack by prmt / lop3 (inline asm, GPU only), else by shifts and masks
-    prefetch: bool = True  # K loops in W's groups (quant_tiles.tile_sums): the next tile's words load early
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,7 @@ def _gemv_kernel(
     FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
     DIRECT: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, PDL: tl.constexpr,
-    TILES: tl.constexpr, FP8_DOT: tl.constexpr, EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PREFETCH: tl.constexpr,
+    TILES: tl.constexpr, FP8_DOT: tl.constexpr, EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):
     """``ACT_Q``: x holds fp8 activations and ``xs`` their scales [M, n_act], one per
     ``1 << act_shift`` columns (``PER_TOKEN``: one per row, applied to the sums). Groups of weight
@@ -190,7 +189,7 @@ def _gemv_kernel(
         acc = tile_sums(
             acc, x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn,
             stride_sn, zero_point, scale_bn, group_shift, act_shift, n_act, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE,
-            PRMT, ACT_Q, GROUPED_ACT, FP8_DOT, DOT_F32, EVEN_K, ONE_GROUP, BLOCK_K, PREFETCH, y_ptr.dtype.element_ty)
+            PRMT, ACT_Q, GROUPED_ACT, FP8_DOT, DOT_F32, EVEN_K, ONE_GROUP, BLOCK_K, y_ptr.dtype.element_ty)
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             values, scale, mins = _weight_tile(
@@ -253,7 +252,7 @@ def _gemm_kernel(
     FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr, PER_TOKEN: tl.constexpr, FP8_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS_TILE: tl.constexpr, GROUP_M: tl.constexpr,
-    TILES: tl.constexpr, EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PREFETCH: tl.constexpr,
+    TILES: tl.constexpr, EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):
     """x, ``xs`` and the constexprs as in the GEMV."""
     pid = tl.program_id(0)
@@ -275,7 +274,7 @@ def _gemm_kernel(
         acc = tile_sums(
             acc, x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, mn_ptr, offs_m, offs_n, M, N, K, 0, K, stride_xm, stride_wn,
             stride_sn, zero_point, scale_bn, group_shift, act_shift, n_act, FP8, BITS, HAS_ZEROS, HAS_MINS, FP8_NATIVE,
-            PRMT, ACT_Q, GROUPED_ACT, FP8_DOT, DOT_F32, EVEN_K, ONE_GROUP, BLOCK_K, PREFETCH, y_ptr.dtype.element_ty)
+            PRMT, ACT_Q, GROUPED_ACT, FP8_DOT, DOT_F32, EVEN_K, ONE_GROUP, BLOCK_K, y_ptr.dtype.element_ty)
     else:  # tiles dequantized to x's dtype (groups narrower than the tile; fp32 models)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -380,7 +379,7 @@ def _gemv(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
         **_tile_args(w, act_group, block_k, in_groups), n_act=xs.shape[-1], **_flags(w, cfg, act_scales, act_group, y),
         stride_xm=x.stride(0), stride_wn=w.data.stride(0), stride_sn=w.scales.stride(0), stride_ym=y.stride(0),
         FP8_DOT=fp8_dot, HAS_BIAS=bias is not None, DIRECT=splits == 1, USE_DOT=cfg.use_dot, BLOCK_M=block_m,
-        BLOCK_N=cfg.block_n, PDL=pdl, PREFETCH=cfg.prefetch,
+        BLOCK_N=cfg.block_n, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return y
@@ -402,7 +401,7 @@ def _gemm(x: torch.Tensor, w: QuantWeight, bias: Optional[torch.Tensor], cfg: Qu
         **_tile_args(w, act_group, block_k, in_groups), n_act=xs.shape[-1], **_flags(w, cfg, act_scales, act_group, y),
         stride_xm=x.stride(0), stride_wn=w.data.stride(0), stride_sn=w.scales.stride(0), stride_ym=y.stride(0),
         FP8_DOT=fp8_dot, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        GROUP_M=cfg.group_m, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 

@@ -161,30 +161,25 @@ def group_params(s_rows, z_rows, mn_rows, g, zero_point, HAS_ZEROS: tl.constexpr
 
 
 @triton.jit
-def tile_words(w_rows, k0, K, FP8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """W's raw tile at rows ``w_rows``, columns ``k0 + [0, BLOCK_K)`` (fp8: element pointers; int8: int32
-    words; int4: int8 pointers, two values a byte), columns past K zero: ``tile_dot``'s operand."""
+def tile_dot(
+    x, w_rows, zero, k0, K, FP8: tl.constexpr, BITS: tl.constexpr, FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr,
+    ACT_Q: tl.constexpr, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, dtype: tl.constexpr,
+):
+    """x . W[:, k0 : k0 + BLOCK_K] in fp32, [BLOCK_M, BLOCK_N], on W's exact values (``u - zero``, fp8
+    values): x [BLOCK_M, BLOCK_K] (columns past K zero; fp8 with ``ACT_Q``), W's rows at ``w_rows``
+    (fp8: element pointers; int8: int32 words; int4: int8 pointers, two values a byte)."""
+    BLOCK_M: tl.constexpr = x.shape[0]
     if FP8 or BITS == 4:
         WIDTH: tl.constexpr = BLOCK_K if FP8 else BLOCK_K // 2
     else:
         WIDTH: tl.constexpr = BLOCK_K // 4
     kw = (k0 // BLOCK_K) * WIDTH + tl.arange(0, WIDTH)  # a multiple of WIDTH: the loads vectorize
     if EVEN_K:
-        return tl.load(w_rows[:, None] + kw[None, :])
+        raw = tl.load(w_rows[:, None] + kw[None, :])
     else:
-        return tl.load(w_rows[:, None] + kw[None, :], mask=(kw < K * WIDTH // BLOCK_K)[None, :],
-                       other=0.0 if FP8 else 0)
-
-
-@triton.jit
-def tile_dot(
-    x, raw, zero, FP8: tl.constexpr, BITS: tl.constexpr, FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr,
-    ACT_Q: tl.constexpr, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    dtype: tl.constexpr,
-):
-    """x . W_tile in fp32, [BLOCK_M, BLOCK_N], on W's exact values (``u - zero``, fp8 values): x
-    [BLOCK_M, BLOCK_K] (columns past K zero; fp8 with ``ACT_Q``), ``raw`` the tile from ``tile_words``."""
-    BLOCK_M: tl.constexpr = x.shape[0]
+        raw = tl.load(w_rows[:, None] + kw[None, :], mask=(kw < K * WIDTH // BLOCK_K)[None, :],
+                      other=0.0 if FP8 else 0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if FP8:
         if FP8_DOT:  # fp8 tensor cores: W8A8's fp8 activations times the raw tile
@@ -212,15 +207,12 @@ def tile_sums(
     stride_sn, zero_point, scale_bn, group_shift, act_shift, n_act, FP8: tl.constexpr, BITS: tl.constexpr,
     HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr, FP8_NATIVE: tl.constexpr, PRMT: tl.constexpr, ACT_Q: tl.constexpr,
     GROUPED_ACT: tl.constexpr, FP8_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
-    ONE_GROUP: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, dtype: tl.constexpr,
+    ONE_GROUP: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr,
 ):
     """acc [BLOCK_M, BLOCK_N] + x[offs_m, k_lo:k_hi] . W[offs_n, k_lo:k_hi]: W's scale (zero, min)
     per ``scale_bn`` rows and group of ``1 << group_shift`` columns (``ONE_GROUP``: one spans K),
     x's W8A8 scales per row and ``1 << act_shift`` columns (``GROUPED_ACT``; per token: the caller's),
-    K tiles of ``BLOCK_K`` in one group of each; ``dtype`` the dots' 16-bit type. ``PREFETCH``:
-    each tile's weight words load while the tile before is unpacked and dotted (registers
-    double-buffered by hand: the pipeliner stages only what a dot reads, and the words reach
-    the dot through the unpacking), so a program keeps two tiles' bytes in flight."""
+    K tiles of ``BLOCK_K`` in one group of each; ``dtype`` the dots' 16-bit type."""
     BLOCK_N: tl.constexpr = acc.shape[1]
     rows = tl.minimum(offs_n, N - 1)
     if FP8:
@@ -237,14 +229,7 @@ def tile_sums(
     x_scale = tl.zeros([acc.shape[0]], dtype=tl.float32)
     if GROUPED_ACT:
         x_scale = tl.load(xs_ptr + x_row * n_act + (k_lo >> act_shift))
-    if PREFETCH:
-        raw = tile_words(w_rows, k_lo, K, FP8, BITS, EVEN_K, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if PREFETCH:  # the next tile of this program's K range (at its end this tile again: cached)
-            words = raw
-            raw = tile_words(w_rows, tl.where(k0 + BLOCK_K < k_hi, k0 + BLOCK_K, k0), K, FP8, BITS, EVEN_K, BLOCK_K)
-        else:
-            words = tile_words(w_rows, k0, K, FP8, BITS, EVEN_K, BLOCK_K)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             x = tl.load(x_rows + offs_k[None, :])
@@ -258,7 +243,8 @@ def tile_sums(
         next_x_scale = x_scale
         if GROUPED_ACT:
             next_x_scale = tl.load(xs_ptr + x_row * n_act + (k_next >> act_shift))
-        part = tile_dot(x, words, zero, FP8, BITS, FP8_NATIVE, PRMT, ACT_Q, FP8_DOT, DOT_F32, BLOCK_N, BLOCK_K, dtype)
+        part = tile_dot(x, w_rows, zero, k0, K, FP8, BITS, FP8_NATIVE, PRMT, ACT_Q, FP8_DOT, DOT_F32, EVEN_K, BLOCK_N,
+                        BLOCK_K, dtype)
         if GROUPED_ACT:
             part *= x_scale[:, None]
         if ONE_GROUP:
@@ -273,5 +259,5 @@ def tile_sums(
     return acc
 
 
-__all__ = ["unpack", "e4m3_to_f32", "act_in", "dot", "offset_values", "permute_k", "group_params", "tile_words", "tile_dot",
+__all__ = ["unpack", "e4m3_to_f32", "act_in", "dot", "offset_values", "permute_k", "group_params", "tile_dot",
            "tile_sums"]
