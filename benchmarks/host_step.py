@@ -35,7 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -59,6 +59,17 @@ def _timed(times: dict[str, float], name: str, fn: Callable[..., Any]) -> Callab
         finally:
             times[name] += time.perf_counter() - t0
     return wrapper
+
+
+def _timed_steps(engine: Engine, steps: int, phase: dict[str, float], warmup: int = 5) -> Iterator[float]:
+    """Each counted step's wall time, after ``warmup`` uncounted ones; ``phase`` cleared before each step."""
+    for i in range(steps + warmup):
+        phase.clear()
+        t0 = time.perf_counter()
+        engine.step()
+        total = time.perf_counter() - t0
+        if i >= warmup:
+            yield total
 
 
 def tiny_engine(batch: int, max_len: int, tokenizer: Optional[str] = None) -> Engine:
@@ -94,13 +105,7 @@ def measure(batch: int, steps: int, prompt_len: int = 64, stream: bool = False) 
     model_runner.build_step_inputs = _timed(phase, "step inputs", model_runner.build_step_inputs)
     runner.sampler.sample = _timed(phase, "sampler", runner.sampler.sample)
     totals: dict[str, list[float]] = defaultdict(list)
-    for i in range(steps + 5):
-        phase.clear()
-        t0 = time.perf_counter()
-        engine.step()
-        total = time.perf_counter() - t0
-        if i < 5:
-            continue  # warm-up
+    for total in _timed_steps(engine, steps, phase):
         totals["total"].append(total)
         for k in ("schedule", "step inputs", "sampler"):
             totals[k].append(phase[k])
@@ -162,13 +167,7 @@ def measure_grammar(batch: int, steps: int, schema: Any, ahead: bool, prompt_len
     totals: dict[str, list[float]] = defaultdict(list)
     rows = []
     try:
-        for i in range(steps + 5):
-            phase.clear()
-            t0 = time.perf_counter()
-            engine.step()
-            total = time.perf_counter() - t0
-            if i < 5:
-                continue  # warm-up
+        for total in _timed_steps(engine, steps, phase):
             outer = ("schedule", "step inputs", "forward", "sampler", "token mask")
             totals["total"].append(total)
             totals["host"].append(total - phase["forward"] - phase["sampler"])
