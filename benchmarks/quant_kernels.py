@@ -112,8 +112,8 @@ def run_rows(args, copy_gbps: float) -> list:
     return rows
 
 
-SWEEP_GEMV_1 = ([dict(use_dot=True, block_m=16, block_k=128, block_n=bn, num_warps=w, waves=wv)
-                 for bn, w, wv in itertools.product((64, 128, 256), (4, 8), (2, 4, 8))]
+SWEEP_GEMV_1 = ([dict(use_dot=True, block_m=16, block_k=bk, block_n=bn, num_warps=w, waves=wv)
+                 for (bn, w), bk, wv in itertools.product(((64, 4), (128, 4), (128, 8), (256, 8)), (64, 128), (2, 4, 8))]
                 + [dict(use_dot=False, block_m=1, block_n=64, block_k=256, num_warps=4, waves=4)])  # the multiply-reduce
 SWEEP_GEMV_16 = [dict(block_n=bn, num_warps=w, waves=wv, num_stages=st) for bn, w, wv, st in
                  itertools.product((64, 128, 256), (4, 8), (1, 2, 4), (3, 4))]
