@@ -47,10 +47,11 @@ def decode_run(path: Path, batch: int) -> dict[str, Any]:
     raise SystemExit(f"{path}: no batch {batch} (batches {[r['batch'] for r in run['timings']]})")
 
 
-def verify_ms(row: dict[str, Any], k: int) -> float:
+def verify_timing(row: dict[str, Any], k: int) -> dict[str, Any]:
+    """The graph-mode verify timing of ``k`` drafts (with the plain decode step it was timed against)."""
     for timing in row["speculative"].get("graph", []):
         if timing["k"] == k:
-            return timing["verify_ms"]
+            return timing
     raise SystemExit(f"no graph verify timing for k={k}: run ingot bench decode with --speculative-k {k}")
 
 
@@ -71,14 +72,13 @@ def tokens_per_round(acceptance: float, k: int) -> float:
 
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
-    target = decode_run(args.target_decode, args.batch)
-    plain_step = next(t["decode_ms"] for t in target["speculative"]["graph"] if t["k"] == args.k)
+    timing = verify_timing(decode_run(args.target_decode, args.batch), args.k)
+    plain_step, verify = timing["decode_ms"], timing["verify_ms"]
     draft = decode_run(args.draft_decode, args.batch)["speculative"].get("graph")
     if not draft:
         raise SystemExit(f"{args.draft_decode}: run the draft's ingot bench decode with --speculative-k 1 (its step "
                          "timed with the greedy pick)")
     draft_step = draft[0]["decode_ms"]
-    verify = verify_ms(target, args.k)
     no_overlap_plain, _ = serve_rounds(args.no_overlap)
     host = max(0.0, mean_tpot(no_overlap_plain) - plain_step)
     round_ms = args.k * draft_step + verify + host
@@ -86,8 +86,9 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     plain_tpot = statistics.mean(mean_tpot(plain) for _, plain, _ in serves) if serves else plain_step
     costs = dict(plain_step_ms=plain_step, draft_step_ms=draft_step, verify_ms=verify, host_ms=host,
                  round_ms=round_ms, plain_tpot_ms=plain_tpot)
-    by_acceptance = [dict(acceptance=a, tokens_per_round=tokens_per_round(a, args.k),
-                          speedup=tokens_per_round(a, args.k) * plain_tpot / round_ms) for a in ACCEPTANCES]
+    per_acceptance = {a: tokens_per_round(a, args.k) for a in ACCEPTANCES}
+    by_acceptance = [dict(acceptance=a, tokens_per_round=n, speedup=n * plain_tpot / round_ms)
+                     for a, n in per_acceptance.items()]
     measured = []
     for path, plain, spec in serves:
         per_round = statistics.mean(1.0 + (r["spec_mean_accepted_length"] or 0.0) for r in spec)
