@@ -132,7 +132,7 @@ def run_sweep(formats: list, batches: list) -> list:
     for fmt, proj, m in itertools.product([f for f in SWEPT if f in formats], SHAPES["7b"], batches):
         n, k = SHAPES["7b"][proj]
         fn, call, _ = make_call(fmt, n, k, m)
-        table = (int_linear.launch_config(m, n, k, call[7], call[0].device) if fn is int_linear.int_linear
+        table = (int_linear.launch_config(m, n, k, call[7], call[0].device, call[0].dtype, call[6]) if fn is int_linear.int_linear
                  else fp8_linear.launch_config(m, n, k, *call[4:7], call[0].device))
         grid = SWEEP_GEMV_1 if m == 1 else SWEEP_GEMV_16 if table.gemv else SWEEP_GEMM
         timings = []

@@ -117,7 +117,7 @@ def compile_case(fmt: str, n: int, k: int, m: int, fields: Optional[dict] = None
     if spec[0] == "int":
         _, bits, group, zeros, mins = spec
         group = group or k
-        cfg = replace(int_linear.launch_config(m, n, k, group, cpu), **(fields or {}))
+        cfg = replace(int_linear.launch_config(m, n, k, group, cpu, bits=bits), **(fields or {}))
         call = lambda: int_linear.int_linear(*_int_args(n, k, m, bits, group, zeros, mins), config=cfg)  # noqa: E731
     else:
         _, block_n, block_k, act_group = spec

@@ -26,9 +26,12 @@ from ingot.ops.triton.pdl import pdl_supported
 from ingot.ops.triton.quant_gemm import QuantLaunch, QuantWeight, fits_tiles, gemv_rows, run
 
 
+WIDE_INT4_ROWS = 16384  # one int4 row: weights this tall go to the multiply-reduce (launch_config)
+
+
 def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
-                  dtype: torch.dtype = torch.bfloat16) -> QuantLaunch:
-    """Launch parameters for ``m`` rows (of ``dtype``) and an [n, k] int weight with groups of ``group_size``.
+                  dtype: torch.dtype = torch.bfloat16, bits: int = 4) -> QuantLaunch:
+    """Launch parameters for ``m`` rows (of ``dtype``) and an [n, k] ``bits``-bit weight with groups of ``group_size``.
 
     Chosen by counting the sm_90 instructions of the K loop per weight without a GPU
     (``benchmarks/quant_sass.py``; at batch 1 an int4 weight has about 3.5 to spend at HBM
@@ -38,7 +41,10 @@ def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
     128 weight rows a program so that each warp's share of x (its columns permuted for int4)
     serves 32 rows: int4 2.7 instructions a weight from 1 to 16 rows (the one-row
     multiply-reduce costs 5.0), 3.5 at 32 and 64 rows (wgmma, x from shared memory); int8 per
-    channel 3.6. A split-K GEMV up to 64 rows while the GEMM's tiles would not fill the GPU
+    channel 3.6. One int4 row, as swept (H100, 7B shapes, int4 g128): two waves of programs
+    (qkv / o / down 9.4 / 8.6 / 27.3 us against 10.4 / 9.4 / 28.2 with four), and for the
+    widest weights (gate_up, 37,888 rows) the multiply-reduce over 64 rows x 256 columns,
+    45.2 us against 52.2 for the dots. A split-K GEMV up to 64 rows while the GEMM's tiles would not fill the GPU
     (``gemv_rows``), then a GEMM: 64 x 128 tiles (128 x 128 spill), 128 x 128 where one group
     spans K. Narrower groups (GGUF's 16 and 32) dequantize tiles across groups: one row by the
     multiply-reduce (6.0), more by 64 x 128 dots. fp32 rows: IEEE dots on FMA units, small tiles.
@@ -56,7 +62,9 @@ def launch_config(m: int, n: int, k: int, group_size: int, device: torch.device,
             return QuantLaunch(True, True, 16, 64 if m <= 16 else 32, 128, num_warps=4, num_stages=3,
                                waves=2 if m <= 16 else 4, pdl=pdl)
         return QuantLaunch(False, True, 64 if m <= 64 else 128, 128, 64, num_warps=4 if m <= 64 else 8, num_stages=3)
-    if m == 1:
+    if m == 1 and bits == 4 and n >= WIDE_INT4_ROWS:
+        return QuantLaunch(True, False, 1, 64, 256, num_warps=4, num_stages=3, waves=4, pdl=pdl)
+    if m == 1 and bits == 8:
         return QuantLaunch(True, True, 16, 128, 128, num_warps=4, num_stages=3, waves=4, pdl=pdl)
     if m <= 16:
         return QuantLaunch(True, True, 16, 128, 128, num_warps=4, num_stages=3, waves=2, pdl=pdl)
@@ -85,7 +93,7 @@ def int_linear(
         None if mins is None else mins.contiguous(), n, k, fp8=False, bits=bits, group_k=group_size,
         zero_point=zero_point,
     )
-    cfg = config or launch_config(m, n, k, group_size, x.device, x.dtype)
+    cfg = config or launch_config(m, n, k, group_size, x.device, x.dtype, bits)
     return run(last_dim_contiguous(x), w, bias, cfg, x.dtype)
 
 
