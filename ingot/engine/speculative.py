@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol
 
 from ingot.config import SpeculativeConfig
-from ingot.engine.ngram import NgramIndex, SpecState
+from ingot.engine.ngram import BACKOFF_MAX, DRAFT_BACKOFF_MAX, NgramIndex, SpecState
 from ingot.engine.scheduler import Scheduler
 from ingot.engine.sequence import Sequence, Status
 from ingot.outputs import RequestOutput
@@ -59,6 +59,8 @@ def _allowed(seq: Sequence) -> bool:
 class Speculator:
     """The engine's proposer and the counters of what speculation drafted and kept."""
 
+    backoff_max = BACKOFF_MAX  # the longest pause after poor drafts (ngram.py)
+
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
@@ -70,7 +72,7 @@ class Speculator:
         st = seq.spec
         if st is None:
             c = self.config
-            st = seq.spec = SpecState(_allowed(seq), c.prompt_lookup_min, c.prompt_lookup_max)
+            st = seq.spec = SpecState(_allowed(seq), c.prompt_lookup_min, c.prompt_lookup_max, self.backoff_max)
         return st
 
     def _budget(self, seq: Sequence) -> int:
@@ -199,6 +201,8 @@ class DraftModelSpeculator(Speculator):
     launch. The engine decides which steps the draft runs on (``plan``) and keeps each
     sequence's draft frontier (``Sequence.draft_kv_len``: its leading tokens whose draft K/V is
     written); the runner catches a trailing frontier up before the draft reads past it."""
+
+    backoff_max = DRAFT_BACKOFF_MAX  # an attempt costs several steps: pause longer (ngram.py)
 
     def _draft(self, seq: Sequence, st: SpecState, k: int) -> list[int]:
         return [DRAFT_PLACEHOLDER] * k

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingot.engine.ngram import BACKOFF_MIN, NgramIndex, SpecState
+from ingot.engine.ngram import BACKOFF_MAX, BACKOFF_MIN, DRAFT_BACKOFF_MAX, NgramIndex, SpecState
 
 
 def index(tokens: list[int], lo: int, hi: int) -> NgramIndex:
@@ -43,13 +43,44 @@ def test_one_token_at_a_time_equals_all_at_once():
 
 def test_backoff_after_poor_drafts_and_misses():
     st = SpecState(True, 1, 2)
-    st.record(4, 4)
+    st.record(4, 4)  # rate 1.0
     assert st.skip == 0 and st.num_drafts == 1 and st.num_accepted_tokens == 4
-    st.record(4, 0)
-    st.record(0, 0)  # a lookup that found nothing
-    st.record(4, 0)
+    st.record(4, 0)  # rate 0.5
+    assert st.skip == 0
+    st.record(0, 0)  # a lookup that found nothing: rate 0.25, at LOW_ACCEPTANCE: pause
     assert st.skip == BACKOFF_MIN and st.backoff == 2 * BACKOFF_MIN
-    assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens) == (3, 12, 4)
+    assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens) == (2, 8, 4)
+    st.skip = 0
+    st.record(4, 1)  # after the pause (rate 0.5) a draft keeping something goes on: 0.375
+    assert st.skip == 0
+    st.record(4, 0)  # 0.1875: paused again, twice as long
+    assert st.skip == 2 * BACKOFF_MIN and st.backoff == 4 * BACKOFF_MIN
+    st.skip = 0
+    st.record(4, 3)  # a mostly kept draft: the pause back to its least
+    assert st.backoff == BACKOFF_MIN
+
+
+def attempts_when_nothing_is_kept(backoff_max: int, steps: int) -> list[int]:
+    """The steps at which a sequence drafts when none of its drafts is ever kept (one
+    step per propose call: a paused one counts its pause down, as ``Speculator.propose``)."""
+    st, attempts = SpecState(True, 1, 2, backoff_max), []
+    for step in range(steps):
+        if st.skip:
+            st.skip -= 1
+            continue
+        attempts.append(step)
+        st.record(4, 0)
+    return attempts
+
+
+def test_a_useless_draft_model_pauses_longer_than_a_lookup():
+    """Rate 0.5 then 0.25 (paused 4), then after each pause one more failed attempt (rate
+    0.5 -> 0.25), the pause doubling to its cap: 32 for lookups, 256 for a draft model, whose
+    attempt costs several steps (ngram.py)."""
+    assert BACKOFF_MAX == 32 and DRAFT_BACKOFF_MAX == 256
+    assert attempts_when_nothing_is_kept(BACKOFF_MAX, 256) == [0, 1, 6, 15, 32, 65, 98, 131, 164, 197, 230]
+    assert attempts_when_nothing_is_kept(DRAFT_BACKOFF_MAX, 256) == [0, 1, 6, 15, 32, 65, 130]
+    assert attempts_when_nothing_is_kept(DRAFT_BACKOFF_MAX, 1024)[-3:] == [259, 516, 773]
 
 
 def test_may_follow_only_where_the_tokens_before_the_next_occurred_earlier():
@@ -91,3 +122,6 @@ def test_a_pending_token_is_read_back_only_when_a_lookup_can_succeed():
     assert Speculator(config, 1000).wanted([seq])
     draft = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 4})
     assert DraftModelSpeculator(draft, 1000).wanted([pending_seq([1, 2, 3, 4], [9])])
+    # each sequence's pause is capped by its speculator: a draft model's attempts cost more
+    assert DraftModelSpeculator(draft, 1000)._state(pending_seq([1, 2], [3])).backoff_max == DRAFT_BACKOFF_MAX
+    assert Speculator(config, 1000)._state(pending_seq([1, 2], [3])).backoff_max == BACKOFF_MAX
