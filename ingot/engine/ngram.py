@@ -13,14 +13,14 @@ from __future__ import annotations
 import array
 
 # Per-sequence backoff: an exponential average of the fraction of drafts accepted (a lookup
-# that found nothing counts as 0); at or below LOW_ACCEPTANCE the sequence sits out BACKOFF_MIN
+# that found nothing counts as 0); below LOW_ACCEPTANCE the sequence sits out BACKOFF_MIN
 # steps, doubling up to its speculator's cap while it stays low (after a pause one more draft
 # of which nothing is kept pauses it again), back to BACKOFF_MIN once a draft is mostly
 # accepted. The cap: BACKOFF_MAX where a failed attempt costs about a step (an n-gram lookup
 # and its verify rows), DRAFT_BACKOFF_MAX for a draft model, whose attempt costs its k draft
 # steps, the verify step and its catch-up (H100, 7B shape drafted by the 1.5B shape, k=4: about
 # 35 ms against a 5.2 ms step; with the cap at 32, drafts that were never kept cost 27% of a
-# 256-token request's output rate, 84 attempts in 1,020 steps; at 256, 7 attempts a request).
+# 256-token request's output rate, 84 attempts in 1,020 steps; at 256, 8 attempts a request).
 LOW_ACCEPTANCE = 0.25
 BACKOFF_MIN = 4
 BACKOFF_MAX = 32
@@ -114,9 +114,11 @@ class SpecState:
             self.num_accepted_tokens += accepted
         frac = accepted / drafted if drafted else 0.0
         self.rate = 0.5 * self.rate + 0.5 * frac
-        if self.rate <= LOW_ACCEPTANCE:
+        if self.rate < LOW_ACCEPTANCE:
             self.skip = self.backoff
             self.backoff = min(2 * self.backoff, self.backoff_max)
-            self.rate = 2 * LOW_ACCEPTANCE  # one more draft of nothing kept after the pause backs off again
+            # between LOW and 2 LOW: one more draft of nothing kept pauses it again, one of an
+            # eighth kept or more does not
+            self.rate = 1.5 * LOW_ACCEPTANCE
         elif frac >= 0.5:
             self.backoff = BACKOFF_MIN

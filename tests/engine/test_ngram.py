@@ -45,16 +45,20 @@ def test_backoff_after_poor_drafts_and_misses():
     st = SpecState(True, 1, 2)
     st.record(4, 4)  # rate 1.0
     assert st.skip == 0 and st.num_drafts == 1 and st.num_accepted_tokens == 4
-    st.record(4, 0)  # rate 0.5
+    st.record(4, 0)  # 0.5
+    st.record(0, 0)  # a lookup that found nothing: 0.25, not below LOW_ACCEPTANCE
     assert st.skip == 0
-    st.record(0, 0)  # a lookup that found nothing: rate 0.25, at LOW_ACCEPTANCE: pause
+    st.record(4, 0)  # 0.125: pause
     assert st.skip == BACKOFF_MIN and st.backoff == 2 * BACKOFF_MIN
-    assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens) == (2, 8, 4)
+    assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens) == (3, 12, 4)
     st.skip = 0
-    st.record(4, 1)  # after the pause (rate 0.5) a draft keeping something goes on: 0.375
+    st.record(4, 1)  # after the pause (rate 0.375) a draft keeping a quarter goes on: 0.3125
     assert st.skip == 0
-    st.record(4, 0)  # 0.1875: paused again, twice as long
+    st.record(4, 0)  # 0.15625: paused again, twice as long
     assert st.skip == 2 * BACKOFF_MIN and st.backoff == 4 * BACKOFF_MIN
+    st.skip = 0
+    st.record(0, 0)  # right after a pause, one more failure is enough: 0.1875
+    assert st.skip == 4 * BACKOFF_MIN
     st.skip = 0
     st.record(4, 3)  # a mostly kept draft: the pause back to its least
     assert st.backoff == BACKOFF_MIN
@@ -74,13 +78,13 @@ def attempts_when_nothing_is_kept(backoff_max: int, steps: int) -> list[int]:
 
 
 def test_a_useless_draft_model_pauses_longer_than_a_lookup():
-    """Rate 0.5 then 0.25 (paused 4), then after each pause one more failed attempt (rate
-    0.5 -> 0.25), the pause doubling to its cap: 32 for lookups, 256 for a draft model, whose
-    attempt costs several steps (ngram.py)."""
+    """Rate 0.5, 0.25, then 0.125 (paused 4), then after each pause one more failed attempt
+    (rate 0.375 -> 0.1875), the pause doubling to its cap: 32 for lookups, 256 for a draft
+    model, whose attempt costs several steps (ngram.py)."""
     assert BACKOFF_MAX == 32 and DRAFT_BACKOFF_MAX == 256
-    assert attempts_when_nothing_is_kept(BACKOFF_MAX, 256) == [0, 1, 6, 15, 32, 65, 98, 131, 164, 197, 230]
-    assert attempts_when_nothing_is_kept(DRAFT_BACKOFF_MAX, 256) == [0, 1, 6, 15, 32, 65, 130]
-    assert attempts_when_nothing_is_kept(DRAFT_BACKOFF_MAX, 1024)[-3:] == [259, 516, 773]
+    assert attempts_when_nothing_is_kept(BACKOFF_MAX, 256) == [0, 1, 2, 7, 16, 33, 66, 99, 132, 165, 198, 231]
+    assert attempts_when_nothing_is_kept(DRAFT_BACKOFF_MAX, 256) == [0, 1, 2, 7, 16, 33, 66, 131]
+    assert attempts_when_nothing_is_kept(DRAFT_BACKOFF_MAX, 1024)[-3:] == [260, 517, 774]
 
 
 def test_may_follow_only_where_the_tokens_before_the_next_occurred_earlier():
