@@ -133,7 +133,7 @@ def _sweep_skinny(shape: str = "1.5b") -> list:
         try:
             for name, w in weights.items():
                 x = torch.randn(m, w.shape[1], dtype=BF16, device=DEV)
-                res[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None, cfg))
+                res[name] = bench_graph_us(lambda x=x, w=w: skinny_gemm.skinny_linear(x, w, None, config=cfg))
         except Exception as exc:  # out of shared memory, ...
             res["error"] = type(exc).__name__
         out.append(res)

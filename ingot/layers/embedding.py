@@ -17,7 +17,7 @@ from torch import nn
 
 from ingot.distributed.collectives import all_gather_last_dim, all_reduce
 from ingot.distributed.parallel import SINGLE, TensorParallel, padded_shard
-from ingot.layers.linear import linear
+from ingot.layers.linear import logits_linear
 from ingot.layers.policy import DEFAULT_POLICY, OpPolicy
 
 
@@ -58,7 +58,7 @@ class Embedding(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Logits projection; shares the embedding matrix when the model ties them."""
+    """Logits projection, in fp32 (``logits_linear``); shares the embedding matrix when the model ties them."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tied_to: Optional[Embedding], tp: TensorParallel = SINGLE) -> None:
         super().__init__()
@@ -69,7 +69,7 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(self.shard.rows, hidden_size))
 
     def forward(self, hidden: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
-        logits = linear(hidden, self.weight, None, policy)
+        logits = logits_linear(hidden, self.weight, policy)
         if not self.shard.tp.enabled:
             return logits
         return all_gather_last_dim(logits, self.shard.tp)[..., : self.shard.vocab_size]

@@ -64,6 +64,22 @@ def linear(
     return nn.functional.linear(x, weight, bias)
 
 
+def logits_linear(x: torch.Tensor, weight: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
+    """``x @ weight.T`` in fp32: the logits keep their fp32 sums. Rounded to bf16 they tie or
+    swap at gaps of one bf16 step (0.125 at a logit of 16), which the rows of one step and of
+    another (a decode step's GEMV, a verify step's GEMM) round apart: greedy picks then differ
+    between forwards that agree to their last bit of hidden state. The fp32 output costs its
+    extra bytes only (4 a vocabulary entry instead of 2)."""
+    if x.dtype == torch.float32:
+        return linear(x, weight, None, policy)
+    if policy.skinny(x):
+        return torch.ops.ingot.skinny_linear(x, weight, None, torch.float32)
+    if x.is_cuda:
+        rows = x.reshape(-1, x.shape[-1])
+        return torch.mm(rows, weight.t(), out_dtype=torch.float32).view(*x.shape[:-1], weight.shape[0])
+    return nn.functional.linear(x.float(), weight.float())
+
+
 def norm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: "MergedLinear", policy: OpPolicy = DEFAULT_POLICY
 ) -> tuple[torch.Tensor, torch.Tensor]:

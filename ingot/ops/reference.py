@@ -241,10 +241,15 @@ def prefill_attention(
     return out
 
 
-@op(fake=lambda x, weight, *_: _projected(x, weight))
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """y = x @ weight.T (+ bias): the GEMM of a few rows (kernel: ops/triton/skinny_gemm.py)."""
-    return torch.nn.functional.linear(x, weight, bias)
+@op(fake=lambda x, weight, bias=None, out_dtype=None: x.new_empty(x.shape[0], weight.shape[0], dtype=out_dtype or x.dtype))
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """y = x @ weight.T (+ bias): the GEMM of a few rows (kernel: ops/triton/skinny_gemm.py),
+    in ``out_dtype`` (default x's): fp32 sums kept unrounded (the logits, ``layers.linear.logits_linear``)."""
+    if out_dtype is None or out_dtype == x.dtype:
+        return torch.nn.functional.linear(x, weight, bias)
+    return torch.nn.functional.linear(x.to(out_dtype), weight.to(out_dtype), None if bias is None else bias.to(out_dtype))
 
 
 @op(fake=lambda x, residual, norm_weight, eps, weight, *_: (_projected(x, weight), _like(x)))

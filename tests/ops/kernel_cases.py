@@ -174,7 +174,7 @@ def check_linear_norm_router(mod, m: int, n: int, k: int, experts: int, bias: bo
     logits, s, hw, rstd = mod.linear_norm_linear_scaled(x, w, b, residual, norm_w, 1e-6, router, config)
     assert logits.shape == (m, experts) and logits.dtype == torch.bfloat16
     assert s.shape == hw.shape == (m, n) and rstd.shape == (m,) and rstd.dtype == torch.float32
-    assert torch.equal(s, mod.skinny_linear(x, w, b, config) + residual)
+    assert torch.equal(s, mod.skinny_linear(x, w, b, config=config) + residual)
     assert torch.equal(hw, norm_w * s)
     expected_rstd = torch.rsqrt(s.float().pow(2).mean(-1) + 1e-6)
     torch.testing.assert_close(rstd, expected_rstd, rtol=1e-5, atol=0)  # sums of squares in another order

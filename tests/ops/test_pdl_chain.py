@@ -84,7 +84,7 @@ def _chain(w: dict[str, torch.Tensor], x: torch.Tensor, residual: torch.Tensor, 
         cfg = skinny_gemm.launch_config(1, n, k, dev, **kw)
         return cfg if pdl else replace(cfg, pdl=False)
 
-    q = skinny_gemm.skinny_linear(x, w["w_q"], None, gemv_cfg(HQ * D, H))
+    q = skinny_gemm.skinny_linear(x, w["w_q"], None, config=gemv_cfg(HQ * D, H))
     attn_cfg = decode_attention.launch_config(D, HKV, dev)
     attn = decode_attention.decode_attention(q.view(1, HQ, D), w["k_cache"], w["v_cache"], w["table"], w["seq_lens"],
                                              D**-0.5, config=attn_cfg if pdl else replace(attn_cfg, pdl=False))
@@ -94,7 +94,7 @@ def _chain(w: dict[str, torch.Tensor], x: torch.Tensor, residual: torch.Tensor, 
     weights = (weights / weights.sum(-1, keepdim=True)).to(BF16)
     launch = fused_moe.launch_config(E, I, 1, dev)
     moe = fused_moe.run(xw, w["w_gate_up"], w["w_down"], weights, ids, rstd, launch if pdl else replace(launch, pdl=False))
-    return skinny_gemm.skinny_linear(moe + s, w["w_out"], None, gemv_cfg(H, H)), weights, ids
+    return skinny_gemm.skinny_linear(moe + s, w["w_out"], None, config=gemv_cfg(H, H)), weights, ids
 
 
 def _reference(w: dict[str, torch.Tensor], x: torch.Tensor, residual: torch.Tensor, weights: torch.Tensor,

@@ -28,6 +28,29 @@ def test_skinny_linear(K, m, n, k, bias):
 
 
 @gpu
+@pytest.mark.parametrize("m", [1, 5, 40])
+def test_logits_in_fp32(m):
+    """The logits projection (``layers.linear.logits_linear``) on both of its GPU paths, the
+    skinny GEMV (one row) and cuBLAS with an fp32 output (more): fp32 sums, unrounded, and
+    a row's logits the same within summation order whichever path and batch it takes."""
+    from ingot.layers.linear import logits_linear
+    from ingot.layers.policy import OpPolicy
+    from ingot.ops.triton import register_cuda_kernels
+
+    assert register_cuda_kernels()  # the skinny path through torch.ops.ingot, as the engine runs it
+
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 576, generator=gen).to(BF16).cuda()
+    w = (0.05 * torch.randn(49152, 576, generator=gen)).to(BF16).cuda()
+    policy = OpPolicy(skinny_rows=1)
+    out = logits_linear(x, w, policy)
+    assert out.dtype == torch.float32 and out.shape == (m, 49152)
+    assert rel_err(out, x.double() @ w.double().T) < 1e-5
+    first = logits_linear(x[:1], w, policy)
+    assert (out[:1] - first).abs().max().item() < 1e-4
+
+
+@gpu
 @pytest.mark.parametrize("prologue", ["norm", "norm_scaled", "silu", "gelu"])
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k,bias", [
@@ -68,7 +91,7 @@ def test_skinny_linear_sweep_configs(K, use_dot, block_n, block_k, warps, waves)
     x = torch.randn(1, 1536, generator=gen).to(BF16).cuda()
     w = (0.05 * torch.randn(2048, 1536, generator=gen)).to(BF16).cuda()
     cfg = K.skinny_gemm.SkinnyConfig(use_dot, block_n, block_k, warps, 4, waves)
-    out = K.skinny_gemm.skinny_linear(x, w, None, cfg)
+    out = K.skinny_gemm.skinny_linear(x, w, None, config=cfg)
     assert rel_err(out, ref.skinny_linear(x.float(), w.float(), None)) < TOL
 
 

@@ -22,13 +22,25 @@ def test_skinny_linear(K, m, n, k, bias, splits):
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
-    out = K.skinny_gemm.skinny_linear(x, w, b, skinny_config(K, m, n, k, splits=splits))
+    out = K.skinny_gemm.skinny_linear(x, w, b, config=skinny_config(K, m, n, k, splits=splits))
     expected = ref.skinny_linear(x.float(), w.float(), None if b is None else b.float())
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert rel_err(out, expected) < 1e-2
     from ingot.ops.triton._common import _counters
 
     assert all(int(c.count_nonzero()) == 0 for c in _counters.values())  # left at zero
+
+
+@pytest.mark.parametrize("m,splits", [(1, None), (1, 3), (4, 2)])
+def test_skinny_linear_fp32_out(K, m, splits):
+    """``out_dtype=float32`` (the logits): the fp32 sums stored unrounded, within fp32 summation
+    order of the float64 product (a bf16 output would be off by ~1e-3)."""
+    gen = torch.Generator().manual_seed(7 + m)
+    x = torch.randn(m, 200, generator=gen).to(torch.bfloat16)
+    w = torch.randn(70, 200, generator=gen).to(torch.bfloat16)
+    out = K.skinny_gemm.skinny_linear(x, w, None, torch.float32, config=skinny_config(K, m, 70, 200, splits=splits))
+    assert out.dtype == torch.float32 and out.shape == (m, 70)
+    assert rel_err(out, x.double() @ w.double().T) < 1e-5
 
 
 @pytest.mark.parametrize("prologue", ["norm", "norm_scaled", "silu"])

@@ -278,7 +278,7 @@ def _launch(
     x: torch.Tensor, k: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
     prologue: int = NONE, residual: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None,
     eps: float = 0.0, config: Optional[SkinnyConfig] = None, write_scaled: bool = False,
-    router_weight: Optional[torch.Tensor] = None,
+    router_weight: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """y [M, N], and for the norm prologue the new residual, and with ``write_scaled`` the
     GEMV's input ``norm_w * s`` and each row's rstd; ``x`` holds ``K`` (SILU, GELU_TANH: 2K) columns.
@@ -291,7 +291,7 @@ def _launch(
     if x.stride(1) != 1:
         x = x.contiguous()
     router = router_weight is not None
-    y = torch.empty(m, router_weight.shape[0] if router else n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, router_weight.shape[0] if router else n, dtype=out_dtype or x.dtype, device=x.device)
     r_out = xw = rstd = None
     if prologue == NORM or router:  # residual rows, the new residual and the scaled input share one (contiguous) stride
         residual = residual.contiguous()
@@ -351,10 +351,12 @@ def _launch(
 
 @cuda_kernel
 def skinny_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: Optional[SkinnyConfig] = None
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype] = None,
+    config: Optional[SkinnyConfig] = None,
 ) -> torch.Tensor:
-    """Triton implementation of ``torch.ops.ingot.skinny_linear`` (``x`` [M <= 16, K])."""
-    return _launch(x, x.shape[1], weight, bias, NONE, config=config)[0]
+    """Triton implementation of ``torch.ops.ingot.skinny_linear`` (``x`` [M <= 16, K]; y in ``out_dtype``,
+    default x's: the fp32 sums are stored as they are or rounded once)."""
+    return _launch(x, x.shape[1], weight, bias, NONE, config=config, out_dtype=out_dtype)[0]
 
 
 @cuda_kernel
@@ -386,7 +388,7 @@ def linear_norm_linear_scaled(
     one_launch = x.shape[0] == 1 and not cfg.use_dot and weight.shape[0] > 0 and router_weight.shape[0] <= MAX_ROUTER_ROWS
     # one launch also needs its last-tile counter, which a graph capture cannot allocate
     if not one_launch or split_counters(x.device, cdiv(weight.shape[0], cfg.block_n) + 1) is None:
-        y = skinny_linear(x, weight, bias, cfg)
+        y = skinny_linear(x, weight, bias, config=cfg)
         return rms_norm_linear_scaled(y, residual, norm_weight, eps, router_weight, None)
     return _launch(x, x.shape[1], weight, bias, NONE, residual, norm_weight, eps, cfg, router_weight=router_weight)
 
