@@ -69,7 +69,9 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor, policy: OpPolicy = DEFA
     swap at gaps of one bf16 step (0.125 at a logit of 16), which the rows of one step and of
     another (a decode step's GEMV, a verify step's GEMM) round apart: greedy picks then differ
     between forwards that agree to their last bit of hidden state. The fp32 output costs its
-    extra bytes only (4 a vocabulary entry instead of 2)."""
+    extra bytes only (4 a vocabulary entry instead of 2). Half-precision models on the CPU (no
+    fp32-output GEMM there; an fp32 copy of the weight each step would cost more than the step)
+    round their logits and upcast them."""
     if x.dtype == torch.float32:
         return linear(x, weight, None, policy)
     if policy.skinny(x):
@@ -77,7 +79,7 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor, policy: OpPolicy = DEFA
     if x.is_cuda:
         rows = x.reshape(-1, x.shape[-1])
         return torch.mm(rows, weight.t(), out_dtype=torch.float32).view(*x.shape[:-1], weight.shape[0])
-    return nn.functional.linear(x.float(), weight.float())
+    return nn.functional.linear(x, weight).float()
 
 
 def norm_linear(

@@ -10,16 +10,21 @@ from ingot.layers.embedding import Embedding, LMHead
 from ingot.ops import reference as ref
 
 
-def test_bf16_model_logits_are_fp32_sums():
+def test_bf16_model_logits_are_fp32_sums_on_the_skinny_path():
+    """One row through ``torch.ops.ingot.skinny_linear`` with an fp32 output (its PyTorch
+    reference on the CPU, the Triton GEMV on a GPU: tests/ops/test_skinny_gemm_cuda.py)."""
+    from ingot.layers.policy import OpPolicy
+
     gen = torch.Generator().manual_seed(0)
     head = LMHead(300, 64, None)
     head.weight.data = torch.randn(300, 64, generator=gen).to(torch.bfloat16)
-    hidden = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
-    logits = head(hidden)
-    assert logits.dtype == torch.float32 and logits.shape == (5, 300)
+    hidden = torch.randn(1, 64, generator=gen).to(torch.bfloat16)
+    logits = head(hidden, OpPolicy(skinny_rows=1))
+    assert logits.dtype == torch.float32 and logits.shape == (1, 300)
     exact = hidden.double() @ head.weight.double().T
     assert (logits.double() - exact).abs().max().item() < 1e-4  # bf16 logits of ~8 would be off by up to 0.03
     assert (logits.bfloat16().double() - exact).abs().max().item() > 1e-3  # (which rounding would lose)
+    assert head(hidden.expand(3, 64)).dtype == torch.float32  # more rows on the CPU: rounded, then upcast
 
 
 def test_tied_fp32_model_unchanged():
