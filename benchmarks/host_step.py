@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from ingot.bench.report import env_info, write_json
-from ingot.config import EngineConfig
+from ingot.config import EngineConfig, SpeculativeConfig
 from ingot.engine.engine import Engine
 from ingot.runner import model_runner
 from ingot.sampling_params import SamplingParams
@@ -72,9 +72,10 @@ def _timed_steps(engine: Engine, steps: int, phase: dict[str, float], warmup: in
             yield total
 
 
-def tiny_engine(batch: int, max_len: int, tokenizer: Optional[str] = None) -> Engine:
+def tiny_engine(batch: int, max_len: int, tokenizer: Optional[str] = None,
+                speculative_config: Optional[SpeculativeConfig] = None) -> Engine:
     """An engine over ``TINY`` with random weights: a config.json alone (token-id words as its
-    tokenizer), or with ``tokenizer``'s and its vocabulary."""
+    tokenizer), or with ``tokenizer``'s and its vocabulary; speculating with ``speculative_config``."""
     config = dict(TINY)
     if tokenizer is not None:
         from ingot.loading.checkpoint import open_tokenizer
@@ -84,7 +85,8 @@ def tiny_engine(batch: int, max_len: int, tokenizer: Optional[str] = None) -> En
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         return Engine(EngineConfig(model=tmp, tokenizer=tokenizer, load_format="dummy", device="cpu", dtype="float32",
                                    max_num_seqs=batch, max_model_len=max_len,
-                                   num_kv_blocks=batch * (max_len // 16 + 2) + 8, show_progress=False))
+                                   num_kv_blocks=batch * (max_len // 16 + 2) + 8, show_progress=False,
+                                   speculative_config=speculative_config))
 
 
 def measure(batch: int, steps: int, prompt_len: int = 64, stream: bool = False) -> dict[str, float]:

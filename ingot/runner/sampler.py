@@ -190,8 +190,8 @@ class Sampler:
         return self._with_logprobs(logits, tokens, params, want_lp)
 
     def process_logits(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
-        """A new fp32 [B, V] tensor: ``logits`` after the penalties and the
-        ``min_tokens`` masking (what greedy rows take the argmax of)."""
+        """fp32 [B, V]: ``logits`` after the penalties and the ``min_tokens`` masking (what
+        greedy rows take the argmax of); ``logits`` itself when it is fp32 and nothing applies."""
         pen_rows = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
         mask_rows = [i for i, r in enumerate(rows) if _needs_min_tokens_mask(r)]
         return self._process(logits, rows, pen_rows, mask_rows)
@@ -201,7 +201,8 @@ class Sampler:
     def _process(self, logits: torch.Tensor, rows: List[SamplingRow],
                  pen_rows: List[int], mask_rows: List[int]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[1]
-        x = logits.to(torch.float32, copy=True)
+        # a copy only where it is written (the logits are fp32 already: layers.linear.logits_linear)
+        x = logits.to(torch.float32, copy=bool(pen_rows or mask_rows))
         if pen_rows:
             self._apply_penalties(x, rows, pen_rows)
         if mask_rows:
