@@ -304,3 +304,16 @@ def test_a_draft_with_another_tokenizer_is_refused(models, tmp_path):
         LLM(str(models["target"]), device="cpu", show_progress=False, speculative_config=draft_spec(other))
     with pytest.raises(ConfigError, match="tensor_parallel_size must be 1"):
         EngineConfig(model=str(models["target"]), tensor_parallel_size=2, speculative_config=draft_spec(other))
+
+
+def test_a_useless_draft_backs_off_to_a_few_attempts(models):
+    """A random draft of another model that keeps nothing of this prompt: its request of 256
+    greedy tokens drafts at its steps 0, 1, 2, 7, 16, 33, 66 and 131 (a pause after the third
+    failure, then after each one, doubling up to 256 steps for a draft model: ngram.py), 8
+    attempts, not the twenty-odd a pause capped at 32 steps allowed."""
+    params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
+    plain, _, _ = run(models["target"], None, PROMPTS[:1], params)
+    spec, metrics, _ = run(models["target"], draft_spec(models["other"], k=4), PROMPTS[:1], params)
+    same(spec, plain)
+    assert metrics[0].spec_num_accepted_tokens == 0
+    assert metrics[0].spec_num_drafts == 8
