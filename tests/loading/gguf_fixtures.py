@@ -125,16 +125,21 @@ TO_GGUF = {
 }
 
 
+def gguf_name(name: str, table: dict[str, str]) -> str:
+    """An HF tensor name as llama.cpp's converter names it (``table``: module path, within a
+    layer or the model, -> GGUF stem; layers become ``blk.N``)."""
+    stem, kind = name.rsplit(".", 1)
+    if stem.startswith("model.layers."):
+        _, _, layer, rest = stem.split(".", 3)
+        return f"blk.{layer}.{table[rest]}.{kind}"
+    return f"{table[stem]}.{kind}"
+
+
 def to_gguf(sd: dict[str, np.ndarray], permute: bool) -> dict[str, np.ndarray]:
     """HF state dict -> GGUF tensors the way llama.cpp's converter names (and permutes) them."""
     out = {}
     for name, w in sd.items():
-        stem, kind = name.rsplit(".", 1)
-        if stem.startswith("model.layers."):
-            _, _, layer, rest = stem.split(".", 3)
-            gname = f"blk.{layer}.{TO_GGUF[rest]}.{kind}"
-        else:
-            gname = f"{TO_GGUF[stem]}.{kind}"
+        gname = gguf_name(name, TO_GGUF)
         if permute and ("attn_q." in gname or "attn_k." in gname):
             w = llama_cpp_permute(w, HP["heads"] if "attn_q." in gname else HP["kv_heads"])
         out[gname] = w

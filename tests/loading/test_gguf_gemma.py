@@ -26,7 +26,7 @@ from ingot.engine.engine import Engine
 from ingot.loading.errors import CheckpointError
 from ingot.loading.gguf import load_gguf
 from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
-from tests.loading.gguf_fixtures import TO_GGUF, write_gguf
+from tests.loading.gguf_fixtures import TO_GGUF, gguf_name, write_gguf
 from tests.loading.test_gguf_moe import hf_state_dict
 
 GEMMA_TO_GGUF = {**TO_GGUF, "post_attention_layernorm": "post_attention_norm",
@@ -48,12 +48,7 @@ def gemma_tensors(sd: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     for name, t in sd.items():
         if name == "lm_head.weight":
             continue
-        stem, kind = name.rsplit(".", 1)
-        if stem.startswith("model.layers."):
-            _, _, layer, rest = stem.split(".", 3)
-            gname = f"blk.{layer}.{GEMMA_TO_GGUF[rest]}.{kind}"
-        else:
-            gname = f"{GEMMA_TO_GGUF[stem]}.{kind}"
+        gname = gguf_name(name, GEMMA_TO_GGUF)
         w = t.float().numpy()
         out[gname] = w + 1 if gname.endswith("norm.weight") else w
     return out
@@ -96,10 +91,8 @@ def dequantized_checkpoint(hf_dir: Path, out: Path, gguf_path: Path) -> Path:
     reader = gguf.GGUFReader(gguf_path)
     by_name = {t.name: t for t in reader.tensors}
     for name in sd:
-        stem, kind = name.rsplit(".", 1)
-        if stem.startswith("model.layers."):
-            _, _, layer, rest = stem.split(".", 3)
-            gname = f"blk.{layer}.{GEMMA_TO_GGUF[rest]}.{kind}"
+        if name.startswith("model.layers."):
+            gname = gguf_name(name, GEMMA_TO_GGUF)
             if gname.split(".")[-2] in PROJECTIONS:
                 t = by_name[gname]
                 sd[name] = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())

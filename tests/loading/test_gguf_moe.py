@@ -25,7 +25,7 @@ from ingot.engine.engine import Engine
 from ingot.loading.errors import CheckpointError
 from ingot.loading.gguf import load_gguf
 from tests.helpers import hf_logits, ingot_logits, write_tiny_checkpoint
-from tests.loading.gguf_fixtures import TO_GGUF, gpt2_vocab, llama_cpp_permute, write_gguf
+from tests.loading.gguf_fixtures import TO_GGUF, gguf_name, gpt2_vocab, llama_cpp_permute, write_gguf
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
 MOE_TO_GGUF = {
@@ -57,12 +57,7 @@ def to_gguf_tensors(sd: dict[str, torch.Tensor], cfg: dict, arch: str) -> dict[s
         if (m := _EXPERT.match(name)) is not None:
             experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = w
             continue
-        stem, kind = name.rsplit(".", 1)
-        if stem.startswith("model.layers."):
-            _, _, layer, rest = stem.split(".", 3)
-            gname = f"blk.{layer}.{MOE_TO_GGUF[rest]}.{kind}"
-        else:
-            gname = f"{MOE_TO_GGUF[stem]}.{kind}"
+        gname = gguf_name(name, MOE_TO_GGUF)
         if gname.endswith("ffn_gate_inp_shexp.weight"):
             w = w[0]  # stored 1-D, as llama.cpp reads it
         if GGUF_ARCH.get(arch, arch) == "llama" and ("attn_q." in gname or "attn_k." in gname):
