@@ -61,7 +61,10 @@ def _timed(times: dict[str, float], name: str, fn: Callable[..., Any]) -> Callab
     return wrapper
 
 
-def _timed_steps(engine: Engine, steps: int, phase: dict[str, float], warmup: int = 5) -> Iterator[float]:
+WARMUP_STEPS = 5
+
+
+def _timed_steps(engine: Engine, steps: int, phase: dict[str, float], warmup: int = WARMUP_STEPS) -> Iterator[float]:
     """Each counted step's wall time, after ``warmup`` uncounted ones; ``phase`` cleared before each step."""
     for i in range(steps + warmup):
         phase.clear()
@@ -190,6 +193,21 @@ def measure_grammar(batch: int, steps: int, schema: Any, ahead: bool, prompt_len
     return out
 
 
+def report(title: str, rows: list[dict[str, Any]], keys: dict[str, int], cols: list[str], width: int,
+           out: Optional[str], name: str, meta: dict[str, Any], formats: Optional[dict[str, str]] = None) -> None:
+    """Print ``rows`` as a table (the ``keys`` columns at their widths, then ``cols`` as numbers,
+    ``.3f`` unless ``formats`` says otherwise) and write them with ``meta`` and the environment
+    as JSON (default ``benchmarks/results/<name>-<date>.json``)."""
+    fmt = formats or {}
+    print(title)
+    print(" ".join(f"{k:>{w}}" for k, w in keys.items()) + " " + " ".join(f"{c:>{width}}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[k]:>{w}}" for k, w in keys.items()) + " "
+              + " ".join(f"{r[c]:>{width}{fmt.get(c, '.3f')}}" for c in cols))
+    path = out or Path(__file__).parent / "results" / f"{name}-{dt.date.today()}.json"
+    print(f"wrote {write_json(path, {'env': env_info(), **meta, 'rows': rows})}")
+
+
 def main_grammar(args: argparse.Namespace) -> None:
     schema = json.loads(Path(args.json_schema).read_text())
     rows = []
@@ -197,14 +215,10 @@ def main_grammar(args: argparse.Namespace) -> None:
         for name, spec in (("none", None), (Path(args.json_schema).name, schema)):
             rows.append(dict(batch=b, schema=name, ahead=args.ahead,
                              **measure_grammar(b, args.steps, spec, args.ahead == "on")))
-    print(f"host ms per decode step (median of {args.steps}), ahead thread {args.ahead}; "
-          "forward and sampler stand in for device work")
-    print(f"{'batch':>6} {'schema':>26} " + " ".join(f"{c:>11}" for c in GRAMMAR_PHASES) + f" {'grammar rows':>12}")
-    for r in rows:
-        print(f"{r['batch']:>6} {r['schema']:>26} " + " ".join(f"{r[c]:>11.3f}" for c in GRAMMAR_PHASES)
-              + f" {r['grammar rows']:>12.0f}")
-    out = args.out or Path(__file__).parent / "results" / f"host_step-structured-{dt.date.today()}.json"
-    print(f"wrote {write_json(out, {'env': env_info(), 'steps': args.steps, 'json_schema': args.json_schema, 'rows': rows})}")
+    report(f"host ms per decode step (median of {args.steps}), ahead thread {args.ahead}; "
+           "forward and sampler stand in for device work", rows, {"batch": 6, "schema": 26},
+           GRAMMAR_PHASES + ["grammar rows"], 12, args.out, "host_step-structured",
+           {"steps": args.steps, "json_schema": args.json_schema}, {"grammar rows": ".0f"})
 
 
 def main() -> None:
@@ -230,12 +244,8 @@ def main() -> None:
         model_runner.build_step_inputs = original
         rows.append(dict(batch=b, **ms))
     cols = ["total", "schedule", "step inputs", "sampler", "append, stop checks, rest"]
-    print(f"host ms per decode step (median of {args.steps})")
-    print(f"{'batch':>6} " + " ".join(f"{c:>26}" for c in cols))
-    for r in rows:
-        print(f"{r['batch']:>6} " + " ".join(f"{r[c]:>26.3f}" for c in cols))
-    out = args.out or Path(__file__).parent / "results" / f"host_step-{dt.date.today()}.json"
-    print(f"wrote {write_json(out, {'env': env_info(), 'steps': args.steps, 'rows': rows})}")
+    report(f"host ms per decode step (median of {args.steps})", rows, {"batch": 6}, cols, 26, args.out, "host_step",
+           {"steps": args.steps})
 
 
 if __name__ == "__main__":

@@ -18,16 +18,13 @@ table, writes JSON (default ``benchmarks/results/host_step_spec-<date>.json``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import statistics
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from benchmarks.host_step import VOCAB, _timed, _timed_steps, tiny_engine
-from ingot.bench.report import env_info, write_json
+from benchmarks.host_step import VOCAB, WARMUP_STEPS, _timed, _timed_steps, report, tiny_engine
 from ingot.config import SpeculativeConfig
 from ingot.runner import model_runner
 from ingot.sampling_params import SamplingParams
@@ -78,7 +75,7 @@ def measure(batch: int, steps: int, k: Optional[int]) -> dict[str, Any]:
             totals["rest"].append(total - sum(phase.values()))
     finally:
         model_runner.build_step_inputs, model_runner.verify_drafts = originals
-    tokens = (engine.stats().generation_tokens - before) / (steps + 5)  # per step, the warm-up steps included
+    tokens = (engine.stats().generation_tokens - before) / (steps + WARMUP_STEPS)  # per step, warm-up included
     row: dict[str, Any] = {name: 1e3 * statistics.median(v) for name, v in totals.items()}
     row["tokens per step"] = tokens
     row["total per token"] = row["total"] / tokens
@@ -97,13 +94,9 @@ def main() -> None:
     for b in (int(x) for x in args.batches.split(",")):
         for k in (None, args.k):
             rows.append(dict(batch=b, k=k or 0, **measure(b, args.steps, k)))
-    print(f"host ms per step (median of {args.steps}); forward and verify stand in for device work")
-    cols = PHASES + ["tokens per step", "total per token"]
-    print(f"{'batch':>6} {'k':>3} " + " ".join(f"{c:>12}" for c in cols))
-    for r in rows:
-        print(f"{r['batch']:>6} {r['k']:>3} " + " ".join(f"{r[c]:>12.3f}" for c in cols))
-    out = args.out or Path(__file__).parent / "results" / f"host_step_spec-{dt.date.today()}.json"
-    print(f"wrote {write_json(out, {'env': env_info(), 'steps': args.steps, 'k': args.k, 'rows': rows})}")
+    report(f"host ms per step (median of {args.steps}); forward and verify stand in for device work", rows,
+           {"batch": 6, "k": 3}, PHASES + ["tokens per step", "total per token"], 12, args.out, "host_step_spec",
+           {"steps": args.steps, "k": args.k})
 
 
 if __name__ == "__main__":
