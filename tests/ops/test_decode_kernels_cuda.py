@@ -158,6 +158,29 @@ def test_decode_attention_rope_splits(K, splits, tiles):
 
 
 @gpu
+@pytest.mark.parametrize("splits", [1, 3, 64])
+@pytest.mark.parametrize("tiles", ["batch 64", "batch 1"])
+def test_fused_decode_equals_its_three_kernels(K, splits, tiles):
+    """The fused step attends its new token inside its tile, as a cached one (probability
+    rounded for the PV dot): bit for bit what rotary + store_kv + decode_attention give with
+    the same slices, so a verify step's rows (the three ops) pick what decode steps pick."""
+    gen = torch.Generator().manual_seed(40 + splits)
+    lens = [1000, 129, 128, 65, 64, 17, 2, 1]
+    args = rope_decode_case(lens, 28, 4, 128, 16, BF16, gen, device="cuda", pad_row=False)
+    q, k, v, positions, cos_sin, k_cache, v_cache, slots, table, seq_lens, scale = args
+    programs = {"batch 64": 64 * 4, "batch 1": 4}[tiles]
+    cfg = K.decode_attention.launch_config(128, programs, torch.device("cuda"))
+    fused = K.decode_attention.decode_attention_rope(*args, num_splits=splits, config=cfg)
+    k_cache2, v_cache2 = k_cache.clone(), v_cache.clone()
+    q_rot, k_rot = K.rotary.rotary_embedding(positions, q, k, cos_sin)
+    K.kv_store.store_kv(k_rot, v, k_cache2, v_cache2, slots)
+    apart = K.decode_attention.decode_attention(q_rot, k_cache2, v_cache2, table, seq_lens, scale, num_splits=splits,
+                                                config=cfg)
+    assert torch.equal(k_cache.nan_to_num(7.0), k_cache2.nan_to_num(7.0))
+    assert torch.equal(fused, apart)
+
+
+@gpu
 def test_decode_merge_kernel_fallback(K):
     gen = torch.Generator().manual_seed(4)
     args = rope_decode_case([900, 33, 1], 12, 2, 128, 16, BF16, gen, device="cuda")

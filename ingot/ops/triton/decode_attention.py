@@ -198,7 +198,7 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    kv_limit = seq_len  # cache positions this program may read
+    new_pos = -1  # the position whose K/V come from registers, not the cache (none without ROPE)
     if ROPE:
         k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
         k1 = tl.load(k_row, mask=h_mask, other=0.0)
@@ -208,8 +208,10 @@ def _decode_kernel(
             q1, q2 = _head_rms_norm(q1, q2, qn1, qn2, norm_eps, HEAD_DIM)
             k1, k2 = _head_rms_norm(k1, k2, kn1, kn2, norm_eps, HEAD_DIM)
         q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
-        # the new token: rotated k and v from registers, stored by its owner program
-        kv_limit = seq_len - 1
+        # the new token: rotated k and v from registers, stored by the program whose slice holds it
+        # and attended inside its tile as a cached token is (its probability rounded for the PV dot
+        # as theirs are), so the step computes what rotary + store_kv + decode_attention do
+        new_pos = seq_len - 1
         owner = (seq_len > 0) & (split == (num_tiles - 1 - tile0) // tiles_per_split)
         k1, k2 = rope_pair(k1, k2, cos, sin, BF16)
         store = owner & (slot >= 0)
@@ -218,11 +220,9 @@ def _decode_kernel(
         tl.store(k_dst + offs_h, k1.to(k_cache_ptr.dtype.element_ty), mask=h_mask & store)
         tl.store(k_dst + HALF + offs_h, k2.to(k_cache_ptr.dtype.element_ty), mask=h_mask & store)
         tl.store(v_dst + offs_d, v_new.to(v_cache_ptr.dtype.element_ty), mask=d_mask & store)
-        s_new = tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
-        s_new += tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)
-        m_i = tl.where(owner, scaled_logits(s_new, scale_log2, cap_log2, SOFTCAP), m_i)
-        l_i = tl.where(owner, 1.0, l_i)
-        acc = tl.where(owner, acc + v_new.to(tl.float32)[None, :], acc)
+        k1 = k1.to(k_cache_ptr.dtype.element_ty)
+        k2 = k2.to(k_cache_ptr.dtype.element_ty)
+        v_new = v_new.to(v_cache_ptr.dtype.element_ty)
     if DOT_F32:
         q1 = q1.to(tl.float32)
         q2 = q2.to(tl.float32)
@@ -233,28 +233,35 @@ def _decode_kernel(
 
     for tile in range(tile_lo, tile_hi):
         pos_n = tile * BLOCK_N + offs_n
-        n_mask = (pos_n < kv_limit) & (pos_n >= first)
+        n_mask = (pos_n < seq_len) & (pos_n >= first)
+        is_new = pos_n == new_pos
+        load_mask = n_mask & (pos_n != new_pos)
         if PAGE % BLOCK_N == 0:
             # the whole tile lies in one cache block
             blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE).to(tl.int64)
         else:
-            blk = tl.load(bt_row + pos_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+            blk = tl.load(bt_row + pos_n // PAGE, mask=load_mask, other=0).to(tl.int64)
         k_rows = k_head + blk * stride_kb + (pos_n % PAGE) * stride_ks
         v_rows = v_head + blk * stride_vb + (pos_n % PAGE) * stride_vs
-        nh_mask = n_mask[:, None] & h_mask[None, :]
+        nh_mask = load_mask[:, None] & h_mask[None, :]
         k1t = tl.load(k_rows[:, None] + offs_h[None, :], mask=nh_mask, other=0.0)
         k2t = tl.load(k_rows[:, None] + HALF + offs_h[None, :], mask=nh_mask, other=0.0)
+        if ROPE:
+            k1t = tl.where(is_new[:, None], k1[None, :], k1t)
+            k2t = tl.where(is_new[:, None], k2[None, :], k2t)
         if DOT_F32:
             k1t = k1t.to(tl.float32)
             k2t = k2t.to(tl.float32)
         s = scaled_logits(tl.dot(q1, tl.trans(k1t)) + tl.dot(q2, tl.trans(k2t)), scale_log2, cap_log2, SOFTCAP)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile holding only the new token
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile of masked positions only
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        v = tl.load(v_rows[:, None] + offs_d[None, :], mask=load_mask[:, None] & d_mask[None, :], other=0.0)
+        if ROPE:
+            v = tl.where(is_new[:, None], v_new[None, :], v)
         if DOT_F32:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
