@@ -1,5 +1,7 @@
-"""Prefill CUDA graphs on a real GPU (marked cuda): every replay equals the padded raw forward
-bit for bit, and the first tokens and their logprobs match the eager engine's."""
+"""Prefill CUDA graphs on a real GPU (marked cuda), on tiny random checkpoints of four
+families (q/k norm, MoE, sliding window with soft-capping, MLA): every replay equals the
+padded raw forward bit for bit, and each prompt's first-token logprobs match the eager
+engine's (where the padding changes only the kernels' row counts)."""
 
 from __future__ import annotations
 
@@ -7,31 +9,37 @@ import pytest
 import torch
 
 from ingot import LLM, SamplingParams
+from tests.helpers import write_tiny_checkpoint
 
 pytestmark = pytest.mark.cuda
 
-TEXTS = [
-    "The history of the Roman Empire",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village, there lived an old clockmaker who " * 6,
-    "import torch\nimport numpy as np\n\n",
-    "List the planets of the solar system in order from the sun, with one fact about each. " * 12,
-]
+ARCHS = ["qwen3", "qwen3_moe", "gemma2", "deepseek_v2"]
+LENGTHS = [3, 8, 21, 100, 230]  # under the smallest bucket, on one, between, two long ones
 
 
-def engine(smollm2_gguf, **kw) -> LLM:
-    return LLM(str(smollm2_gguf), dtype="bfloat16", device="cuda", max_num_seqs=4, cudagraph_capture_sizes=(1, 4),
-               show_progress=False, max_model_len=2048, gpu_memory_utilization=0.3, enable_prefix_caching=False, **kw)
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request, tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("pgc") / request.param, request.param)
 
 
-def first_tokens(llm: LLM) -> list[tuple[int, float]]:
-    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=0)
-    outs = [llm.generate([t], params, use_tqdm=False)[0].outputs[0] for t in TEXTS]  # one sequence a prefill
-    return [(o.token_ids[0], o.logprobs[0][o.token_ids[0]].logprob) for o in outs]
+def engine(path, **kw) -> LLM:
+    return LLM(str(path), dtype="bfloat16", device="cuda", max_num_seqs=4, cudagraph_capture_sizes=(1, 4),
+               show_progress=False, gpu_memory_utilization=0.3, enable_prefix_caching=False, **kw)
 
 
-def test_prefill_replay_bitwise_equals_its_padded_forward(smollm2_gguf, monkeypatch):
-    llm = engine(smollm2_gguf)
+def first_logprobs(llm: LLM) -> list[dict[int, float]]:
+    """Each prompt alone (one sequence a prefill): its first token's top-5 logprobs."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    out = []
+    for i, n in enumerate(LENGTHS):
+        ids = [(11 * i + 7 * j) % 300 + 3 for j in range(n)]
+        o = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
+        out.append({t: lp.logprob for t, lp in o.logprobs[0].items()})
+    return out
+
+
+def test_prefill_replay_bitwise_equals_its_padded_forward(tiny, monkeypatch):
+    llm = engine(tiny)
     pg = llm.engine.executor.prefill_graphs
     assert pg is not None and pg.graphs, "prefill graphs captured"
     seen, mismatches = [], []
@@ -49,12 +57,13 @@ def test_prefill_replay_bitwise_equals_its_padded_forward(smollm2_gguf, monkeypa
         return pg.outputs[bucket]
 
     monkeypatch.setattr(pg, "run", checked_run)
-    first_tokens(llm)
-    assert len(seen) == len(TEXTS) and not mismatches, (seen, mismatches)
+    first_logprobs(llm)
+    assert seen == [(3, 8), (8, 8), (21, 24), (100, 128), (230, 256)] and not mismatches, (seen, mismatches)
 
 
-def test_prefill_graphs_give_the_eager_first_tokens(smollm2_gguf):
-    graphed = first_tokens(engine(smollm2_gguf))
-    eager = first_tokens(engine(smollm2_gguf, enforce_eager=True))
-    assert [t for t, _ in graphed] == [t for t, _ in eager]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(graphed, eager)) < 0.05
+def test_prefill_graphs_give_the_eager_first_logprobs(tiny):
+    graphed = first_logprobs(engine(tiny))
+    eager = first_logprobs(engine(tiny, enforce_eager=True))
+    for g, e in zip(graphed, eager):
+        top = max(e, key=e.get)
+        assert top in g and abs(g[top] - e[top]) < 0.05, (g, e)
