@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -362,19 +362,10 @@ class DecodeGraphRunner:
         return self.entries[bucket].replay(self.buffers.view(bucket))[:b]
 
 
-class GraphSet(Protocol):
-    """What ``capture_sets`` needs of a set of graphs (``DecodeGraphRunner``, ``PrefillGraphRunner``)."""
-
-    buckets: list[int]
-    pool: Any
-
-    def capture_all(self) -> None: ...
-
-
-def capture_sets(runners: Sequence[GraphSet]) -> None:
+def capture_sets(runners: list[DecodeGraphRunner]) -> None:
     """Capture every runner's graphs into one memory pool, the runner with the largest
     bucket first (smaller graphs then fit the pool it made); one step replays at a time,
-    so graphs of every kind can share it."""
+    so graphs of both kinds can share it."""
     pool = None
     for runner in sorted(runners, key=lambda r: r.buckets[-1], reverse=True):
         runner.pool = runner.pool if pool is None else pool

@@ -1,12 +1,11 @@
 """ModelRunner: owns the model and its KV cache; turns a scheduled batch into sampled tokens.
 
-Eager mode, CPU and prefill steps of several sequences (or long ones, or with prompt
-logprobs) run the raw model. On CUDA decode steps go through the DecodeGraphRunner
-(captured graphs, optionally compiled) when the batch fits a bucket, a one-sequence
-prefill of up to 512 tokens through the PrefillGraphRunner (``prefill_graphs.py``),
-speculative decoding's verify steps (decode rows of their own kind:
-``step_inputs._verify_step``) through a second set of graphs, the verify graphs, when
-their rows fit a bucket; whatever fits none runs the raw model.
+Prefill steps, eager mode and CPU run the raw model. Decode steps on CUDA go
+through the DecodeGraphRunner (captured graphs, optionally compiled) when the
+batch fits a bucket; speculative decoding's verify steps (decode rows of their
+own kind: ``step_inputs._verify_step``) through a second set of graphs, the
+verify graphs, when their rows fit a bucket, else the same rows through the raw
+model.
 
 A step is ``stage`` (inputs to the device), ``run_model`` (the device part:
 forward and logits) and sampling. ``run_model`` is what every tensor-parallel
@@ -104,7 +103,6 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphRunner, set up by setup_decode_graphs()
         self.verify_graphs = None  # the verify steps' DecodeGraphRunner (with speculative decoding)
         self.kv_graphs = None  # a draft model's K/V-only decode graphs (``fill_kv``; draft_runner.py)
-        self.prefill_graphs = None  # PrefillGraphRunner: one-sequence prefill steps (prefill_graphs.py)
         kernels = False
         if device.type == "cuda" and config.triton_kernels:
             from ingot.ops.triton import register_cuda_kernels
@@ -202,25 +200,19 @@ class ModelRunner:
             capture_sets(self.graph_sets(max_blocks_per_seq))
 
     def graph_sets(self, max_blocks_per_seq: int) -> list:
-        """Build (not capture) this runner's decode and prefill graphs and, with speculative
-        decoding, its verify graphs."""
+        """Build (not capture) this runner's decode graphs and, with speculative decoding, its
+        verify graphs."""
         from ingot.runner.graph_runner import DecodeGraphRunner
-        from ingot.runner.prefill_graphs import PrefillGraphRunner
 
         args = (self.model, self.config, self.device, max_blocks_per_seq, self.policy, self.tp)
         self.graphs = DecodeGraphRunner(*args)
-        self.prefill_graphs = PrefillGraphRunner(self.model, self.config, self.device, max_blocks_per_seq, self.policy)
         if self.config.speculative_config is not None:
             self.verify_graphs = DecodeGraphRunner(*args, store_first=True)
-        return [g for g in (self.graphs, self.verify_graphs, self.prefill_graphs) if g is not None]
+        return [g for g in (self.graphs, self.verify_graphs) if g is not None]
 
     # ------------------------------------------------------------------ step
     def _graphs_for(self, inputs: StepInputs):
-        """The graph set that replays ``inputs`` (decode or verify rows that fit a bucket, a
-        one-sequence prefill that fits one), or None."""
-        if inputs.attn.is_prefill:
-            prefill = self.prefill_graphs
-            return prefill if prefill is not None and prefill.fits(inputs) else None
+        """The graph set that replays ``inputs`` (decode or verify rows that fit a bucket), or None."""
         graphs = self.verify_graphs if inputs.attn.store_first else self.graphs
         if graphs is not None and not inputs.attn.is_prefill and graphs.fits(inputs.num_seqs):
             return graphs
