@@ -21,10 +21,11 @@ Fused variant (``decode_attention_rope``): the program also applies the rotary
 embedding to q and to this step's k (after a per-head RMSNorm of both, for Qwen3's
 q/k norm: two launches fewer per layer), and stores the new k/v row into the cache
 by slot mapping. The new token is not read back from the cache: the one
-program whose slice holds the last position takes it from registers, and every
-program masks that position out of its cache reads, so the store races with
-nothing. This replaces three launches per layer (rotary, store_kv, attention)
-with one.
+program whose slice holds the last position puts it from registers into the tile
+that holds it, where it is attended as a cached token (the same bits as the
+three ops apart), and every program masks that position out of its cache reads,
+so the store races with nothing. This replaces three launches per layer (rotary,
+store_kv, attention) with one.
 
 A sliding ``window`` (a local layer) starts the slices at the tile holding the first
 visible position (``seq_len - window``): tiles wholly before it are never read, so a
@@ -49,6 +50,7 @@ import triton.language as tl
 
 from ingot.ops.triton._common import cdiv, cuda_kernel, interpreting, last_dim_contiguous, next_pow2, num_sms, split_counters
 from ingot.ops.triton.pdl import pdl_supported, release_dependents, wait_for_producer
+from ingot.ops.triton.rms_norm import head_norm_weights, head_rms_norm
 from ingot.ops.triton.rotary import load_cos_sin, rope_pair
 from ingot.ops.triton.softcap import scaled_logits, softmax_denominator
 
@@ -114,28 +116,6 @@ def _merge_splits(
     )
 
 
-@triton.jit
-def _norm_weights(w_ptr, offs_h, h_mask, HALF: tl.constexpr):
-    """A per-head RMSNorm weight as its two rotary halves, fp32."""
-    w1 = tl.load(w_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + offs_h, mask=h_mask, other=0.0).to(tl.float32)
-    return w1, w2
-
-
-@triton.jit
-def _head_rms_norm(x1, x2, w1, w2, eps, HEAD_DIM: tl.constexpr):
-    """RMSNorm of each head held as two halves (rows of ``x1``/``x2``, or one head as 1-D) with
-    the weight's halves ``w1``/``w2``, computed as ``rms_norm``: fp32 mean of squares, the
-    normalised value rounded to the input dtype, times the weight, rounded again (Qwen3's q/k
-    norm, folded into the decode op)."""
-    f1 = x1.to(tl.float32)
-    f2 = x2.to(tl.float32)
-    rstd = tl.rsqrt((tl.sum(f1 * f1, -1, keep_dims=True) + tl.sum(f2 * f2, -1, keep_dims=True)) / HEAD_DIM + eps)
-    y1 = w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)
-    y2 = w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)
-    return y1.to(x1.dtype), y2.to(x2.dtype)
-
-
 # the block table's width varies between eager steps, the window between layers: not specialized
 @triton.jit(do_not_specialize=["stride_bt", "window"])
 def _decode_kernel(
@@ -178,8 +158,8 @@ def _decode_kernel(
         slot = tl.load(slot_ptr + b).to(tl.int64)
         cos, sin = load_cos_sin(cos_sin_ptr + pos * stride_cs, offs_h, h_mask, HALF, q_ptr.dtype.element_ty, BF16)
         if QK_NORM:
-            qn1, qn2 = _norm_weights(q_norm_ptr, offs_h, h_mask, HALF)
-            kn1, kn2 = _norm_weights(k_norm_ptr, offs_h, h_mask, HALF)
+            qn1, qn2 = head_norm_weights(q_norm_ptr, offs_h, h_mask, HALF)
+            kn1, kn2 = head_norm_weights(k_norm_ptr, offs_h, h_mask, HALF)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
     # a sliding window: the slices cover only the tiles from the first visible position on
     first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
@@ -198,20 +178,18 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    new_pos = -1  # the position whose K/V come from registers, not the cache (none without ROPE)
     if ROPE:
         k_row = k_new_ptr + b64 * stride_knb + kvh * stride_knh + offs_h
         k1 = tl.load(k_row, mask=h_mask, other=0.0)
         k2 = tl.load(k_row + HALF, mask=h_mask, other=0.0)
         v_new = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask, other=0.0)
         if QK_NORM:
-            q1, q2 = _head_rms_norm(q1, q2, qn1, qn2, norm_eps, HEAD_DIM)
-            k1, k2 = _head_rms_norm(k1, k2, kn1, kn2, norm_eps, HEAD_DIM)
+            q1, q2 = head_rms_norm(q1, q2, qn1, qn2, norm_eps, HEAD_DIM)
+            k1, k2 = head_rms_norm(k1, k2, kn1, kn2, norm_eps, HEAD_DIM)
         q1, q2 = rope_pair(q1, q2, cos[None, :], sin[None, :], BF16)
         # the new token: rotated k and v from registers, stored by the program whose slice holds it
         # and attended inside its tile as a cached token is (its probability rounded for the PV dot
         # as theirs are), so the step computes what rotary + store_kv + decode_attention do
-        new_pos = seq_len - 1
         owner = (seq_len > 0) & (split == (num_tiles - 1 - tile0) // tiles_per_split)
         k1, k2 = rope_pair(k1, k2, cos, sin, BF16)
         store = owner & (slot >= 0)
@@ -234,8 +212,10 @@ def _decode_kernel(
     for tile in range(tile_lo, tile_hi):
         pos_n = tile * BLOCK_N + offs_n
         n_mask = (pos_n < seq_len) & (pos_n >= first)
-        is_new = pos_n == new_pos
-        load_mask = n_mask & (pos_n != new_pos)
+        load_mask = n_mask  # positions read from the cache
+        if ROPE:
+            is_new = pos_n == seq_len - 1
+            load_mask = n_mask & (pos_n != seq_len - 1)
         if PAGE % BLOCK_N == 0:
             # the whole tile lies in one cache block
             blk = tl.load(bt_row + (tile * BLOCK_N) // PAGE).to(tl.int64)

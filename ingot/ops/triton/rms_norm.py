@@ -10,7 +10,8 @@ Inputs may be strided in their leading dims (e.g. q [T, H, D] sliced out of a
 fused qkv projection): rows are addressed as ``(row // inner) * s0 + (row %
 inner) * s1`` and only the last dim must be contiguous. Each program handles
 ``BLOCK_R`` whole rows, so short rows (a per-head q/k norm) still give big
-enough programs.
+enough programs. ``head_rms_norm`` is the same normalization of one head held in registers as
+its two rotary halves, for the fused decode attention (Qwen3's q/k norm).
 """
 
 from __future__ import annotations
@@ -35,6 +36,28 @@ class RmsNormConfig:
     block_r: int  # whole rows per program (a power of two)
     num_warps: int
     weight_first: bool  # load the weight before the row instead of after the reduction
+
+
+@triton.jit
+def head_norm_weights(w_ptr, offs_h, h_mask, HALF: tl.constexpr):
+    """A per-head RMSNorm weight as its two rotary halves, fp32."""
+    w1 = tl.load(w_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+    return w1, w2
+
+
+@triton.jit
+def head_rms_norm(x1, x2, w1, w2, eps, HEAD_DIM: tl.constexpr):
+    """RMSNorm of each head held as two halves (rows of ``x1``/``x2``, or one head as 1-D) with
+    the weight's halves ``w1``/``w2``, computed as ``rms_norm``: fp32 mean of squares, the
+    normalised value rounded to the input dtype, times the weight, rounded again (Qwen3's q/k
+    norm, folded into the fused decode attention)."""
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(f1 * f1, -1, keep_dims=True) + tl.sum(f2 * f2, -1, keep_dims=True)) / HEAD_DIM + eps)
+    y1 = w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)
+    y2 = w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)
+    return y1.to(x1.dtype), y2.to(x2.dtype)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
