@@ -36,7 +36,9 @@ class ConfigError(ValueError):
         self.field = field
 
 
-SPEC_METHODS = ("ngram", "draft_model")
+SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+# methods whose proposer is a model beside the target (its own KV cache, runner/draft_runner.py)
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3")
 MAX_SPECULATIVE_TOKENS = 16
 _NGRAM_FIELDS = ("prompt_lookup_min", "prompt_lookup_max")
 
@@ -81,10 +83,10 @@ class SpeculativeConfig:
         missing = [name for name in ("method", "num_speculative_tokens") if name not in values]
         if missing:
             raise _spec_error(f"missing field(s) {missing}")
-        if values["method"] == "draft_model":
+        if values["method"] in DRAFT_METHODS:
             lookup = [name for name in _NGRAM_FIELDS if name in values]
             if lookup:
-                raise _spec_error(f"{lookup} apply to method 'ngram', not to a draft model")
+                raise _spec_error(f"{lookup} apply to method 'ngram', not to {values['method']!r}")
         lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
         if lo is None and hi is not None:
             values["prompt_lookup_min"] = hi
@@ -109,6 +111,12 @@ class SpeculativeConfig:
             if not isinstance(self.model, str) or not self.model:
                 raise _spec_error(f"method 'draft_model' needs 'model' (the draft: an HF directory, .gguf file, "
                                   f"hub id or built-in shape), got {self.model!r}")
+        elif self.method in DRAFT_METHODS:
+            if not isinstance(self.model, str) or not self.model:
+                raise _spec_error(f"method {self.method!r} needs 'model' (the head's directory or hub id), "
+                                  f"got {self.model!r}")
+            if self.quantization is not None:
+                raise _spec_error(f"quantization applies to a draft model, not to an {self.method!r} head")
         elif self.model is not None or self.quantization is not None:
             raise _spec_error(f"'model' and 'quantization' name a draft model: method must be 'draft_model' "
                               f"(or left out), got {self.method!r}")
@@ -120,7 +128,12 @@ class SpeculativeConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.method == "draft_model"
+        """A model beside the target proposes (a draft model or an EAGLE head)."""
+        return self.method in DRAFT_METHODS
+
+    @property
+    def uses_eagle(self) -> bool:
+        return self.method in ("eagle", "eagle3")
 
 
 def _spec_error(message: str) -> ConfigError:

@@ -32,7 +32,10 @@ def test_a_model_implies_the_draft_model_method():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of"),
+    ({"method": "medusa", "num_speculative_tokens": 2}, "method must be one of"),
+    ({"method": "eagle", "num_speculative_tokens": 2}, "method 'eagle' needs 'model'"),
+    ({"method": "eagle3", "model": "m", "quantization": "fp8", "num_speculative_tokens": 2}, "not to an 'eagle3' head"),
+    ({"method": "eagle3", "model": "m", "num_speculative_tokens": 2, "prompt_lookup_max": 3}, "apply to method 'ngram'"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be a positive integer"),
     ({"method": "ngram", "num_speculative_tokens": 17}, "num_speculative_tokens must be in 1..16"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},

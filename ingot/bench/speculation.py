@@ -31,9 +31,11 @@ def speculative_arg(text: str) -> SpeculativeConfig:
 
 
 def describe(config: Optional[SpeculativeConfig]) -> str:
-    """``ngram k=4 (lookup 2-5)``, ``draft k=4 (NAME)``; ``plain`` without speculation."""
+    """``ngram k=4 (lookup 2-5)``, ``draft k=4 (NAME)``, ``eagle3 k=4 (NAME)``; ``plain`` without speculation."""
     if config is None:
         return "plain"
+    if config.uses_eagle:
+        return f"{config.method} k={config.num_speculative_tokens} ({Path(str(config.model)).name})"
     if config.uses_draft_model:
         return f"draft k={config.num_speculative_tokens} ({Path(str(config.model)).name})"
     return f"{config.method} k={config.num_speculative_tokens} (lookup {config.prompt_lookup_min}-{config.prompt_lookup_max})"

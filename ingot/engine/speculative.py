@@ -241,8 +241,25 @@ class DraftModelSpeculator(Speculator):
         seq.draft_kv_len = min(seq.draft_kv_len, seq.num_computed_tokens)
 
 
+class EagleSpeculator(DraftModelSpeculator):
+    """Speculation with an EAGLE head (``runner/eagle_runner.py``): as with a draft model, but the
+    head's K/V of the drafts it fed itself was computed from its own hidden states, not the
+    target's; after a verify step only the sequence's last token counts as seen, so the next
+    round feeds the kept drafts again (with the target's hidden states)."""
+
+    def launched(self, batch: ScheduledBatch) -> None:
+        if batch.draft_tokens is None:
+            super().launched(batch)
+            return
+        for seq, draft in zip(batch.seqs, batch.draft_tokens):
+            if seq.status is Status.RUNNING:
+                seq.draft_kv_len = seq.num_computed_tokens - len(draft)
+
+
 def make_speculator(config: SpeculativeConfig, max_model_len: int) -> Speculator:
     """The engine's speculator for ``config``'s method."""
+    if config.uses_eagle:
+        return EagleSpeculator(config, max_model_len)
     return (DraftModelSpeculator if config.uses_draft_model else Speculator)(config, max_model_len)
 
 

@@ -78,16 +78,16 @@ def default_model_path() -> Path:
     return files[0]
 
 
-def resolve(model: Optional[str], weights: bool = True) -> Path:
+def resolve(model: Optional[str], weights: bool = True, patterns: Optional[list[str]] = None) -> Path:
     """A local path for ``model``; downloads hub ids (without their weights unless
-    ``weights``); clear errors otherwise."""
+    ``weights``; only the files ``patterns`` match, when given); clear errors otherwise."""
     if model is None or model == DEFAULT_TOKENIZER:
         return default_model_path()
     path = Path(model).expanduser()
     if path.exists():
         return path
     if _HUB_ID.match(model) and not model.startswith((".", "/")):
-        return hf.download_from_hub(model, weights)
+        return hf.download_from_hub(model, weights, patterns)
     raise CheckpointError(f"model path {model!r} does not exist (expected an HF directory, a .gguf file or a hub id org/name)")
 
 

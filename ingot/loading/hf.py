@@ -102,11 +102,13 @@ def generation_eos_ids(path: Path) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos or [])
 
 
-def download_from_hub(repo_id: str, weights: bool = True) -> Path:
-    """Fetch a hub model (configs, tokenizer and, with ``weights``, the weights) into the HF cache."""
+def download_from_hub(repo_id: str, weights: bool = True, patterns: Optional[list[str]] = None) -> Path:
+    """Fetch a hub model (configs, tokenizer and, with ``weights``, the weights; or the files
+    ``patterns`` match) into the HF cache."""
     from huggingface_hub import snapshot_download
 
-    patterns = HUB_PATTERNS if weights else [p for p in HUB_PATTERNS if p != "*.safetensors"]
+    if patterns is None:
+        patterns = HUB_PATTERNS if weights else [p for p in HUB_PATTERNS if p != "*.safetensors"]
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as exc:  # offline, unknown repo, auth...

@@ -18,7 +18,7 @@ vocabulary; ``tensor_parallel_error`` states what must divide.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Protocol
 
 import torch
 from torch import nn
@@ -175,9 +175,20 @@ _FUSED = {
 }
 
 
+class HiddenSink(Protocol):
+    """Where the forward leaves hidden states for a proposer that reads them (an EAGLE head,
+    ``models/eagle.py``): the residual stream entering each of ``layers``, or with none the
+    final normed states, one row per token at its KV slot."""
+
+    layers: tuple[int, ...]
+
+    def store(self, states: list[torch.Tensor], slots: torch.Tensor, policy: OpPolicy) -> None: ...
+
+
 class LlamaForCausalLM(nn.Module):
     tensor_parallel_error = staticmethod(tensor_parallel_error)
     decoder_layer: type[nn.Module] = LlamaDecoderLayer
+    hidden_sink: Optional[HiddenSink] = None  # set (as a plain attribute) while an EAGLE head drafts
 
     def __init__(self, cfg: ModelConfig, max_position: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
@@ -210,9 +221,14 @@ class LlamaForCausalLM(nn.Module):
         """Final hidden states [T, hidden] of every input token."""
         x = self.embed(input_ids)
         residual = None
-        for layer in self.layers:
+        sink, kept = self.hidden_sink, []
+        for i, layer in enumerate(self.layers):
+            if sink is not None and i in sink.layers:
+                kept.append(x if residual is None else x + residual)
             x, residual = layer(positions, x, residual, meta, policy)
         x, _ = self.norm(x, residual, policy)
+        if sink is not None:
+            sink.store(kept or [x], meta.slot_mapping, policy)
         return x
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

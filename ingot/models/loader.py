@@ -20,7 +20,7 @@ from ingot.models.registry import model_class
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     saved = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -34,7 +34,7 @@ def build_model(
 ) -> nn.Module:
     """Allocate the model (``tp``'s shard of it) directly on ``device`` in ``dtype`` (weights uninitialised)."""
     cls = model_class(cfg)
-    with torch.device(device), _default_dtype(dtype):
+    with torch.device(device), default_dtype(dtype):
         model = cls(cfg, max_position, tp=tp) if tp.enabled else cls(cfg, max_position)
     return model.eval().requires_grad_(False)
 

@@ -64,6 +64,9 @@ class DraftedModelRunner(ModelRunner):
     proposed). Target tokens past the draft's table (a padded target's, never sampled by a
     trained model) are fed to the draft as its last row, only costing acceptance."""
 
+    position_shift = 0  # where the draft reads each token, relative to the target (``first_rows``)
+    lag_rows = 1  # the most tokens a round's first step feeds before each sequence's last (``first_rows``)
+
     def __init__(self, model: nn.Module, model_config: ModelConfig, config: EngineConfig, device: torch.device,
                  dtype: torch.dtype, draft: ModelRunner, propose_vocab: int) -> None:
         super().__init__(model, model_config, config, device, dtype)
@@ -105,7 +108,7 @@ class DraftedModelRunner(ModelRunner):
         args = (d.model, d.config, d.device, max_blocks_per_seq, d.policy, d.tp)
         buckets = [s for s in capture_sizes(d.config) if s < most] + [most]
         d.graphs = DecodeGraphRunner(*args, buckets=buckets)
-        d.verify_graphs = DecodeGraphRunner(*args, store_first=True, buckets=verify_buckets(2 * most))
+        d.verify_graphs = DecodeGraphRunner(*args, store_first=True, buckets=verify_buckets((1 + self.lag_rows) * most))
         d.kv_graphs = DecodeGraphRunner(*args, buckets=buckets, logits=False)
         capture_sets(self.graph_sets(max_blocks_per_seq) + [d.graphs, d.verify_graphs, d.kv_graphs])
 
@@ -130,13 +133,16 @@ class DraftedModelRunner(ModelRunner):
         once every row's frontier has caught up to the step's first token, or for a decode
         step with a row one token short, decode rows that feed that token too."""
         seqs = batch.seqs
+        if batch.is_prefill and self.position_shift:  # (its rows are the step's tokens, one position back)
+            self._catch_up(seqs, [seq.num_computed_tokens + n for seq, n in zip(seqs, batch.num_new_tokens)])
+            return
         if batch.is_prefill:  # (no token of a prefill step is pending on the device)
             self._catch_up(seqs, [seq.num_computed_tokens for seq in seqs])
-        if batch.is_prefill or not any(draft_kv_lag(seq) for seq in seqs):
+        if not self.position_shift and (batch.is_prefill or not any(draft_kv_lag(seq) for seq in seqs)):
             self.draft.fill_kv(self._clamped(inputs, owned=False))
             return
-        self._catch_up(seqs, [seq.num_computed_tokens - 1 for seq in seqs])
-        rows = device_inputs(first_rows(seqs, self.block_size), self.device)
+        self._catch_up(seqs, [seq.num_computed_tokens - self.lag_rows for seq in seqs])
+        rows = device_inputs(first_rows(seqs, self.block_size, self.position_shift, self.lag_rows), self.device)
         if feed is not None:  # the decode rows come first, in batch order: the feed's rows
             feed.apply(rows, batch)
         self.draft.fill_kv(self._clamped(rows, owned=True))
@@ -151,7 +157,7 @@ class DraftedModelRunner(ModelRunner):
         spans: list[tuple[int, int]] = []
         used = 0
         for seq, end in zip(seqs, ends):
-            start = seq.draft_kv_len
+            start = max(seq.draft_kv_len, -self.position_shift)  # (no position before the first)
             while start < end:
                 if used == budget:  # this chunk runs; the rest goes on in the next
                     self._fill_chunk(chunk, spans)
@@ -164,7 +170,7 @@ class DraftedModelRunner(ModelRunner):
             self._fill_chunk(chunk, spans)
 
     def _fill_chunk(self, seqs: list[BatchSequence], spans: list[tuple[int, int]]) -> None:
-        host = prefill_rows(seqs, spans, [False] * len(seqs), self.block_size)
+        host = prefill_rows(seqs, spans, [False] * len(seqs), self.block_size, self.position_shift)
         self.draft.fill_kv(self._clamped(device_inputs(host, self.device), owned=True))
 
     @torch.inference_mode()
@@ -176,7 +182,7 @@ class DraftedModelRunner(ModelRunner):
         none are rows of a forward that runs anyway). One read-back."""
         assert batch.draft_tokens is not None
         seqs, counts = batch.seqs, [len(d) for d in batch.draft_tokens]
-        self._catch_up(seqs, [seq.num_computed_tokens - 1 for seq in seqs])
+        self._catch_up(seqs, [seq.num_computed_tokens - self.lag_rows for seq in seqs])
         n, steps = len(seqs), max(counts)
         rows = sampling_rows(batch, range(n), eos_token_ids)
         sampled = {i for i in range(n) if counts[i] and not rows[i].params.greedy}
@@ -197,10 +203,12 @@ class DraftedModelRunner(ModelRunner):
                 probs[torch.tensor([starts[active[r]] + j for r in which]).to(self.device, non_blocking=True)] = q
             return tokens
 
-        first = device_inputs(first_rows(seqs, self.block_size), self.device)
+        shift = self.position_shift
+        first = device_inputs(first_rows(seqs, self.block_size, shift, self.lag_rows), self.device)
         logits = self.draft.forward_logits(self._clamped(first, owned=True))
         drafts = torch.zeros(n, max(steps, 1), dtype=torch.int64, device=self.device)
         drafts[:, 0] = pick(logits[:n], list(range(n)), 0)
+        self._chain_start(n)
         active: list[int] = []
         step: Optional[StepInputs] = None
         for j in range(1, steps):  # feed draft j - 1 of every sequence that takes more than j drafts
@@ -210,16 +218,29 @@ class DraftedModelRunner(ModelRunner):
             else:
                 chosen = [seqs[i] for i in keep]
                 step = device_inputs(decode_rows([s.block_ids for s in chosen], [0] * len(chosen),
-                                                 [s.num_computed_tokens + j for s in chosen], self.block_size,
+                                                 [s.num_computed_tokens + j + shift for s in chosen], self.block_size,
                                                  store_first=False), self.device)
                 index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
             active = keep
             step.input_ids.copy_(drafts[:, j - 1].index_select(0, index))
+            self._chain_feed(step, index)
             drafts[index, j] = pick(self.draft.forward_logits(step), active, j)
+            self._chain_kept(index)
         host = drafts.tolist()
         for i, k in enumerate(counts):
             batch.draft_tokens[i] = host[i][:k]
         batch.draft_probs = probs
+
+    # A draft model reads tokens alone; an EAGLE head also reads a hidden state per row, its own
+    # output at the position before for the drafts it feeds itself (``eagle_runner.py``).
+    def _chain_start(self, n: int) -> None:
+        """After a round's first step: its first ``n`` rows (one per sequence) begin the chain."""
+
+    def _chain_feed(self, step: StepInputs, index: torch.Tensor) -> None:
+        """Before a drafting step of the sequences ``index`` (rows of ``step``)."""
+
+    def _chain_kept(self, index: torch.Tensor) -> None:
+        """After that step."""
 
     def _clamped(self, inputs: StepInputs, owned: bool) -> StepInputs:
         """``inputs`` with target tokens past the draft's embedding table fed as its last row
@@ -232,24 +253,26 @@ class DraftedModelRunner(ModelRunner):
         return dataclasses.replace(inputs, input_ids=inputs.input_ids.clamp(max=self.draft_max_id))
 
 
-def first_rows(seqs: list[BatchSequence], block_size: int) -> HostStep:
+def first_rows(seqs: list[BatchSequence], block_size: int, shift: int = 0, lag_rows: int = 1) -> HostStep:
     """The draft's first step of a round, as decode rows: each sequence's last token (at
     ``num_computed_tokens``; a token still pending on the device is fed in later), in batch
-    order, then the token before it where the draft lacks its K/V (``draft_kv_lag``; anything
-    earlier already caught up). With such rows the step stores every row's K/V first; only
-    the first rows have logits."""
+    order, then the up to ``lag_rows`` tokens before it where the draft lacks their K/V
+    (``draft_kv_lag``: one after a draft model's round that kept every draft, the kept drafts
+    after an EAGLE head's round; anything earlier already caught up). With such rows the step stores every row's
+    K/V first; only the first rows have logits. ``shift``: each token's position relative to
+    the target's (an EAGLE head reads token ``t + 1`` at position ``t``: -1)."""
     tables, ids, positions = [], [], []
     for seq in seqs:
         out = seq.output_token_ids
         tables.append(seq.block_ids)
         ids.append(out[-1] if out else seq.prompt_token_ids[-1])
-        positions.append(seq.num_computed_tokens)
+        positions.append(seq.num_computed_tokens + shift)
     for seq in seqs:
-        if draft_kv_lag(seq):
-            before = seq.num_computed_tokens - 1
+        first = max(seq.num_computed_tokens - min(draft_kv_lag(seq), lag_rows), -shift)
+        for before in range(first, seq.num_computed_tokens):
             tables.append(seq.block_ids)
             ids.extend(seq.tokens(before, before + 1))
-            positions.append(before)
+            positions.append(before + shift)
     step = decode_rows(tables, ids, positions, block_size, store_first=len(ids) > len(seqs))
     step.logits_indices = step.sample_rows = list(range(len(seqs)))
     return step

@@ -24,6 +24,7 @@ from ingot.models.loader import device_memory, load_checkpoint, resolve_device, 
 from ingot.models.registry import check_tensor_parallel
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.draft_runner import DraftedModelRunner, load_draft
+from ingot.runner.eagle_runner import EagleRunner, load_eagle, open_eagle
 from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
 from ingot.runner.tp_runner import TensorParallelRunner
 
@@ -77,6 +78,11 @@ def create_executor(config: EngineConfig, checkpoint: Checkpoint, max_model_len:
         check_tensor_parallel(checkpoint.config, config.tensor_parallel_size)  # before anything is spawned
         return TensorParallelRunner.start(config, checkpoint, device, dtype, max_model_len)
     spec = config.speculative_config
+    if spec is not None and spec.uses_eagle:  # the head first: a bad one fails before the target loads
+        head = open_eagle(config, checkpoint)
+        model = load_checkpoint(checkpoint, dtype, device, max_model_len, progress=config.show_progress)
+        draft = load_eagle(config, head, model, device, dtype, max_model_len)
+        return EagleRunner(model, checkpoint.config, config, device, dtype, draft, checkpoint.config.vocab_size)
     if spec is not None and spec.uses_draft_model:  # the draft first: a bad one fails before the target loads
         draft, propose_vocab = load_draft(config, checkpoint, device, dtype, max_model_len)
         model = load_checkpoint(checkpoint, dtype, device, max_model_len, progress=config.show_progress)

@@ -99,10 +99,11 @@ def device_inputs(h: HostStep, device: torch.device) -> StepInputs:
 
 
 def prefill_rows(seqs: Sequence[BatchSequence], spans: list[tuple[int, int]], samples: list[bool],
-                 block_size: int) -> HostStep:
+                 block_size: int, shift: int = 0) -> HostStep:
     """Prefill rows: each sequence's tokens ``[start, end)`` of ``spans``, attending to its
     cached K/V before ``start`` too (a chunk); logits at the last token of the rows that
-    ``samples`` marks. A prefill step's rows, and a draft model catching up its K/V."""
+    ``samples`` marks. A prefill step's rows, and a draft model catching up its K/V.
+    ``shift``: token ``t`` sits at position ``t + shift`` (an EAGLE head's rows: -1)."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -112,10 +113,10 @@ def prefill_rows(seqs: Sequence[BatchSequence], spans: list[tuple[int, int]], sa
     sample_rows: list[int] = []
     for row, (seq, (start, end)) in enumerate(zip(seqs, spans)):
         ids.extend(seq.tokens(start, end))
-        positions.extend(range(start, end))
-        for pos in range(start, end):
+        positions.extend(range(start + shift, end + shift))
+        for pos in range(start + shift, end + shift):
             slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
-        seq_lens.append(end)
+        seq_lens.append(end + shift)
         cu.append(cu[-1] + end - start)
         if samples[row]:
             logits_indices.append(cu[-1] - 1)

@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
     ("[4]", "must be a JSON object"),
     ('{"method": "ngram", "num_speculative_tokens": 4, "lookup": 2}', "unknown field(s) ['lookup']"),
     ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be a positive integer"),
-    ('{"method": "eagle", "num_speculative_tokens": 2}', "method must be one of"),
+    ('{"method": "medusa", "num_speculative_tokens": 2}', "method must be one of"),
 ])
 def test_bad_speculative_config_is_a_clear_error(command, text, reason, capsys):
     with pytest.raises(SystemExit) as exc:

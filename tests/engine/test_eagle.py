@@ -1,0 +1,216 @@
+"""EAGLE-1 and EAGLE-3 heads (``method: "eagle" | "eagle3"``): tiny random heads in their
+published formats draft exactly what an independent PyTorch reference over HF transformers'
+hidden states of the target drafts (``eagle_heads.py``), round after round, through prefill
+chunks, decode and verify steps, rounds that kept every draft, preemption and prefix-cache hits
+(the head catching up from the hidden-state cache); greedy output is plain greedy decoding's;
+bad heads are refused at start-up."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from ingot import LLM, SamplingParams
+from ingot.config import ConfigError
+from ingot.runner import model_runner
+from ingot.runner.eagle_runner import EagleRunner
+from tests.engine.eagle_heads import reference_drafts, write_eagle1, write_eagle3
+from tests.engine.test_speculative import PROMPTS, greedy_params, run, same
+from tests.helpers import hf_model, write_tiny_checkpoint
+
+VOCAB = 300
+K = 3
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    target = write_tiny_checkpoint(root / "target", "llama", overrides={"vocab_size": VOCAB, "num_hidden_layers": 8})
+    return {
+        "target": target,
+        "hf": hf_model(target),
+        "eagle3": write_eagle3(root / "eagle3", VOCAB, draft_vocab=120),
+        "eagle3_full": write_eagle3(root / "eagle3_full", VOCAB, None, seed=1, aux=[0, 3, 7], embed=True, fmt="bin"),
+        "eagle1": write_eagle1(root / "eagle1", VOCAB, seed=2),
+    }
+
+
+def spec(path, method: str, k: int = K) -> dict:
+    return {"method": method, "model": str(path), "num_speculative_tokens": k}
+
+
+@pytest.fixture
+def proposals(monkeypatch):
+    """Every greedy round's (tokens so far, drafts), recorded as the head proposes them."""
+    seen: list[tuple[list[int], list[int]]] = []
+    real = EagleRunner._propose
+
+    def recording(self, batch, eos_token_ids):
+        real(self, batch, eos_token_ids)
+        for seq, drafts in zip(batch.seqs, batch.draft_tokens):
+            if drafts and seq.params.greedy:
+                seen.append((seq.tokens(0, seq.num_computed_tokens + 1), list(drafts)))
+
+    monkeypatch.setattr(EagleRunner, "_propose", recording)
+    return seen
+
+
+@pytest.fixture
+def agreeing(monkeypatch):
+    """The target made to agree with every draft (its verify logits raised at each draft), so
+    every round keeps all its drafts: the head then chains from its own last draft, whose
+    hidden state it never computed (the rows one short)."""
+    real = model_runner.verify_drafts
+
+    def agree(sampler, logits, rows, drafts, mask, probs):
+        logits = logits.clone()
+        start = 0
+        for d in drafts:
+            for j, token in enumerate(d):
+                logits[start + j, token] += 1e4
+            start += len(d) + 1
+        return real(sampler, logits, rows, drafts, mask, probs)
+
+    monkeypatch.setattr(model_runner, "verify_drafts", agree)
+
+
+def check_against_reference(models, head: str, variant: str, seen) -> None:
+    assert len(seen) >= 8
+    for tokens, drafts in seen:
+        assert drafts == reference_drafts(models["hf"], models[head], variant, tokens, len(drafts)), tokens
+
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.mark.parametrize("head,variant", [("eagle3", "eagle3"), ("eagle3_full", "eagle3"), ("eagle1", "eagle")])
+def test_drafts_equal_the_reference_and_output_plain_greedy(models, proposals, head, variant):
+    plain, _, _ = run(models["target"], None, PROMPTS, greedy_params())
+    out, _, stats = run(models["target"], spec(models[head], variant), PROMPTS, greedy_params())
+    same(out, plain)
+    assert stats.spec_decode_num_drafts > 0
+    check_against_reference(models, head, variant, proposals)
+
+
+@pytest.mark.parametrize("head,variant", [("eagle3", "eagle3"), ("eagle1", "eagle")])
+def test_rounds_that_keep_every_draft(models, proposals, agreeing, head, variant):
+    _, _, stats = run(models["target"], spec(models[head], variant), PROMPTS[:3], PARAMS)
+    assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens > 0
+    check_against_reference(models, head, variant, proposals)
+
+
+def test_preemption_catches_up_from_the_hidden_cache(models, proposals, agreeing):
+    """A small KV pool preempts sequences and recomputes them; the head's K/V is rebuilt from the
+    hidden rows the recompute writes; the drafts stay the reference's."""
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    _, _, stats = run(models["target"], spec(models["eagle3"], "eagle3"), PROMPTS, params, num_kv_blocks=14)
+    assert stats.num_preemptions > 0
+    check_against_reference(models, "eagle3", "eagle3", proposals)
+
+
+def test_prefix_hits_and_chunks_catch_up_from_the_hidden_cache(models, proposals, agreeing):
+    """Prompts that continue earlier outputs hit blocks that prefill, decode and verify steps
+    wrote (the target's K/V and hidden rows reused, the head's K/V caught up from the rows),
+    prefilled in chunks; the drafts stay the reference's."""
+    common = dict(dtype="float32", device="cpu", show_progress=False, speculative_config=spec(models["eagle3"], "eagle3"),
+                  max_num_batched_tokens=24, max_num_seqs=4)
+    with LLM(str(models["target"]), **common) as llm:
+        first = llm.generate(PROMPTS[:3], PARAMS, use_tqdm=False)
+        follow = [{"prompt_token_ids": o.prompt_token_ids + o.outputs[0].token_ids + [5, 6]} for o in first]
+        llm.generate(follow, PARAMS, use_tqdm=False)
+        stats = llm.engine.stats()
+    assert stats.prefix_cache_hits > 0
+    check_against_reference(models, "eagle3", "eagle3", proposals)
+
+
+def test_head_steps_through_the_padded_buckets(models, proposals, agreeing, cpu_buckets):
+    """On the graphs' path (CPU_BUCKETS, padded rows at the dummy slot): the head's decode,
+    first-step (kept drafts fed again, store_first) and K/V-only buckets all replay, the
+    target's buckets store the hidden rows, and the drafts stay the reference's; with three
+    sequences (above disable_by_batch_size 2) the head sits out and catches up after."""
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (30, 30, 8)]
+    head = {**spec(models["eagle3"], "eagle3"), "disable_by_batch_size": 2}
+    with LLM(str(models["target"]), speculative_config=head, dtype="float32", device="cpu", show_progress=False,
+             max_num_seqs=4) as llm:
+        draft = llm.engine.executor.draft
+        assert draft.verify_graphs.buckets == [2, 3, 4, 6, 8], "up to k + 1 rows a sequence"
+        rows: dict[str, list[int]] = {"decode": [], "first": [], "kv": []}
+        for kind, graphs in (("decode", draft.graphs), ("first", draft.verify_graphs), ("kv", draft.kv_graphs)):
+            replay = graphs.run
+            graphs.run = lambda inputs, replay=replay, kind=kind: rows[kind].append(inputs.num_seqs) or replay(inputs)
+        speculator, steps = llm.engine.spec, itertools.count()
+        propose = speculator.propose
+        speculator.propose = lambda running, active: propose(running, active and next(steps) % 3 == 0)
+        llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    check_against_reference(models, "eagle3", "eagle3", proposals)
+    assert rows["decode"] and rows["first"] and rows["kv"], f"every set replayed: {rows}"
+
+
+def test_sampled_requests_keep_the_target_distribution_machinery(models):
+    """Seeded sampling with an EAGLE-3 head over a draft vocabulary (its drafts drawn from the
+    head's distribution, -inf outside the draft ids) runs and repeats with its seed."""
+    params = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, seed=s, ignore_eos=True) for s in (1, 2)]
+    a, _, _ = run(models["target"], spec(models["eagle3"], "eagle3"), PROMPTS[:2], params)
+    b, _, _ = run(models["target"], spec(models["eagle3"], "eagle3"), PROMPTS[:2], params)
+    assert a == b
+
+
+def test_bad_heads_are_refused_at_start_up(models, tmp_path):
+    target = str(models["target"])
+
+    def refused(head, method: str, match: str) -> None:
+        with pytest.raises(ConfigError, match=match):
+            LLM(target, device="cpu", dtype="float32", show_progress=False, speculative_config=spec(head, method))
+
+    refused(models["eagle3"], "eagle", "is an EAGLE-3 head")
+    refused(models["eagle1"], "eagle3", "not an EAGLE-3 head")
+    refused(tmp_path / "nowhere", "eagle3", "does not exist")
+    write_eagle3(tmp_path / "far", VOCAB, 120, aux=[2, 9, 12])
+    refused(tmp_path / "far", "eagle3", r"within the target's 8 layers")
+    nod2t = write_eagle3(tmp_path / "nod2t", VOCAB, 120)
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(nod2t / "model.safetensors"))
+    del w["d2t"]
+    save_file(w, str(nod2t / "model.safetensors"))
+    refused(nod2t, "eagle3", "needs d2t")
+    with pytest.raises(ConfigError, match="needs 'model'"):
+        LLM(target, device="cpu", speculative_config={"method": "eagle3", "num_speculative_tokens": 2})
+    wide = write_tiny_checkpoint(tmp_path / "wide", "llama", overrides={"vocab_size": VOCAB, "hidden_size": 96,
+                                                                         "num_hidden_layers": 8})
+    with pytest.raises(ConfigError, match="fc reads 192 features, not 3 target layers x 96"):
+        LLM(str(wide), device="cpu", dtype="float32", show_progress=False, speculative_config=spec(models["eagle3"], "eagle3"))
+
+
+def test_hidden_rows_cost_kv_pool_bytes(models):
+    """The pool's bytes per block hold the target's K/V, the head's and a hidden row per slot."""
+    with LLM(str(models["target"]), device="cpu", dtype="float32", show_progress=False,
+             speculative_config=spec(models["eagle3"], "eagle3")) as llm:
+        runner = llm.engine.executor
+        plain = super(EagleRunner, runner)._bytes_per_block()
+        assert runner._bytes_per_block() - plain == runner.block_size * 64 * 4
+        assert runner.head.sink.cache.shape == (llm.engine.scheduler.blocks.num_blocks * runner.block_size, 64)
+        assert runner.model.hidden_sink is runner.head.sink
+
+
+def test_random_heads_for_shapes_fit_their_target():
+    """``{"method": "eagle3", "model": SHAPE}``: a random head with the shape's layer (what the
+    benchmarks time on random weights), reading the default three target layers."""
+    from ingot.loading.dummy import shape_config
+    from ingot.loading.eagle import RANDOM_DRAFT_VOCAB, open_eagle_head
+    from ingot.loading.model_config import ModelConfig
+
+    target = ModelConfig.from_hf(shape_config("qwen2.5-7b"))
+    head = open_eagle_head("qwen2.5-7b", "eagle3", target)
+    assert head.spec.aux_layers == (2, 14, 25) and head.spec.draft_vocab_size == RANDOM_DRAFT_VOCAB
+    assert head.tensors["fc.weight"].shape == (3584, 3 * 3584)
+    assert head.tensors["layers.0.self_attn.q_proj.weight"].shape == (3584, 2 * 3584)
+    assert head.tensors["layers.0.mlp.down_proj.weight"].shape == (3584, 18944)
+    assert head.config.vocab_size == target.vocab_size and not head.config.qkv_bias
+    one = open_eagle_head("qwen2.5-7b", "eagle", target)
+    assert one.spec.aux_layers == () and one.tensors["fc.weight"].shape == (3584, 2 * 3584)
+    assert "lm_head.weight" not in one.tensors
+    with pytest.raises(Exception, match="hidden size 1536, the target 3584"):
+        open_eagle_head("qwen2.5-1.5b", "eagle3", target)
