@@ -72,7 +72,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s JSON form: \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\', or a draft model with the target\'s '
-                        'vocabulary: \'{"model": PATH_OR_ID_OR_SHAPE, "num_speculative_tokens": 4}\' (docs/speculative.md)')
+                        'vocabulary: \'{"model": PATH_OR_ID_OR_SHAPE, "num_speculative_tokens": 4}\', or an EAGLE head: '
+                        '\'{"method": "eagle3", "model": PATH_OR_ID, "num_speculative_tokens": 4}\' (docs/speculative.md)')
     g.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
                    help="a thinking model's <think>...</think>: structured outputs constrain the answer after it "
                         "(the reasoning is free); ingot serve returns it as reasoning_content: qwen3 or deepseek_r1")
