@@ -96,6 +96,10 @@ def open_eagle(config: EngineConfig, target: Checkpoint) -> EagleCheckpoint:
     (before the target loads); ``ConfigError`` naming what does not fit."""
     spec = config.speculative_config
     assert spec is not None and spec.uses_eagle and spec.model is not None
+    window = target.config.kv_window
+    if window is not None:
+        raise _eagle_error(f"the target attends within {window} tokens in every layer (its KV blocks and hidden rows "
+                           "before that are handed back), but an EAGLE head attends to the whole context")
     try:
         return open_eagle_head(spec.model, spec.method, target.config)
     except (CheckpointError, OSError) as exc:

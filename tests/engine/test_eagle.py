@@ -101,6 +101,16 @@ def test_rounds_that_keep_every_draft(models, proposals, agreeing, head, variant
     check_against_reference(models, head, variant, proposals)
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2"])
+def test_other_targets_hand_their_hidden_states_over(models, proposals, agreeing, tmp_path, arch):
+    """Qwen3 (q/k norms, tied embeddings) and Gemma 2 (scaled embeddings, post-norms, soft-capped
+    logits) targets: the residual streams they store are HF's, the drafts the reference's."""
+    target = write_tiny_checkpoint(tmp_path / arch, arch, overrides={"vocab_size": VOCAB, "num_hidden_layers": 8})
+    _, _, stats = run(target, spec(models["eagle3"], "eagle3"), PROMPTS[:3], PARAMS)
+    assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens > 0
+    check_against_reference({**models, "hf": hf_model(target)}, "eagle3", "eagle3", proposals)
+
+
 def test_preemption_catches_up_from_the_hidden_cache(models, proposals, agreeing):
     """A small KV pool preempts sequences and recomputes them; the head's K/V is rebuilt from the
     hidden rows the recompute writes; the drafts stay the reference's."""
@@ -178,6 +188,10 @@ def test_bad_heads_are_refused_at_start_up(models, tmp_path):
     refused(nod2t, "eagle3", "needs d2t")
     with pytest.raises(ConfigError, match="needs 'model'"):
         LLM(target, device="cpu", speculative_config={"method": "eagle3", "num_speculative_tokens": 2})
+    mistral = write_tiny_checkpoint(tmp_path / "mistral", "mistral", overrides={"vocab_size": VOCAB, "num_hidden_layers": 8,
+                                                                                "sliding_window": 16})
+    with pytest.raises(ConfigError, match="within 16 tokens in every layer"):
+        LLM(str(mistral), device="cpu", dtype="float32", show_progress=False, speculative_config=spec(models["eagle3"], "eagle3"))
     wide = write_tiny_checkpoint(tmp_path / "wide", "llama", overrides={"vocab_size": VOCAB, "hidden_size": 96,
                                                                          "num_hidden_layers": 8})
     with pytest.raises(ConfigError, match="fc reads 192 features, not 3 target layers x 96"):
