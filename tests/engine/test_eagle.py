@@ -228,3 +228,34 @@ def test_random_heads_for_shapes_fit_their_target():
     assert "lm_head.weight" not in one.tensors
     with pytest.raises(Exception, match="hidden size 1536, the target 3584"):
         open_eagle_head("qwen2.5-1.5b", "eagle3", target)
+
+
+def test_grammar_rows_with_a_head_equal_plain_greedy(models):
+    """Structured outputs with an EAGLE-3 head: each verify position masked by the grammar
+    walked through the drafts before it; output plain greedy decoding's under the same grammar,
+    every answer valid."""
+    import json
+    import re
+
+    import jsonschema
+
+    from tests.engine.test_speculative_grammar import PROMPTS as GRAMMAR_PROMPTS, REGEX, SCHEMA, params
+
+    def decode(speculative):
+        with LLM(str(models["target"]), dtype="float32", device="cpu", show_progress=False,
+                 speculative_config=speculative) as llm:
+            outs = llm.generate([p for p in GRAMMAR_PROMPTS for _ in range(3)], params() * len(GRAMMAR_PROMPTS),
+                                use_tqdm=False)
+            return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs], outs
+
+    plain, _ = decode(None)
+    out, outs = decode(spec(models["eagle3"], "eagle3"))
+    assert out == plain
+    assert sum(o.metrics.spec_num_drafts for o in outs) > 0
+    for k, (_, text, reason) in enumerate(out):
+        if k % 3 == 0:
+            assert reason == "stop"
+            assert re.fullmatch(REGEX, text), text
+        elif k % 3 == 1:
+            assert reason == "stop"
+            jsonschema.validate(json.loads(text), SCHEMA)
