@@ -72,21 +72,21 @@ class SpeculativeConfig:
         A lone ``prompt_lookup_min`` or ``prompt_lookup_max`` sets both (vLLM's rule); a ``model``
         without a ``method`` is ``draft_model`` (vLLM infers it too)."""
         if not isinstance(spec, Mapping):
-            raise _spec_error(f"must be a dict (or JSON object), got {type(spec).__name__}")
+            raise spec_error(f"must be a dict (or JSON object), got {type(spec).__name__}")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(spec) - names)
         if unknown:
-            raise _spec_error(f"unknown field(s) {unknown}; known: {sorted(names)}")
+            raise spec_error(f"unknown field(s) {unknown}; known: {sorted(names)}")
         values = {k: v for k, v in spec.items() if v is not None}
         if "model" in values and "method" not in values:
             values["method"] = "draft_model"
         missing = [name for name in ("method", "num_speculative_tokens") if name not in values]
         if missing:
-            raise _spec_error(f"missing field(s) {missing}")
+            raise spec_error(f"missing field(s) {missing}")
         if values["method"] in DRAFT_METHODS:
             lookup = [name for name in _NGRAM_FIELDS if name in values]
             if lookup:
-                raise _spec_error(f"{lookup} apply to method 'ngram', not to {values['method']!r}")
+                raise spec_error(f"{lookup} apply to method 'ngram', not to {values['method']!r}")
         lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
         if lo is None and hi is not None:
             values["prompt_lookup_min"] = hi
@@ -96,35 +96,35 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
-            raise _spec_error(f"method must be one of {SPEC_METHODS}, got {self.method!r}")
+            raise spec_error(f"method must be one of {SPEC_METHODS}, got {self.method!r}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise _spec_error(f"{name} must be a positive integer, got {value!r}")
+                raise spec_error(f"{name} must be a positive integer, got {value!r}")
         if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
-            raise _spec_error(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, "
+            raise spec_error(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, "
                               f"got {self.num_speculative_tokens}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise _spec_error(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+            raise spec_error(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
                               f"({self.prompt_lookup_max})")
         if self.method == "draft_model":
             if not isinstance(self.model, str) or not self.model:
-                raise _spec_error(f"method 'draft_model' needs 'model' (the draft: an HF directory, .gguf file, "
+                raise spec_error(f"method 'draft_model' needs 'model' (the draft: an HF directory, .gguf file, "
                                   f"hub id or built-in shape), got {self.model!r}")
         elif self.method in DRAFT_METHODS:
             if not isinstance(self.model, str) or not self.model:
-                raise _spec_error(f"method {self.method!r} needs 'model' (the head's directory or hub id), "
+                raise spec_error(f"method {self.method!r} needs 'model' (the head's directory or hub id), "
                                   f"got {self.model!r}")
             if self.quantization is not None:
-                raise _spec_error(f"quantization applies to a draft model, not to an {self.method!r} head")
+                raise spec_error(f"quantization applies to a draft model, not to an {self.method!r} head")
         elif self.model is not None or self.quantization is not None:
-            raise _spec_error(f"'model' and 'quantization' name a draft model: method must be 'draft_model' "
+            raise spec_error(f"'model' and 'quantization' name a draft model: method must be 'draft_model' "
                               f"(or left out), got {self.method!r}")
         if self.draft_tensor_parallel_size != 1:
-            raise _spec_error(f"draft_tensor_parallel_size must be 1 (the draft model runs whole on the target's "
+            raise spec_error(f"draft_tensor_parallel_size must be 1 (the draft model runs whole on the target's "
                               f"device), got {self.draft_tensor_parallel_size!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise _spec_error(f"quantization must be one of {QUANTIZATIONS} (or None), got {self.quantization!r}")
+            raise spec_error(f"quantization must be one of {QUANTIZATIONS} (or None), got {self.quantization!r}")
 
     @property
     def uses_draft_model(self) -> bool:
@@ -136,7 +136,8 @@ class SpeculativeConfig:
         return self.method in ("eagle", "eagle3")
 
 
-def _spec_error(message: str) -> ConfigError:
+def spec_error(message: str) -> ConfigError:
+    """A ``ConfigError`` of the ``speculative_config`` field."""
     return ConfigError(f"speculative_config: {message}", "speculative_config")
 
 

@@ -41,8 +41,6 @@ from ingot.loading.eagle import EagleSpec
 from ingot.loading.model_config import ModelConfig
 from ingot.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
-EAGLE_VARIANTS = ("eagle", "eagle3")
-
 
 class EagleSink:
     """The hidden-state cache an EAGLE head reads (``[slots, H]``, the target's dtype), and the
@@ -101,7 +99,8 @@ class EagleHead(LlamaForCausalLM):
         self.embed_tokens = Embedding(target_vocab, h) if spec.own_embedding else None
         self.norm = RMSNorm(h, cfg.rms_norm_eps) if eagle3 else None
         self.lm_head = LMHead(spec.draft_vocab_size, h, None) if spec.own_lm_head else None
-        self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.int64) if spec.has_d2t else None)
+        # EAGLE-3's draft ids in the target's vocabulary (draft id + d2t[draft id], from the checkpoint)
+        self.register_buffer("target_ids", torch.zeros(spec.draft_vocab_size, dtype=torch.int64) if spec.has_d2t else None)
         self._shared = shared
         self.target_vocab = target_vocab
         self.sink: Optional[EagleSink] = None  # set with the KV cache (runner/eagle_runner.py)
@@ -114,7 +113,7 @@ class EagleHead(LlamaForCausalLM):
         hidden state at its own KV slot and the embedding of its token."""
         assert self.sink is not None, "an EAGLE head runs with its hidden-state cache attached"
         hidden = self.sink.cache.index_select(0, meta.slot_mapping)
-        embeds = (self.embed_tokens or self._shared[0])(input_ids)
+        embeds = (self.embed_tokens if self.embed_tokens is not None else self._shared[0])(input_ids)
         layer = self.layers[0]
         if self.eagle3:
             x = torch.cat([layer.input_layernorm(embeds, None, policy), layer.hidden_norm(hidden, None, policy)], -1)
@@ -134,19 +133,20 @@ class EagleHead(LlamaForCausalLM):
     def compute_logits(self, hidden: torch.Tensor, policy: OpPolicy = DEFAULT_POLICY) -> torch.Tensor:
         if not self.eagle3:
             return self._shared[1](hidden, policy)
-        logits = (self.lm_head or self._shared[1])(self.norm(hidden, None, policy), policy)
-        if self.d2t is None:
+        head = self.lm_head if self.lm_head is not None else self._shared[1]
+        logits = head(self.norm(hidden, None, policy), policy)
+        if self.target_ids is None:
             return logits
         full = logits.new_full((logits.shape[0], self.target_vocab), float("-inf"))
-        ids = torch.arange(self.d2t.shape[0], device=logits.device) + self.d2t
-        return full.index_copy_(1, ids, logits)
+        return full.index_copy_(1, self.target_ids, logits)
 
     # ------------------------------------------------------------------ loading
     def _skipped(self, name: str) -> bool:
         return "rotary_emb.inv_freq" in name or name == "t2d"  # (t2d: the inverse of d2t, not needed)
 
     def load_tensor(self, name: str, tensor: torch.Tensor) -> list[str]:
-        if name == "d2t":  # (shape checked with the checkpoint: loading/eagle.py)
-            self.d2t.copy_(tensor.to(torch.int64))
+        if name == "d2t":  # (its shape and range checked with the checkpoint: loading/eagle.py)
+            ids = self.target_ids
+            ids.copy_(torch.arange(ids.shape[0], device=ids.device) + tensor.to(ids.device, torch.int64))
             return []
         return super().load_tensor(name, tensor)

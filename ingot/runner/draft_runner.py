@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ingot.config import ConfigError, EngineConfig
+from ingot.config import EngineConfig, spec_error
 from ingot.loading.checkpoint import Checkpoint, open_checkpoint
 from ingot.loading.dummy import SHAPES
 from ingot.loading.errors import CheckpointError
@@ -304,17 +304,17 @@ def load_draft(config: EngineConfig, target: Checkpoint, device: torch.device, d
         ckpt = open_checkpoint(name, config.tokenizer if shape else None, "dummy" if shape else config.load_format,
                                spec.quantization, dequantize_on_load=device.type != "cuda")
     except (CheckpointError, OSError) as exc:
-        raise _draft_error(f"the draft model {name!r} cannot be opened: {exc}") from None
+        raise spec_error(f"the draft model {name!r} cannot be opened: {exc}") from None
     vocab = shared_vocab_size(target, ckpt, name)
     window, draft_window = target.config.kv_window, ckpt.config.kv_window
     if window is not None and (draft_window is None or draft_window > window):
-        raise _draft_error(f"the target attends within {window} tokens in every layer (its KV blocks before that "
+        raise spec_error(f"the target attends within {window} tokens in every layer (its KV blocks before that "
                            f"are handed back), but the draft model {name!r} attends "
                            f"{'to the whole context' if draft_window is None else f'within {draft_window}'}")
     try:
         model = load_checkpoint(ckpt, dtype, device, max_model_len, progress=config.show_progress)
     except CheckpointError as exc:
-        raise _draft_error(f"the draft model {name!r} cannot be loaded: {exc}") from None
+        raise spec_error(f"the draft model {name!r} cannot be loaded: {exc}") from None
     log.info("draft model %s: %d layers, vocabulary %d (proposals over the %d shared token ids)", ckpt.source,
              ckpt.config.num_layers, ckpt.config.vocab_size, vocab)
     draft_config = config.replace(decode_compile=False)  # its graphs replay its raw forward
@@ -331,14 +331,10 @@ def shared_vocab_size(target: Checkpoint, draft: Checkpoint, name: str) -> int:
     differ = [(text, i, large.get(text)) for text, i in small.items() if large.get(text) != i]
     if differ:
         examples = ", ".join(f"{t!r}: {i} vs {j}" for t, i, j in sorted(differ, key=lambda d: d[1])[:3])
-        raise _draft_error(f"the draft model {name!r} has another vocabulary than the target: {len(differ)} of "
+        raise spec_error(f"the draft model {name!r} has another vocabulary than the target: {len(differ)} of "
                            f"{len(small)} tokens differ ({examples}); a draft model must share the target's tokenizer")
     tokens = max(small.values(), default=-1) + 1
     if draft.config.vocab_size < tokens:
-        raise _draft_error(f"the draft model {name!r} embeds {draft.config.vocab_size} token ids, fewer than the "
+        raise spec_error(f"the draft model {name!r} embeds {draft.config.vocab_size} token ids, fewer than the "
                            f"{tokens} of the vocabulary")
     return min(tokens, target.config.vocab_size, draft.config.vocab_size)
-
-
-def _draft_error(message: str) -> ConfigError:
-    return ConfigError(f"speculative_config: {message}", "speculative_config")

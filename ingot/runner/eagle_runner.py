@@ -24,7 +24,7 @@ import logging
 import torch
 from torch import nn
 
-from ingot.config import ConfigError, EngineConfig
+from ingot.config import EngineConfig, spec_error
 from ingot.loading.checkpoint import Checkpoint
 from ingot.loading.eagle import EagleCheckpoint, open_eagle_head
 from ingot.loading.errors import CheckpointError
@@ -98,12 +98,12 @@ def open_eagle(config: EngineConfig, target: Checkpoint) -> EagleCheckpoint:
     assert spec is not None and spec.uses_eagle and spec.model is not None
     window = target.config.kv_window
     if window is not None:
-        raise _eagle_error(f"the target attends within {window} tokens in every layer (its KV blocks and hidden rows "
+        raise spec_error(f"the target attends within {window} tokens in every layer (its KV blocks and hidden rows "
                            "before that are handed back), but an EAGLE head attends to the whole context")
     try:
         return open_eagle_head(spec.model, spec.method, target.config)
     except (CheckpointError, OSError) as exc:
-        raise _eagle_error(f"the head {spec.model!r} cannot be opened: {exc}") from None
+        raise spec_error(f"the head {spec.model!r} cannot be opened: {exc}") from None
 
 
 def load_eagle(config: EngineConfig, ckpt: EagleCheckpoint, target: nn.Module, device: torch.device,
@@ -113,7 +113,7 @@ def load_eagle(config: EngineConfig, ckpt: EagleCheckpoint, target: nn.Module, d
     spec = config.speculative_config
     assert spec is not None and spec.model is not None
     if not isinstance(target, LlamaForCausalLM):
-        raise _eagle_error(f"{type(target).__name__} does not hand hidden states to an EAGLE head")
+        raise spec_error(f"{type(target).__name__} does not hand hidden states to an EAGLE head")
     with torch.device(device), default_dtype(dtype):
         head = EagleHead(ckpt.config, ckpt.spec, max_model_len, ckpt.config.vocab_size,
                          (target.embed_tokens, target.lm_head))
@@ -122,12 +122,8 @@ def load_eagle(config: EngineConfig, ckpt: EagleCheckpoint, target: nn.Module, d
         head.load_weights((name, t.to(device, dtype) if t.is_floating_point() else t.to(device))
                           for name, t in ckpt.tensors.items())
     except CheckpointError as exc:
-        raise _eagle_error(f"the head {spec.model!r} cannot be loaded: {exc}") from None
+        raise spec_error(f"the head {spec.model!r} cannot be loaded: {exc}") from None
     log.info("EAGLE%s head %s: drafts from %s, vocabulary %d", "-3" if head.eagle3 else "-1", ckpt.source,
              f"target layers {list(ckpt.spec.aux_layers)}" if head.eagle3 else "the target's last hidden states",
              ckpt.spec.draft_vocab_size)
     return ModelRunner(head, ckpt.config, config.replace(decode_compile=False), device, dtype)
-
-
-def _eagle_error(message: str) -> ConfigError:
-    return ConfigError(f"speculative_config: {message}", "speculative_config")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from ingot import LLM, SamplingParams
 from ingot.config import ConfigError
