@@ -2,7 +2,7 @@
 in ``model.safetensors`` or ``pytorch_model.bin``, as SafeAILab/EAGLE and SpecForge publish
 them (the decoder layer as ``midlayer.*`` or ``layers.0.*``, with or without ``model.``),
 or in the speculators library's layout (the layer's config under
-``transformer_layer_config``). The model itself: ``models/eagle.py``."""
+``transformer_layer_config``, ``norm_before_residual``). The model itself: ``models/eagle.py``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class EagleSpec:
     own_embedding: bool  # the checkpoint holds embed_tokens (else the target's are shared)
     own_lm_head: bool  # the checkpoint holds lm_head (else the target's is shared)
     has_d2t: bool
+    norm_before_residual: bool = False  # EAGLE-3: the residual around the attention is the normed hidden state
 
 
 @dataclasses.dataclass
@@ -146,7 +147,8 @@ def _spec(raw: dict[str, Any], variant: str, cfg: ModelConfig, target: ModelConf
         if int(mapped.min()) < 0 or int(mapped.max()) >= target.vocab_size or mapped.unique().numel() != draft_vocab:
             raise CheckpointError(f"EAGLE-3 head {path}: d2t maps its ids outside the target's vocabulary of "
                                   f"{target.vocab_size} or onto one id twice")
-    return EagleSpec("eagle3", aux, th, draft_vocab, False, own_embedding, head is not None, has_d2t)
+    return EagleSpec("eagle3", aux, th, draft_vocab, False, own_embedding, head is not None, has_d2t,
+                     bool(raw.get("norm_before_residual", False)))
 
 
 # EAGLE-3 heads published for Llama 3 targets draft over 32,000 ids

@@ -116,8 +116,9 @@ class EagleHead(LlamaForCausalLM):
         embeds = (self.embed_tokens if self.embed_tokens is not None else self._shared[0])(input_ids)
         layer = self.layers[0]
         if self.eagle3:
-            x = torch.cat([layer.input_layernorm(embeds, None, policy), layer.hidden_norm(hidden, None, policy)], -1)
-            residual = hidden
+            hidden_normed = layer.hidden_norm(hidden, None, policy)
+            x = torch.cat([layer.input_layernorm(embeds, None, policy), hidden_normed], -1)
+            residual = hidden_normed if self.spec.norm_before_residual else hidden
         else:
             x = self.fc(torch.cat([embeds, hidden], -1), policy)
             residual = x

@@ -35,10 +35,13 @@ def _config(arch: str, vocab: int, **extra) -> dict:
 
 
 def write_eagle3(path: Path, vocab: int, draft_vocab: Optional[int], seed: int = 0, aux: Optional[list[int]] = None,
-                 embed: bool = False, fmt: str = "safetensors") -> Path:
+                 embed: bool = False, fmt: str = "safetensors", speculators: bool = False) -> Path:
     """An EAGLE-3 head as SafeAILab/EAGLE and SpecForge save it: ``midlayer.*``, ``fc`` (3H -> H),
     ``norm``, ``lm_head`` over ``draft_vocab`` ids with ``d2t`` / ``t2d`` (None: the target's
-    vocabulary, no map); ``aux``: the target layers named in the config (else the default)."""
+    vocabulary, no map); ``aux``: the target layers named in the config (else the default).
+    ``speculators``: the speculators library's layout instead (``layers.0.*``, the layer's
+    config under ``transformer_layer_config``, ``norm_before_residual``, the target layers
+    at the top level)."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape):
@@ -58,6 +61,14 @@ def write_eagle3(path: Path, vocab: int, draft_vocab: Optional[int], seed: int =
         extra["draft_vocab_size"] = dv
     if embed:
         w["embed_tokens.weight"] = r(vocab, H)
+    if speculators:
+        w = {k.replace("midlayer.", "layers.0."): v for k, v in w.items()}
+        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                  "transformer_layer_config": _config("LlamaForCausalLM", vocab), "norm_before_residual": True,
+                  "target_hidden_size": H, **extra}
+        if aux is not None:
+            config["eagle_aux_hidden_state_layer_ids"] = aux
+        return _save(path, w, config, fmt)
     if aux is not None:
         extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux}
     return _save(path, w, _config("LlamaForCausalLMEagle3", vocab, **extra), fmt)
@@ -137,7 +148,8 @@ def reference_drafts(target_hf, head: Path, variant: str, tokens: list[int], k: 
         hs = target_hf(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         embed = w.get("embed_tokens.weight", target_hf.get_input_embeddings().weight)
         if variant == "eagle3":
-            aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [2, n // 2, n - 3]
+            aux = (cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get(
+                "eagle_aux_hidden_state_layer_ids") or [2, n // 2, n - 3])
             hidden = torch.cat([hs[i][0] for i in aux], -1) @ w["fc.weight"].T
         else:
             hidden = hs[-1][0]  # the final normed states
@@ -146,8 +158,9 @@ def reference_drafts(target_hf, head: Path, variant: str, tokens: list[int], k: 
         for _ in range(k):
             e = embed[torch.tensor(ids)]
             if variant == "eagle3":
-                x = torch.cat([_rms(e, w["layers.0.input_layernorm.weight"]), _rms(hidden, w["layers.0.hidden_norm.weight"])], -1)
-                out = _layer_forward(w, x, hidden)
+                hidden_normed = _rms(hidden, w["layers.0.hidden_norm.weight"])
+                x = torch.cat([_rms(e, w["layers.0.input_layernorm.weight"]), hidden_normed], -1)
+                out = _layer_forward(w, x, hidden_normed if cfg.get("norm_before_residual") else hidden)
                 logits = _rms(out[-1], w["norm.weight"]) @ w["lm_head.weight"].T
                 d = int(logits.argmax())
                 token = d + int(w["d2t"][d]) if "d2t" in w else d

@@ -32,6 +32,7 @@ def models(tmp_path_factory):
         "hf": hf_model(target),
         "eagle3": write_eagle3(root / "eagle3", VOCAB, draft_vocab=120),
         "eagle3_full": write_eagle3(root / "eagle3_full", VOCAB, None, seed=1, aux=[0, 3, 7], embed=True, fmt="bin"),
+        "speculators": write_eagle3(root / "speculators", VOCAB, 150, seed=3, aux=[1, 4, 6], speculators=True),
         "eagle1": write_eagle1(root / "eagle1", VOCAB, seed=2),
     }
 
@@ -84,7 +85,8 @@ def check_against_reference(models, head: str, variant: str, seen) -> None:
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
-@pytest.mark.parametrize("head,variant", [("eagle3", "eagle3"), ("eagle3_full", "eagle3"), ("eagle1", "eagle")])
+@pytest.mark.parametrize("head,variant", [("eagle3", "eagle3"), ("eagle3_full", "eagle3"), ("speculators", "eagle3"),
+                                          ("eagle1", "eagle")])
 def test_drafts_equal_the_reference_and_output_plain_greedy(models, proposals, head, variant):
     plain, _, _ = run(models["target"], None, PROMPTS, greedy_params())
     out, _, stats = run(models["target"], spec(models[head], variant), PROMPTS, greedy_params())
