@@ -122,7 +122,7 @@ class SpeculativeConfig:
                               f"(or left out), got {self.method!r}")
         if self.draft_tensor_parallel_size != 1:
             raise spec_error(f"draft_tensor_parallel_size must be 1 (the draft model runs whole on the target's "
-                              f"device), got {self.draft_tensor_parallel_size!r}")
+                             f"device, the driver's under tensor parallelism), got {self.draft_tensor_parallel_size!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise spec_error(f"quantization must be one of {QUANTIZATIONS} (or None), got {self.quantization!r}")
 
@@ -267,10 +267,6 @@ class EngineConfig:
                               f"{self.reasoning_parser!r}", "reasoning_parser")
         if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
-        if self.speculative_config is not None and self.speculative_config.uses_draft_model \
-                and self.tensor_parallel_size > 1:
-            raise ConfigError("speculative_config: a draft model runs on one device; tensor_parallel_size must be 1 "
-                              f"with it, got {self.tensor_parallel_size}", "speculative_config")
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

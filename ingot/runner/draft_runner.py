@@ -12,7 +12,7 @@ pool too: one block manager serves both. The draft runs only on the steps the en
   the draft runs on the same inputs (``fill_kv``: its K/V, no logits), after the target's
   sampling is queued; a step without it (above ``disable_by_batch_size``, or no sequence
   may speculate) costs the draft nothing;
-* a verify step first runs a draft round (``_propose``): one step of decode rows, each
+* a verify step first runs a draft round (``propose``): one step of decode rows, each
   sequence's last token (and, where the frontier is one short, the token before it: e.g. the
   last draft of a round that kept every draft, proposed but never fed), then ``k - 1``
   one-row steps that feed each draft to get the next. A greedy request's drafts are the
@@ -118,17 +118,17 @@ class DraftedModelRunner(ModelRunner):
         target's verify step. Any other step: the target's, then, if the engine asks
         (``batch.draft_follows``), the draft's K/V of it."""
         if batch.draft_tokens is not None:
-            self._propose(batch, eos_token_ids)
+            self.propose(batch, eos_token_ids)
             return super().launch(batch, eos_token_ids, feed)
         inputs = self.stage(batch)
         if feed is not None:
             feed.apply(inputs, batch)
         step = self.launch_staged(batch, inputs, eos_token_ids)
         if batch.draft_follows:
-            self._follow(batch, inputs, feed)
+            self.follow(batch, inputs, feed)
         return step
 
-    def _follow(self, batch: ScheduledBatch, inputs: StepInputs, feed: Optional[TokenFeed]) -> None:
+    def follow(self, batch: ScheduledBatch, inputs: StepInputs, feed: Optional[TokenFeed]) -> None:
         """The draft's K/V of a prefill or decode step the target has queued: the same inputs
         once every row's frontier has caught up to the step's first token, or for a decode
         step with a row one token short, decode rows that feed that token too."""
@@ -174,7 +174,7 @@ class DraftedModelRunner(ModelRunner):
         self.draft.fill_kv(self._clamped(device_inputs(host, self.device), owned=True))
 
     @torch.inference_mode()
-    def _propose(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> None:
+    def propose(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> None:
         """Replace each sequence's placeholder drafts (``batch.draft_tokens``: how many it may
         take) with the draft model's: its argmax for greedy requests, a sample of its
         distribution under the request's parameters for the others (``batch.draft_probs``).

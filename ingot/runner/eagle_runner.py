@@ -22,12 +22,13 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch import nn
 
 from ingot.config import EngineConfig, spec_error
 from ingot.loading.checkpoint import Checkpoint
 from ingot.loading.eagle import EagleCheckpoint, open_eagle_head
 from ingot.loading.errors import CheckpointError
+from ingot.distributed.collectives import all_gather_last_dim
+from ingot.layers.embedding import Embedding, LMHead
 from ingot.models.eagle import EagleHead, EagleSink
 from ingot.models.llama import LlamaForCausalLM
 from ingot.models.loader import default_dtype
@@ -106,17 +107,38 @@ def open_eagle(config: EngineConfig, target: Checkpoint) -> EagleCheckpoint:
         raise spec_error(f"the head {spec.model!r} cannot be opened: {exc}") from None
 
 
-def load_eagle(config: EngineConfig, ckpt: EagleCheckpoint, target: nn.Module, device: torch.device,
+def vocab_tables(runner: ModelRunner) -> tuple[Embedding, LMHead]:
+    """The target's embedding and lm_head, for a head that shares them: the target's modules on
+    one device; under tensor parallelism (run on every rank: ``run_on_ranks``) whole copies
+    gathered from the ranks' vocabulary slices, since the head runs on the driver alone."""
+    model, tp = runner.model, runner.tp
+    if not isinstance(model, LlamaForCausalLM):
+        raise spec_error(f"{type(model).__name__} does not hand hidden states to an EAGLE head")
+    if not tp.enabled:
+        return model.embed_tokens, model.lm_head
+    vocab = model.config.vocab_size
+
+    def whole(weight: torch.Tensor) -> torch.Tensor:  # [rows a rank, H] -> [vocab, H]
+        return all_gather_last_dim(weight.t(), tp).t()[:vocab].contiguous()
+
+    with torch.device(runner.device), default_dtype(runner.dtype):
+        embed = Embedding(vocab, model.config.hidden_size)
+        embed.weight.data = whole(model.embed_tokens.weight)
+        tied = model.lm_head.weight is model.embed_tokens.weight
+        head = LMHead(vocab, model.config.hidden_size, embed if tied else None)
+        if not tied:
+            head.weight.data = whole(model.lm_head.weight)
+    return embed.requires_grad_(False), head.requires_grad_(False)
+
+
+def load_eagle(config: EngineConfig, ckpt: EagleCheckpoint, shared: tuple[Embedding, LMHead], device: torch.device,
                dtype: torch.dtype, max_model_len: int) -> ModelRunner:
     """A runner for the head ``ckpt`` on ``device`` in the target's dtype, with the target's
-    embedding (and lm_head) where the head shares them."""
+    embedding and lm_head (``vocab_tables``) where the head shares them."""
     spec = config.speculative_config
     assert spec is not None and spec.model is not None
-    if not isinstance(target, LlamaForCausalLM):
-        raise spec_error(f"{type(target).__name__} does not hand hidden states to an EAGLE head")
     with torch.device(device), default_dtype(dtype):
-        head = EagleHead(ckpt.config, ckpt.spec, max_model_len, ckpt.config.vocab_size,
-                         (target.embed_tokens, target.lm_head))
+        head = EagleHead(ckpt.config, ckpt.spec, max_model_len, ckpt.config.vocab_size, shared)
     head = head.eval().requires_grad_(False)
     try:
         head.load_weights((name, t.to(device, dtype) if t.is_floating_point() else t.to(device))

@@ -14,7 +14,7 @@ benchmark and still works over N ranks.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 import torch
 
@@ -24,7 +24,7 @@ from ingot.models.loader import device_memory, load_checkpoint, resolve_device, 
 from ingot.models.registry import check_tensor_parallel
 from ingot.runner.batch import ScheduledBatch
 from ingot.runner.draft_runner import DraftedModelRunner, load_draft
-from ingot.runner.eagle_runner import EagleRunner, load_eagle, open_eagle
+from ingot.runner.eagle_runner import EagleRunner, load_eagle, open_eagle, vocab_tables
 from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
 from ingot.runner.tp_runner import TensorParallelRunner
 
@@ -76,16 +76,33 @@ def create_executor(config: EngineConfig, checkpoint: Checkpoint, max_model_len:
     config = config.for_device(device_memory(device))
     if config.tensor_parallel_size > 1:
         check_tensor_parallel(checkpoint.config, config.tensor_parallel_size)  # before anything is spawned
-        return TensorParallelRunner.start(config, checkpoint, device, dtype, max_model_len)
-    spec = config.speculative_config
-    if spec is not None and spec.uses_eagle:  # the head first: a bad one fails before the target loads
-        head = open_eagle(config, checkpoint)
-        model = load_checkpoint(checkpoint, dtype, device, max_model_len, progress=config.show_progress)
-        draft = load_eagle(config, head, model, device, dtype, max_model_len)
-        return EagleRunner(model, checkpoint.config, config, device, dtype, draft, checkpoint.config.vocab_size)
-    if spec is not None and spec.uses_draft_model:  # the draft first: a bad one fails before the target loads
-        draft, propose_vocab = load_draft(config, checkpoint, device, dtype, max_model_len)
-        model = load_checkpoint(checkpoint, dtype, device, max_model_len, progress=config.show_progress)
-        return DraftedModelRunner(model, checkpoint.config, config, device, dtype, draft, propose_vocab)
+    drafting = _drafting(config, checkpoint, device, dtype, max_model_len)  # before the target loads
+    if config.tensor_parallel_size > 1:
+        with_draft = None if drafting is None else (lambda group: drafting(group.local, group.run_on_ranks))
+        return TensorParallelRunner.start(config, checkpoint, device, dtype, max_model_len, with_draft)
     model = load_checkpoint(checkpoint, dtype, device, max_model_len, progress=config.show_progress)
-    return ModelRunner(model, checkpoint.config, config, device, dtype)
+    runner = ModelRunner(model, checkpoint.config, config, device, dtype)
+    return runner if drafting is None else drafting(runner, runner.run_on_ranks)
+
+
+# ``drafting(target, on_ranks)``: the target's runner with a draft beside it (on the driver under
+# tensor parallelism; ``on_ranks(fn)`` runs ``fn`` on every rank's runner, the driver's result)
+Drafting = Callable[[ModelRunner, Callable[..., Any]], ModelRunner]
+
+
+def _drafting(config: EngineConfig, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+              max_model_len: int) -> Optional[Drafting]:
+    """How the target's runner gets the draft model or EAGLE head ``speculative_config`` names
+    (None without one), opened (a draft model: loaded) first, so a bad one fails before the
+    target loads."""
+    spec = config.speculative_config
+    if spec is None or not spec.uses_draft_model:
+        return None
+    if spec.uses_eagle:
+        head = open_eagle(config, checkpoint)
+        return lambda target, on_ranks: EagleRunner(
+            target.model, target.model_config, config, device, dtype,
+            load_eagle(config, head, on_ranks(vocab_tables), device, dtype, max_model_len), checkpoint.config.vocab_size)
+    draft, propose_vocab = load_draft(config, checkpoint, device, dtype, max_model_len)
+    return lambda target, on_ranks: DraftedModelRunner(target.model, target.model_config, config, device, dtype, draft,
+                                                       propose_vocab)

@@ -32,6 +32,7 @@ from ingot.distributed.collectives import broadcast_object
 from ingot.loading.checkpoint import Checkpoint
 from ingot.models.loader import load_checkpoint
 from ingot.runner.batch import ScheduledBatch
+from ingot.runner.draft_runner import DraftedModelRunner
 from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed
 from ingot.runner.prompt_logprobs import prompt_spans
 from ingot.runner.sampler import SamplerOutput
@@ -81,11 +82,14 @@ class TensorParallelRunner:
 
     @classmethod
     def start(
-        cls, config: EngineConfig, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, max_model_len: int
+        cls, config: EngineConfig, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, max_model_len: int,
+        drafting: Optional[Callable[["TensorParallelRunner"], ModelRunner]] = None,
     ) -> "TensorParallelRunner":
         """Spawn the workers, join the group with them and load rank 0's shard of ``checkpoint``
         (every worker opens the checkpoint ``config`` names and loads its own). The model's
-        shape must already have passed ``registry.check_tensor_parallel``."""
+        shape must already have passed ``registry.check_tensor_parallel``. ``drafting``: the
+        driver's runner with a draft beside its shard (``DraftedModelRunner``), built from the
+        group's runner (it may call ``run_on_ranks``); the draft runs on the driver alone."""
         size = config.tensor_parallel_size
         devices = rank_devices(device, size)
         if devices[0].type == "cuda":
@@ -101,7 +105,7 @@ class TensorParallelRunner:
             joined = True
             model = load_checkpoint(checkpoint, dtype, devices[0], max_model_len, progress=config.show_progress, tp=tp)
             workers.wait_for("ready")
-            return cls(build_rank(model, spec, devices[0]), workers)
+            runner = cls(build_rank(model, spec, devices[0]), workers)
         except BaseException as exc:
             # the driver's own bad model or setting (ValueError: ConfigError, CheckpointError) is
             # every rank's; a broken collective is the consequence of a worker's failure
@@ -112,16 +116,23 @@ class TensorParallelRunner:
             if failure is not None and not isinstance(exc, TensorParallelError):
                 raise TensorParallelError(failure) from exc
             raise
+        if drafting is not None:
+            try:
+                runner.local = runner.state.runner = drafting(runner)
+            except BaseException:
+                runner.close()
+                raise
+        return runner
 
     # ------------------------------------------------------------------ start-up and calls
     def num_kv_blocks(self) -> int:
         return self.run_on_ranks(min_kv_blocks)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        self.run_on_ranks(ModelRunner.allocate_kv_cache, num_blocks)
+        self.run_on_ranks(_allocate_kv_cache, num_blocks)
 
     def setup_decode_graphs(self, max_blocks_per_seq: int) -> None:
-        self.run_on_ranks(ModelRunner.setup_decode_graphs, max_blocks_per_seq)
+        self.run_on_ranks(_setup_decode_graphs, max_blocks_per_seq)
 
     def generator(self, seed: int) -> torch.Generator:
         return self.local.generator(seed)
@@ -152,14 +163,25 @@ class TensorParallelRunner:
     def launch(self, batch: ScheduledBatch, eos_token_ids: tuple[int, ...], feed: Optional[TokenFeed] = None) -> LaunchedStep:
         """``ModelRunner.launch`` over the group: the step (with ``feed``'s tokens written into
         the driver's step buffer on the device first) is broadcast, every rank runs it, and
-        the driver queues the sampling."""
+        the driver queues the sampling. With a draft beside the driver's shard, the driver
+        runs it as ``DraftedModelRunner.launch`` does: its round before a verify step is
+        staged, its K/V of a plain step after the step is queued."""
+        drafted = self.local if isinstance(self.local, DraftedModelRunner) else None
         with self._lock:
+            if drafted is not None and batch.draft_tokens is not None:
+                self._check()
+                try:
+                    drafted.propose(batch, eos_token_ids)
+                except BaseException as exc:
+                    self._break(exc)
             inputs = self.stage(batch)
             if feed is not None:
                 feed.apply(inputs, batch)  # into the buffer, before it is sent
             try:
                 self.state.channel.send(Kind.STEP)
                 step = self.local.launch_staged(batch, inputs, eos_token_ids)
+                if drafted is not None and batch.draft_tokens is None and batch.draft_follows:
+                    drafted.follow(batch, inputs, feed)
             except BaseException as exc:
                 self._break(exc)
             return _Checked(step, self)
@@ -234,6 +256,14 @@ class _Checked(LaunchedStep):
 
     def collect(self) -> SamplerOutput:
         return self.runner._checked(self.step.collect())
+
+
+def _allocate_kv_cache(runner: ModelRunner, num_blocks: int) -> None:
+    runner.allocate_kv_cache(num_blocks)  # (the driver's may be a DraftedModelRunner's)
+
+
+def _setup_decode_graphs(runner: ModelRunner, max_blocks_per_seq: int) -> None:
+    runner.setup_decode_graphs(max_blocks_per_seq)
 
 
 def _stop_at_exit(workers: WorkerGroup) -> None:

@@ -302,8 +302,6 @@ def test_a_draft_with_another_tokenizer_is_refused(models, tmp_path):
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ConfigError, match="another vocabulary than the target: 2 of 300 tokens differ"):
         LLM(str(models["target"]), device="cpu", show_progress=False, speculative_config=draft_spec(other))
-    with pytest.raises(ConfigError, match="tensor_parallel_size must be 1"):
-        EngineConfig(model=str(models["target"]), tensor_parallel_size=2, speculative_config=draft_spec(other))
 
 
 def test_a_useless_draft_backs_off_to_a_few_attempts(models):

@@ -45,7 +45,7 @@ def spec(path, method: str, k: int = K) -> dict:
 def proposals(monkeypatch):
     """Every greedy round's (tokens so far, drafts), recorded as the head proposes them."""
     seen: list[tuple[list[int], list[int]]] = []
-    real = EagleRunner._propose
+    real = EagleRunner.propose
 
     def recording(self, batch, eos_token_ids):
         real(self, batch, eos_token_ids)
@@ -53,7 +53,7 @@ def proposals(monkeypatch):
             if drafts and seq.params.greedy:
                 seen.append((seq.tokens(0, seq.num_computed_tokens + 1), list(drafts)))
 
-    monkeypatch.setattr(EagleRunner, "_propose", recording)
+    monkeypatch.setattr(EagleRunner, "propose", recording)
     return seen
 
 
