@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# the EAGLE tests' fixtures (``proposals``, ``agreeing``), beside the heads they test
+pytest_plugins = ["tests.engine.eagle_heads"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

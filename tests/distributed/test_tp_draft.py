@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ingot import LLM, SamplingParams
-from tests.engine.eagle_heads import write_eagle1, write_eagle3
-from tests.engine.test_eagle import agreeing, check_against_reference, proposals, spec  # noqa: F401
+from tests.engine.eagle_heads import check_against_reference, write_eagle1, write_eagle3
+from tests.engine.test_eagle import spec
 from tests.helpers import hf_model, write_tiny_checkpoint
 
 ENGINE = dict(device="cpu", dtype="float32", show_progress=False, max_num_batched_tokens=16, max_model_len=128,
@@ -34,7 +34,7 @@ def test_a_draft_model_beside_a_tp2_target(tmp_path):
 
 
 @pytest.mark.parametrize("arch,variant", [("llama", "eagle3"), ("qwen2", "eagle")])
-def test_an_eagle_head_beside_a_tp2_target(tmp_path, proposals, agreeing, arch, variant):  # noqa: F811
+def test_an_eagle_head_beside_a_tp2_target(tmp_path, proposals, agreeing, arch, variant):
     """Llama (the lm_head its own) with an EAGLE-3 head; Qwen2 (tied embeddings, 385 ids padded to
     386 over two ranks) with an EAGLE-1 head, which reads the target's lm_head."""
     target = write_tiny_checkpoint(tmp_path / arch, arch, overrides={"vocab_size": 385, "num_hidden_layers": 8})

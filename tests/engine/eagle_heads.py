@@ -1,6 +1,6 @@
-"""Tiny random EAGLE heads in their published checkpoint formats, and an independent reference of
+"""Tiny random EAGLE heads in their published checkpoint formats, an independent reference of
 what they draft (plain PyTorch over HF transformers' hidden states of the target, recomputed
-from scratch at every draft: no cache, no ingot code)."""
+from scratch at every draft: no cache, no ingot code), and the EAGLE tests' fixtures."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import pytest
 import torch
 from safetensors.torch import save_file
+
+from ingot.runner import model_runner
+from ingot.runner.eagle_runner import EagleRunner
 
 H, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 128
 
@@ -172,3 +176,45 @@ def reference_drafts(target_hf, head: Path, variant: str, tokens: list[int], k: 
             hidden = torch.cat([hidden, out[-1:]])
             ids.append(token)
     return drafts
+
+
+# ---------------------------------------------------------------------- fixtures of the EAGLE tests
+@pytest.fixture
+def proposals(monkeypatch):
+    """Every greedy round's (tokens so far, drafts), recorded as the head proposes them."""
+    seen: list[tuple[list[int], list[int]]] = []
+    real = EagleRunner.propose
+
+    def recording(self, batch, eos_token_ids):
+        real(self, batch, eos_token_ids)
+        for seq, drafts in zip(batch.seqs, batch.draft_tokens):
+            if drafts and seq.params.greedy:
+                seen.append((seq.tokens(0, seq.num_computed_tokens + 1), list(drafts)))
+
+    monkeypatch.setattr(EagleRunner, "propose", recording)
+    return seen
+
+
+@pytest.fixture
+def agreeing(monkeypatch):
+    """The target made to agree with every draft (its verify logits raised at each draft), so
+    every round keeps all its drafts: the head then chains from its own last draft, whose
+    hidden state it never computed (the rows one short)."""
+    real = model_runner.verify_drafts
+
+    def agree(sampler, logits, rows, drafts, mask, probs):
+        logits = logits.clone()
+        start = 0
+        for d in drafts:
+            for j, token in enumerate(d):
+                logits[start + j, token] += 1e4
+            start += len(d) + 1
+        return real(sampler, logits, rows, drafts, mask, probs)
+
+    monkeypatch.setattr(model_runner, "verify_drafts", agree)
+
+
+def check_against_reference(models: dict, head: str, variant: str, seen: list) -> None:
+    assert len(seen) >= 8
+    for tokens, drafts in seen:
+        assert drafts == reference_drafts(models["hf"], models[head], variant, tokens, len(drafts)), tokens

@@ -13,9 +13,8 @@ import pytest
 
 from ingot import LLM, SamplingParams
 from ingot.config import ConfigError
-from ingot.runner import model_runner
 from ingot.runner.eagle_runner import EagleRunner
-from tests.engine.eagle_heads import reference_drafts, write_eagle1, write_eagle3
+from tests.engine.eagle_heads import check_against_reference, write_eagle1, write_eagle3
 from tests.engine.test_speculative import PROMPTS, greedy_params, run, same
 from tests.helpers import hf_model, write_tiny_checkpoint
 
@@ -39,47 +38,6 @@ def models(tmp_path_factory):
 
 def spec(path, method: str, k: int = K) -> dict:
     return {"method": method, "model": str(path), "num_speculative_tokens": k}
-
-
-@pytest.fixture
-def proposals(monkeypatch):
-    """Every greedy round's (tokens so far, drafts), recorded as the head proposes them."""
-    seen: list[tuple[list[int], list[int]]] = []
-    real = EagleRunner.propose
-
-    def recording(self, batch, eos_token_ids):
-        real(self, batch, eos_token_ids)
-        for seq, drafts in zip(batch.seqs, batch.draft_tokens):
-            if drafts and seq.params.greedy:
-                seen.append((seq.tokens(0, seq.num_computed_tokens + 1), list(drafts)))
-
-    monkeypatch.setattr(EagleRunner, "propose", recording)
-    return seen
-
-
-@pytest.fixture
-def agreeing(monkeypatch):
-    """The target made to agree with every draft (its verify logits raised at each draft), so
-    every round keeps all its drafts: the head then chains from its own last draft, whose
-    hidden state it never computed (the rows one short)."""
-    real = model_runner.verify_drafts
-
-    def agree(sampler, logits, rows, drafts, mask, probs):
-        logits = logits.clone()
-        start = 0
-        for d in drafts:
-            for j, token in enumerate(d):
-                logits[start + j, token] += 1e4
-            start += len(d) + 1
-        return real(sampler, logits, rows, drafts, mask, probs)
-
-    monkeypatch.setattr(model_runner, "verify_drafts", agree)
-
-
-def check_against_reference(models, head: str, variant: str, seen) -> None:
-    assert len(seen) >= 8
-    for tokens, drafts in seen:
-        assert drafts == reference_drafts(models["hf"], models[head], variant, tokens, len(drafts)), tokens
 
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ingot import LLM, SamplingParams
-from tests.engine.test_eagle import PARAMS, VOCAB, agreeing, check_against_reference, proposals, spec  # noqa: F401
-from tests.engine.eagle_heads import write_eagle1, write_eagle3
+from tests.engine.eagle_heads import check_against_reference, write_eagle1, write_eagle3
+from tests.engine.test_eagle import PARAMS, VOCAB, spec
 from tests.helpers import hf_model, write_tiny_checkpoint
 
 pytestmark = pytest.mark.cuda
@@ -29,7 +29,7 @@ def models(tmp_path_factory):
 
 
 @pytest.mark.parametrize("head,variant", [("eagle3", "eagle3"), ("eagle1", "eagle")])
-def test_drafts_through_graphs_equal_the_reference(models, proposals, agreeing, head, variant):  # noqa: F811
+def test_drafts_through_graphs_equal_the_reference(models, proposals, agreeing, head, variant):
     with LLM(str(models["target"]), speculative_config=spec(models[head], variant), **COMMON) as llm:
         runner = llm.engine.executor
         draft = runner.draft
