@@ -60,10 +60,11 @@ def test_rounds_that_keep_every_draft(models, proposals, agreeing, head, variant
     check_against_reference(models, head, variant, proposals)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma2"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "qwen3_moe", "deepseek_v2"])
 def test_other_targets_hand_their_hidden_states_over(models, proposals, agreeing, tmp_path, arch):
-    """Qwen3 (q/k norms, tied embeddings) and Gemma 2 (scaled embeddings, post-norms, soft-capped
-    logits) targets: the residual streams they store are HF's, the drafts the reference's."""
+    """Qwen3 (q/k norms), Gemma 2 (scaled embeddings, post-norms, soft-capped logits), Qwen3-MoE
+    and DeepSeek-V2 (latent attention, shared experts) targets: the residual streams they store
+    are HF's, the drafts the reference's."""
     target = write_tiny_checkpoint(tmp_path / arch, arch, overrides={"vocab_size": VOCAB, "num_hidden_layers": 8})
     _, _, stats = run(target, spec(models["eagle3"], "eagle3"), PROMPTS[:3], PARAMS)
     assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens > 0
