@@ -131,7 +131,9 @@ class DraftedModelRunner(ModelRunner):
     def follow(self, batch: ScheduledBatch, inputs: StepInputs, feed: Optional[TokenFeed]) -> None:
         """The draft's K/V of a prefill or decode step the target has queued: the same inputs
         once every row's frontier has caught up to the step's first token, or for a decode
-        step with a row one token short, decode rows that feed that token too."""
+        step with a row one token short, decode rows that feed that token too. A draft that
+        reads its tokens a position back (an EAGLE head) feeds a prefill step's tokens as a
+        catch-up and a decode step's as decode rows (with any tokens it lacks before them)."""
         seqs = batch.seqs
         if batch.is_prefill and self.position_shift:  # (its rows are the step's tokens, one position back)
             self._catch_up(seqs, [seq.num_computed_tokens + n for seq, n in zip(seqs, batch.num_new_tokens)])
