@@ -56,6 +56,8 @@ def open_eagle_head(name: str, variant: str, target: ModelConfig) -> EagleCheckp
     raw = hf.read_json(path / "config.json")
     layer_cfg = dict(raw.get("transformer_layer_config") or raw)  # (the speculators library's layout)
     layer_cfg["architectures"] = ["LlamaForCausalLM"]  # the head's layer is a Llama layer whatever it drafts for
+    for key in ("sliding_window", "layer_types", "use_sliding_window"):  # (copied from a target's config: the
+        layer_cfg.pop(key, None)                                         # head attends to its whole context)
     layer_cfg.setdefault("vocab_size", target.vocab_size)
     cfg = ModelConfig.from_hf(layer_cfg)
     if cfg.num_layers != 1:

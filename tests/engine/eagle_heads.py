@@ -63,8 +63,9 @@ def write_eagle3(path: Path, vocab: int, draft_vocab: Optional[int], seed: int =
         t2d[ids] = True
         w["t2d"] = t2d
         extra["draft_vocab_size"] = dv
-    if embed:
+    if embed:  # (with a target's sliding window copied into the config, as some heads carry it: unused)
         w["embed_tokens.weight"] = r(vocab, H)
+        extra["sliding_window"] = 4
     if speculators:
         w = {k.replace("midlayer.", "layers.0."): v for k, v in w.items()}
         config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
