@@ -41,6 +41,8 @@ ACCEPTANCES = (0.6, 0.8, 0.9, 1.0)
 
 @contextlib.contextmanager
 def every_draft_kept() -> Iterator[None]:
+    """Inside, each verify step's logits are raised by 1e4 at every draft before the drafts are
+    checked, so every draft is kept (the tests' ``agreeing`` fixture too)."""
     real = model_runner.verify_drafts
 
     def agree(sampler, logits, rows, drafts, mask=None, probs=None):

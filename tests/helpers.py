@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -193,3 +194,19 @@ class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.add(f"{func.namespace}.{func._opname}")
         return func(*args, **(kwargs or {}))
+
+
+def watch_draft_steps(llm, propose_every: int = 3) -> dict[str, list[int]]:
+    """Record the rows of every replay of the draft's three graph sets (``decode``: its drafting
+    steps, ``first``: a round's first step with missing tokens, ``kv``: following a plain step),
+    and let sequences propose only every ``propose_every``-th step (as when backoffs keep them
+    from it), so the draft also follows plain steps. Returns the record, filled as ``llm`` runs."""
+    draft = llm.engine.executor.draft
+    rows: dict[str, list[int]] = {"decode": [], "first": [], "kv": []}
+    for kind, graphs in (("decode", draft.graphs), ("first", draft.verify_graphs), ("kv", draft.kv_graphs)):
+        replay = graphs.run
+        graphs.run = lambda inputs, replay=replay, kind=kind: rows[kind].append(inputs.num_seqs) or replay(inputs)
+    speculator, steps = llm.engine.spec, itertools.count()
+    propose = speculator.propose
+    speculator.propose = lambda running, active: propose(running, active and next(steps) % propose_every == 0)
+    return rows

@@ -70,7 +70,7 @@ class EagleRunner(DraftedModelRunner):
         sink = EagleSink(head.spec.aux_layers, head.fc if head.eagle3 else None, cache)
         head.sink = self.model.hidden_sink = sink
         # the most decode rows a head's step has: every sequence's last token and the ones before it
-        rows = (1 + self.lag_rows) * max(self.config.max_num_seqs or 1, 1)
+        rows = (1 + self.lag_rows) * (self.config.max_num_seqs or 1)
         head.out_hidden = torch.zeros(rows, head.config.hidden_size, dtype=self.dtype, device=self.device)
         return pool
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ingot.runner import model_runner
+from benchmarks.eagle_round import every_draft_kept
 from ingot.runner.eagle_runner import EagleRunner
 
 H, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 128
@@ -197,22 +197,12 @@ def proposals(monkeypatch):
 
 
 @pytest.fixture
-def agreeing(monkeypatch):
-    """The target made to agree with every draft (its verify logits raised at each draft), so
-    every round keeps all its drafts: the head then chains from its own last draft, whose
-    hidden state it never computed (the rows one short)."""
-    real = model_runner.verify_drafts
-
-    def agree(sampler, logits, rows, drafts, mask, probs):
-        logits = logits.clone()
-        start = 0
-        for d in drafts:
-            for j, token in enumerate(d):
-                logits[start + j, token] += 1e4
-            start += len(d) + 1
-        return real(sampler, logits, rows, drafts, mask, probs)
-
-    monkeypatch.setattr(model_runner, "verify_drafts", agree)
+def agreeing():
+    """The target made to agree with every draft (its verify logits raised at each draft, as
+    ``benchmarks/eagle_round.py`` times rounds), so every round keeps all its drafts: the head
+    then chains from its own last draft, whose hidden state it never computed (the rows one short)."""
+    with every_draft_kept():
+        yield
 
 
 def check_against_reference(models: dict, head: str, variant: str, seen: list) -> None:

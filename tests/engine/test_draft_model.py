@@ -8,7 +8,6 @@ configurations refused at start-up."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import shutil
@@ -21,7 +20,7 @@ from ingot.config import ConfigError, EngineConfig
 from ingot.engine.engine import Engine
 from ingot.runner.batch import draft_kv_lag
 from tests.engine.test_speculative import PROMPTS, greedy_params, run, same
-from tests.helpers import hf_model, write_tiny_checkpoint
+from tests.helpers import hf_model, watch_draft_steps, write_tiny_checkpoint
 
 VOCAB = 300  # the tiny tokenizer's tokens: the models below have no padded rows unless said
 
@@ -262,13 +261,7 @@ def test_draft_steps_through_the_padded_buckets(models, cpu_buckets):
     with LLM(str(models["target"]), speculative_config=spec, **common) as llm:
         draft = llm.engine.executor.draft
         assert draft.graphs.buckets == draft.kv_graphs.buckets == [1, 2] and draft.verify_graphs.buckets == [2, 3, 4]
-        rows: dict[str, list[int]] = {"decode": [], "first": [], "kv": []}
-        for kind, graphs in (("decode", draft.graphs), ("first", draft.verify_graphs), ("kv", draft.kv_graphs)):
-            replay = graphs.run
-            graphs.run = lambda inputs, replay=replay, kind=kind: rows[kind].append(inputs.num_seqs) or replay(inputs)
-        speculator, steps = llm.engine.spec, itertools.count()
-        propose = speculator.propose
-        speculator.propose = lambda running, active: propose(running, active and next(steps) % 3 == 0)
+        rows = watch_draft_steps(llm)
         spec_out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
         stats = llm.engine.stats()
     assert spec_out == plain

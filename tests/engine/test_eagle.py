@@ -7,7 +7,6 @@ bad heads are refused at start-up."""
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 
@@ -16,7 +15,7 @@ from ingot.config import ConfigError
 from ingot.runner.eagle_runner import EagleRunner
 from tests.engine.eagle_heads import check_against_reference, write_eagle1, write_eagle3
 from tests.engine.test_speculative import PROMPTS, greedy_params, run, same
-from tests.helpers import hf_model, write_tiny_checkpoint
+from tests.helpers import hf_model, watch_draft_steps, write_tiny_checkpoint
 
 VOCAB = 300
 K = 3
@@ -106,13 +105,7 @@ def test_head_steps_through_the_padded_buckets(models, proposals, agreeing, cpu_
              max_num_seqs=4) as llm:
         draft = llm.engine.executor.draft
         assert draft.verify_graphs.buckets == [2, 3, 4, 6, 8], "up to k + 1 rows a sequence"
-        rows: dict[str, list[int]] = {"decode": [], "first": [], "kv": []}
-        for kind, graphs in (("decode", draft.graphs), ("first", draft.verify_graphs), ("kv", draft.kv_graphs)):
-            replay = graphs.run
-            graphs.run = lambda inputs, replay=replay, kind=kind: rows[kind].append(inputs.num_seqs) or replay(inputs)
-        speculator, steps = llm.engine.spec, itertools.count()
-        propose = speculator.propose
-        speculator.propose = lambda running, active: propose(running, active and next(steps) % 3 == 0)
+        rows = watch_draft_steps(llm)
         llm.generate(PROMPTS[:3], params, use_tqdm=False)
     check_against_reference(models, "eagle3", "eagle3", proposals)
     assert rows["decode"] and rows["first"] and rows["kv"], f"every set replayed: {rows}"
