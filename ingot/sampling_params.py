@@ -3,6 +3,9 @@
 Every field is validated in ``__post_init__``; a bad value (wrong type, out of
 range, NaN) raises ``SamplingError`` whose message names the field and the
 allowed range. ``stop`` and ``stop_token_ids`` are normalised to lists.
+``logit_bias``, ``allowed_token_ids`` and ``bad_words`` are checked for their form here and
+against the model's vocabulary when a request is processed (``ingot.engine.request``), which
+also tokenizes ``bad_words`` into ``bad_words_token_ids``.
 ``StructuredOutputsParams`` constrains the output to a grammar (vLLM's fields);
 only its form is checked here: whether xgrammar accepts it is checked when a
 request is processed (``ingot.engine.structured``).
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json as _json
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 # Below this temperature a request is decoded greedily.
@@ -168,6 +171,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: Optional[StructuredOutputsParams] = None  # the output follows a grammar
+    logit_bias: Optional[Dict[int, float]] = None  # token id -> added to its logit (before penalties)
+    allowed_token_ids: Optional[List[int]] = None  # non-empty: every other token is excluded
+    bad_words: Optional[List[str]] = None  # words never generated (as a whole token sequence)
+    # bad_words as token id sequences, set when the request is processed (set_bad_words_token_ids)
+    bad_words_token_ids: Optional[List[List[int]]] = field(default=None, init=False, repr=False, compare=False)
+    # any of the three above to apply (what the sampler reads of them for every row, every step)
+    has_token_rules: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.n = _int("n", self.n, f">= 1 (at most {MAX_N})", lo=1, hi=MAX_N)
@@ -214,6 +224,19 @@ class SamplingParams:
         if so is not None and not isinstance(so, StructuredOutputsParams):
             raise SamplingError(f"structured_outputs must be StructuredOutputsParams (or a dict of its fields), got {so!r}")
         self.structured_outputs = so
+        self.logit_bias = self._norm_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = self._token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise SamplingError("allowed_token_ids must not be empty (None allows every token)")
+        self.bad_words = self._norm_bad_words(self.bad_words)
+        self.set_bad_words_token_ids(None)
+
+    def set_bad_words_token_ids(self, ids: Optional[List[List[int]]]) -> None:
+        """``bad_words`` as token id sequences (``InputProcessor`` tokenizes them; the sampler
+        bans them); also brings ``has_token_rules`` up to date."""
+        self.bad_words_token_ids = ids
+        self.has_token_rules = bool(self.logit_bias or self.allowed_token_ids or ids)
 
     @staticmethod
     def _norm_stop(stop: Any) -> List[str]:
@@ -244,6 +267,39 @@ class SamplingParams:
                 raise SamplingError(f"stop_token_ids must contain only integers >= 0, got {t!r}")
             out.append(int(t))
         return out
+
+    @staticmethod
+    def _token_ids(name: str, ids: Any) -> List[int]:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+            raise SamplingError(f"{name} must be a list of token ids (integers), or None, got {ids!r}")
+        bad = [t for t in ids if not _is_int(t)]
+        if bad:
+            raise SamplingError(f"{name} must contain only token ids (integers), got {bad[0]!r}")
+        return [int(t) for t in ids]
+
+    @staticmethod
+    def _norm_logit_bias(bias: Any) -> Optional[Dict[int, float]]:
+        if bias is None:
+            return None
+        if not isinstance(bias, dict):
+            raise SamplingError(f"logit_bias must be a dict of token id -> bias, or None, got {bias!r}")
+        out = {}
+        for t, b in bias.items():
+            if not _is_int(t):
+                raise SamplingError(f"logit_bias keys must be token ids (integers), got {t!r}")
+            out[int(t)] = _float("logit_bias", b, f"a finite number (the bias of token {t})", lambda v: True)
+        return out
+
+    @staticmethod
+    def _norm_bad_words(words: Any) -> Optional[List[str]]:
+        if words is None:
+            return None
+        if isinstance(words, str) or not isinstance(words, (list, tuple)):
+            raise SamplingError(f"bad_words must be a list of strings, or None, got {words!r}")
+        for w in words:
+            if not isinstance(w, str) or not w.strip():
+                raise SamplingError(f"bad_words must contain only strings with a non-space character, got {w!r}")
+        return list(words)
 
     @property
     def greedy(self) -> bool:

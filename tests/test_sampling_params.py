@@ -99,6 +99,11 @@ INVALID = [
     ("ignore_eos", 1), ("ignore_eos", "yes"), ("ignore_eos", None),
     ("logprobs", -1), ("logprobs", 21), ("logprobs", 1.0), ("logprobs", "5"),
     ("skip_special_tokens", 0), ("include_stop_str_in_output", "no"),
+    ("logit_bias", {"5": 1.0}), ("logit_bias", {1.5: 1.0}), ("logit_bias", {5: math.nan}),
+    ("logit_bias", {5: math.inf}), ("logit_bias", {5: "big"}), ("logit_bias", [5]),
+    ("allowed_token_ids", []), ("allowed_token_ids", [1, "2"]), ("allowed_token_ids", 5),
+    ("allowed_token_ids", [True]),
+    ("bad_words", "word"), ("bad_words", [""]), ("bad_words", ["ok", "  "]), ("bad_words", [5]),
 ]
 
 
@@ -128,3 +133,14 @@ def test_message_names_range(field, value, range_text):
     with pytest.raises(SamplingError) as info:
         SamplingParams(**{field: value})
     assert range_text in str(info.value)
+
+
+def test_token_rules_normalised():
+    p = SamplingParams(logit_bias={5: 1, 7: -100}, allowed_token_ids=(3, 4), bad_words=("a", " b c"))
+    assert p.logit_bias == {5: 1.0, 7: -100.0} and isinstance(p.logit_bias[5], float)
+    assert p.allowed_token_ids == [3, 4] and p.bad_words == ["a", " b c"]
+    assert p.bad_words_token_ids is None and p.has_token_rules  # tokenized when the request is processed
+    assert not SamplingParams(bad_words=["a"]).has_token_rules and not SamplingParams().has_token_rules
+    p = SamplingParams(bad_words=["a"])
+    p.set_bad_words_token_ids([[12]])
+    assert p.has_token_rules and p == SamplingParams(bad_words=["a"])  # the ids are derived: not compared

@@ -241,6 +241,10 @@ class AsyncLLM:
         """Validate and tokenize (RequestError if invalid); nothing is queued yet."""
         return self.inputs.process(prompt, params, request_id, stream=stream, chat=chat)
 
+    def check_params(self, params: SamplingParams) -> None:
+        """Check ``params`` against the model (``InputProcessor.check_params``); RequestError if they do not fit."""
+        self.inputs.check_params(params)
+
     def submit(self, requests: list[EngineRequest]) -> RequestGroup:
         """Queue processed requests; their outputs come through the returned group."""
         group = RequestGroup(self.backend, [r.request_id for r in requests])

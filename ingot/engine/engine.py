@@ -212,10 +212,11 @@ class Engine:
         step n+1 reads the tokens step n sampled on the device, and this call returns step
         n's outputs. A sequence that step n finished (a stop) has an extra token in step
         n+1, dropped. A step whose sampling needs the host to know those tokens (penalties,
-        ``min_tokens``) waits for step n first. Grammar rows need them only for their mask:
-        step n+1's forward is queued first, then step n is read back (``Grammars.token_mask``);
-        with ``Grammars.ahead`` a thread reads step n back as soon as its tokens are there,
-        advances their matchers and fills step n+1's rows meanwhile (``_InFlight.run_ahead``).
+        ``min_tokens``, bad words of several tokens) waits for step n first. Grammar rows
+        need them only for their mask: step n+1's forward is queued first, then step n is
+        read back (``Grammars.token_mask``); with ``Grammars.ahead`` a thread reads step n
+        back as soon as its tokens are there, advances their matchers and fills step n+1's
+        rows meanwhile (``_InFlight.run_ahead``).
         """
         outputs = self.grammars.admit(self.scheduler.add, self._finish_request) if self.grammars.num_held else []
         prev, self._inflight = self._inflight, None

@@ -4,9 +4,14 @@
 a chat conversation, sampling params) into an ``EngineRequest``, or raises
 ``RequestError`` naming what is wrong. It only reads the tokenizer and the
 model's limits, so any thread may call it: callers tokenize in their own
-thread while the engine loop keeps stepping. Structured outputs are checked
-here too (xgrammar builds the grammar, without the vocabulary; the engine
-compiles it against the vocabulary, off its loop).
+thread while the engine loop keeps stepping. ``check_params`` checks what
+sampling params depend on the model for: the token ids of ``logit_bias`` and
+``allowed_token_ids`` against the vocabulary, ``bad_words`` tokenized (vLLM's
+way: each word without its leading spaces, and with one space before it where
+that gives as many tokens, starting with another one) into
+``params.bad_words_token_ids``, which travels with the params to the engine;
+and structured outputs (xgrammar builds the grammar, without the vocabulary;
+the engine compiles it against the vocabulary, off its loop).
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ _PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
 
 
 class RequestError(ValueError):
-    """One request is invalid (empty, too long, bad token ids...). Other requests are unaffected."""
+    """One request is invalid (empty, too long, bad token ids...). Other requests are unaffected.
+    ``param``: the sampling field it concerns, where one does."""
+
+    def __init__(self, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -78,12 +88,42 @@ class InputProcessor:
                 raise RequestError(f"cache_salt must be a string, got {type(salt).__name__}")
             prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
         text, ids = self._prompt_ids(prompt, chat)
+        self.check_params(params)
+        return EngineRequest(request_id, text, ids, params, stream=stream, cache_salt=salt)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """RequestError unless ``params`` fit this model (token ids in the vocabulary, a
+        structured output xgrammar accepts); sets ``params.bad_words_token_ids``."""
+        for name in ("logit_bias", "allowed_token_ids"):
+            ids = getattr(params, name)
+            if ids:
+                self._check_vocab(name, list(ids))
+        params.set_bad_words_token_ids(self._bad_words_ids(params.bad_words) if params.bad_words else None)
         if params.structured_outputs is not None:
             try:
                 structured.check(params.structured_outputs)
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
-        return EngineRequest(request_id, text, ids, params, stream=stream, cache_salt=salt)
+
+    def _check_vocab(self, name: str, ids: list[int], what: str = "") -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"{name}{what} has token ids out of the vocabulary (its size is {self.vocab_size}, "
+                               f"ids 0 to {self.vocab_size - 1}): {bad[:5]}", name)
+
+    def _bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
+        out: list[list[int]] = []
+        for word in words:
+            try:
+                bare = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+                spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            except Exception as exc:  # the tokenizer's own error, for this word alone
+                raise RequestError(f"bad_words: the tokenizer cannot encode {word!r}: {exc}", "bad_words") from None
+            for ids in (bare, spaced) if bare and len(spaced) == len(bare) and spaced[0] != bare[0] else (bare,):
+                if ids:  # (a word of characters the tokenizer drops bans nothing)
+                    self._check_vocab("bad_words", ids, f" ({word!r})")
+                    out.append(ids)
+        return out
 
     def _prompt_ids(self, prompt: Any, chat: bool) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):

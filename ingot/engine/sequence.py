@@ -139,10 +139,12 @@ class Sequence:
 
 def needs_history(seqs: list[Sequence]) -> bool:
     """Does sampling any of ``seqs`` need tokens still pending on the device (penalties read
-    the output so far, ``min_tokens`` its length)?"""
+    the output so far, ``min_tokens`` its length, a bad word of several tokens its end)?"""
     for seq in seqs:
         if seq.num_pending:
             p = seq.params
             if p.min_tokens or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                return True
+            if p.bad_words_token_ids and any(len(w) > 1 for w in p.bad_words_token_ids):
                 return True
     return False

@@ -6,19 +6,22 @@ Order of operations per row (all batched, fp32):
    token their grammar forbids, in the logits themselves, before anything else
    (logprobs, like vLLM's default raw logprobs, are then of the masked
    distribution); the engine folds ``min_tokens`` into their bitmask;
-1. penalties: repetition (HF-style, over prompt + output tokens), then
+1. the request's token rules, in vLLM's order: ``allowed_token_ids`` (every other
+   token ``-inf``), ``bad_words`` (``-inf`` on a one-token word, and on the last
+   token of a longer word whose other tokens end the output so far),
+   ``min_tokens`` (EOS and ``stop_token_ids`` ``-inf`` while the output is shorter),
+   then ``logit_bias`` added;
+2. penalties: repetition (HF-style, over prompt + output tokens), then
    frequency / presence (OpenAI-style, over output token counts);
-2. ``min_tokens``: EOS and ``stop_token_ids`` get ``-inf`` while the output is
-   shorter than ``min_tokens``;
-3. greedy rows: argmax of the penalised logits;
+3. greedy rows: argmax of the processed logits;
 4. other rows: temperature, top-k, top-p, min-p, then one draw through the
    exponential race ``argmax(probs / E)``, ``E ~ Exp(1)``. A seeded row draws
    its noise from its own generator, so it samples the same tokens whatever
    else is in the batch.
 
-Logprobs come from ``log_softmax`` of the raw logits (after a grammar's mask,
-before penalties and temperature), with each token's rank in the vocabulary. The results reach the
-host in a single transfer.
+Logprobs come from ``log_softmax`` of the raw logits (after a grammar's mask, before
+the token rules, penalties and temperature), with each token's rank in the vocabulary.
+The results reach the host in a single transfer.
 """
 
 from __future__ import annotations
@@ -83,11 +86,15 @@ def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:
     allowed = table[words.view(torch.uint8).long()].view(m, -1)
     if allowed.shape[1] < vocab:
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))  # beyond the mask: forbidden
-    forbidden = allowed[:, :vocab].logical_not_()
-    if m == logits.shape[0] and mask.rows == list(range(m)):
+    _forbid(logits, mask.rows, allowed[:, :vocab].logical_not_())
+
+
+def _forbid(logits: torch.Tensor, rows: List[int], forbidden: torch.Tensor) -> None:
+    """Set ``logits[rows[k], t]`` to ``-inf`` where ``forbidden[k, t]`` (bool ``[len(rows), V]``), in place."""
+    if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
         logits.masked_fill_(forbidden, float("-inf"))
         return
-    idx = _h2d(mask.rows, device)
+    idx = _h2d(rows, logits.device)
     logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill_(forbidden, float("-inf")))
 
 
@@ -111,6 +118,13 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
 
 def _has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _bad_word_bans(words: List[List[int]], output: List[int]) -> List[int]:
+    """The tokens ``words`` (token id sequences) forbid after ``output``: a one-token word's
+    token, and a longer word's last token where ``output`` ends with its other tokens."""
+    n = len(output)
+    return [w[-1] for w in words if len(w) - 1 <= n and output[n - len(w) + 1 :] == w[:-1]]
 
 
 def _needs_min_tokens_mask(row: SamplingRow) -> bool:
@@ -160,6 +174,7 @@ class Sampler:
         want_lp: list[int] = []
         pen_rows: list[int] = []
         mask_rows: list[int] = []
+        rule_rows: list[int] = []
         greedy: list[bool] = []
         for i, r in enumerate(rows):
             p = r.params
@@ -169,14 +184,16 @@ class Sampler:
                 pen_rows.append(i)
             if p.min_tokens and _needs_min_tokens_mask(r) and i not in masked:
                 mask_rows.append(i)
+            if p.has_token_rules:
+                rule_rows.append(i)
             greedy.append(p.greedy)
 
-        if all(greedy) and not pen_rows and not want_lp and not mask_rows:
+        if all(greedy) and not pen_rows and not want_lp and not mask_rows and not rule_rows:
             # Fast path: argmax is exact in any float dtype.
             return DeviceSample(logits.argmax(dim=-1))
 
         device = logits.device
-        x = self._process(logits, rows, pen_rows, mask_rows)
+        x = self._process(logits, rows, pen_rows, mask_rows, rule_rows)
         sample_rows = [i for i, g in enumerate(greedy) if not g]
         if len(sample_rows) == batch:
             tokens = self._sample(x, rows, sample_rows)
@@ -190,29 +207,46 @@ class Sampler:
         return self._with_logprobs(logits, tokens, params, want_lp)
 
     def process_logits(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
-        """fp32 [B, V]: ``logits`` after the penalties and the ``min_tokens`` masking (what
+        """fp32 [B, V]: ``logits`` after the token rules, ``min_tokens`` and the penalties (what
         greedy rows take the argmax of); ``logits`` itself when it is fp32 and nothing applies."""
         pen_rows = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
         mask_rows = [i for i, r in enumerate(rows) if _needs_min_tokens_mask(r)]
-        return self._process(logits, rows, pen_rows, mask_rows)
+        rule_rows = [i for i, r in enumerate(rows) if r.params.has_token_rules]
+        return self._process(logits, rows, pen_rows, mask_rows, rule_rows)
 
     # -- steps --------------------------------------------------------------
 
     def _process(self, logits: torch.Tensor, rows: List[SamplingRow],
-                 pen_rows: List[int], mask_rows: List[int]) -> torch.Tensor:
+                 pen_rows: List[int], mask_rows: List[int], rule_rows: List[int]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[1]
         # a copy only where it is written (the logits are fp32 already: layers.linear.logits_linear)
-        x = logits.to(torch.float32, copy=bool(pen_rows or mask_rows))
+        x = logits.to(torch.float32, copy=bool(pen_rows or mask_rows or rule_rows))
+        allowed = [i for i in rule_rows if rows[i].params.allowed_token_ids]
+        if allowed:
+            ids = _padded_ids([rows[i].params.allowed_token_ids for i in allowed], vocab, device)
+            others = torch.ones(len(allowed), vocab + 1, dtype=torch.bool, device=device).scatter_(1, ids, False)
+            _forbid(x, allowed, others[:, :vocab])
+        banned = []  # row-major offsets of the (row, token) pairs bad_words and min_tokens forbid
+        flat, bias = [], []  # logit_bias: row-major offsets and what they add
+        for i in rule_rows:
+            p = rows[i].params
+            if p.bad_words_token_ids:
+                bans = _bad_word_bans(p.bad_words_token_ids, rows[i].output_token_ids)
+                banned += [i * vocab + t for t in bans if 0 <= t < vocab]
+            for t, b in (p.logit_bias or {}).items():
+                if 0 <= t < vocab:
+                    flat.append(i * vocab + t)
+                    bias.append(b)
+        for i in mask_rows:
+            ids = set(rows[i].eos_token_ids) | set(rows[i].params.stop_token_ids)
+            banned += [i * vocab + t for t in sorted(ids) if 0 <= t < vocab]
+        if banned:
+            # index_fill_ with a Python scalar: no host-to-device scalar copy (no sync).
+            x.view(-1).index_fill_(0, _h2d(banned, device), float("-inf"))
+        if flat:  # (after the -inf: the bias of a forbidden token leaves it forbidden)
+            x.view(-1).index_add_(0, _h2d(flat, device), _h2d(bias, device, torch.float32))
         if pen_rows:
             self._apply_penalties(x, rows, pen_rows)
-        if mask_rows:
-            flat = []  # row-major offsets of the masked (row, token) pairs
-            for i in mask_rows:
-                ids = set(rows[i].eos_token_ids) | set(rows[i].params.stop_token_ids)
-                flat += [i * vocab + t for t in sorted(ids) if 0 <= t < vocab]
-            if flat:
-                # index_fill_ with a Python scalar: no host-to-device scalar copy (no sync).
-                x.view(-1).index_fill_(0, _h2d(flat, device), float("-inf"))
         return x
 
     @staticmethod

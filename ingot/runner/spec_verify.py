@@ -17,16 +17,18 @@ model's distribution ``p_j`` for the token after draft ``j - 1``. Per row:
   them. After ``k`` acceptances the bonus token is sampled from ``p_k``.
 
 ``p_j`` is what the sampler samples from (``Sampler.process_logits`` then
-``Sampler.probs``, renormalised: penalties, ``min_tokens``, temperature, top-k / top-p /
-min-p). Rows that speculate have neither penalties nor an active ``min_tokens`` (the
+``Sampler.probs``, renormalised: token rules, ``min_tokens``, penalties, temperature, top-k /
+top-p / min-p). Rows that speculate have neither penalties nor an active ``min_tokens`` (the
 engine does not propose for them: both depend on the tokens before each position); rows
-without drafts may have anything. A seeded row draws its uniforms and exponential noise
-from its own generator, in a fixed order, so its tokens do not depend on the rest of the
-batch.
+without drafts may have anything. ``bad_words`` depend on those tokens too: a row with bad
+words samples position ``j`` as if its output went on with drafts ``0 .. j - 1``. A seeded
+row draws its uniforms and exponential noise from its own generator, in a fixed order, so
+its tokens do not depend on the rest of the batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -110,6 +112,10 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow
     if mask is not None and mask.rows:  # a grammar row's allowed tokens at each of its positions
         apply_token_mask(logits, mask)
     pos_rows = [row for row, c in zip(rows, counts) for _ in range(c)]
+    for r, (row, d) in enumerate(zip(rows, drafts)):
+        if d and row.params.bad_words_token_ids:  # position j follows drafts[:j]
+            for j in range(1, len(d) + 1):
+                pos_rows[starts[r] + j] = dataclasses.replace(row, output_token_ids=row.output_token_ids + d[:j])
     # each position's draft (-1 at a row's last position: nothing to test there)
     flat_drafts = [t for d in drafts for t in (*d, -1)]
     draft_t = _h2d(flat_drafts, device)

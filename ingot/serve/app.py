@@ -342,17 +342,15 @@ def _engine_request(llm: AsyncLLM, prompt: Union[str, list[int]], params_for: Ca
                        f"{message.split(' tokens', 1)[0].rsplit(' ', 1)[-1]} tokens, which leaves no room for a completion.")
         raise APIError(400, message, what) from None
     params = params_for(len(req.prompt_token_ids), llm.max_model_len)
-    if getattr(params, "structured_outputs", None) is not None:
-        # processing again with the params compiles the grammar (a schema xgrammar cannot
-        # compile is this request's 400); the ids are already checked, the text kept
-        try:
-            final = llm.process(req.prompt_token_ids, params, rid, chat=chat, stream=bool(body.stream))
-        except RequestError as exc:
-            raise APIError(400, f"{so_param}: {exc}", so_param) from None
-        final.prompt = req.prompt
-        req = final
-    else:
-        req.params = params
+    # token ids against the vocabulary, bad_words tokenized, a grammar checked (a schema
+    # xgrammar cannot compile is this request's 400)
+    try:
+        llm.check_params(params)
+    except RequestError as exc:
+        if exc.param is not None:
+            raise APIError(400, str(exc), exc.param) from None
+        raise APIError(400, f"{so_param}: {exc}", so_param) from None
+    req.params = params
     req.cache_salt = body.cache_salt
     return req
 

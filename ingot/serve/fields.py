@@ -2,7 +2,7 @@
 
 A field that OpenAI's or vLLM's API defines and ingot does not implement gets a 400
 naming it when it is set to anything that would change the answer (``store: true``,
-``use_beam_search: true``, ``logit_bias: {...}``); its default or an equivalent value
+``use_beam_search: true``, ``suffix: "..."``); its default or an equivalent value
 passes. A field neither API defines is ignored, with one logged warning per field
 name for the server's life (vLLM logs the fields it ignores, too).
 """
@@ -33,13 +33,10 @@ _IDENTIFIERS = {name: _anything for name in ("user", "safety_identifier", "promp
 # field -> is this value one ingot can honour (a default, or what ingot does anyway)?
 _SHARED: dict[str, Callable[[Any], bool]] = {
     **_IDENTIFIERS,
-    "logit_bias": _off,
     "use_beam_search": _off,
     "length_penalty": _one_of(1, 1.0),
     "watermarking": _off,
     "spaces_between_special_tokens": _one_of(True),
-    "allowed_token_ids": _off,
-    "bad_words": _off,
     "logprob_token_ids": _off,
     "logits_processors": _off,
     "return_tokens_as_token_ids": _off,
@@ -82,7 +79,6 @@ CHAT_REFUSED: dict[str, Callable[[Any], bool]] = {
 _HINTS = {
     "functions": "use tools",
     "function_call": "use tool_choice",
-    "logit_bias": "not implemented by ingot's sampler",
     "use_beam_search": "ingot has no beam search",
     "suffix": "ingot has no fill-in-the-middle",
 }

@@ -2,11 +2,12 @@
 
 Field names and defaults follow OpenAI's API, plus vLLM's extensions (sampling:
 ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
-``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``;
-prompts: ``truncate_prompt_tokens``, ``prompt_logprobs``, ``add_special_tokens``;
-structured outputs; chat templates and their kwargs). Every other field either API
-defines is refused by name when set to something ingot cannot honour, and a field
-neither defines is ignored with one warning (``fields.py``).
+``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``,
+``allowed_token_ids``, ``bad_words``; OpenAI's ``logit_bias``, its keys token ids as
+strings and its values clamped to [-100, 100]; prompts: ``truncate_prompt_tokens``,
+``prompt_logprobs``, ``add_special_tokens``; structured outputs; chat templates and their
+kwargs). Every other field either API defines is refused by name when set to something
+ingot cannot honour, and a field neither defines is ignored with one warning (``fields.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
 
-from ingot.sampling_params import MAX_LOGPROBS, SamplingParams
+from ingot.sampling_params import MAX_LOGPROBS, SamplingError, SamplingParams
 from ingot.serve import fields
 
 
@@ -41,6 +42,7 @@ class _SamplingFields(BaseModel):
     seed: Optional[int] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, FiniteFloat]] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     response_format: Optional[dict[str, Any]] = None
@@ -53,6 +55,8 @@ class _SamplingFields(BaseModel):
     stop_token_ids: Optional[list[int]] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
     cache_salt: Optional[str] = None
     prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     truncate_prompt_tokens: Optional[int] = None
@@ -104,8 +108,24 @@ class _SamplingFields(BaseModel):
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self._logit_bias(),
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
         )
         return SamplingParams(**{**fields_, **extra})
+
+    def _logit_bias(self) -> Optional[dict[int, float]]:
+        """OpenAI's ``logit_bias`` (token ids as strings) as token id -> bias in [-100, 100]."""
+        if not self.logit_bias:
+            return None
+        out = {}
+        for key, bias in self.logit_bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise SamplingError(f"logit_bias keys must be token ids (integers, as strings), got {key!r}") from None
+            out[token] = min(100.0, max(-100.0, bias))
+        return out
 
     @property
     def include_usage(self) -> bool:

@@ -55,3 +55,29 @@ def test_cuda_penalties_masks_and_logprobs():
         assert [t for t, _, _ in entries[1:]] == ranked[:n]
         for t, v, _ in entries:
             assert v == pytest.approx(ref[t], abs=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_token_rules_match_cpu_without_waiting_for_the_gpu():
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 300, generator=g) * 2
+    rows = [row(temperature=0.0, allowed_token_ids=[4, 9, 250], logit_bias={9: 1.5, 3: -2.0}),
+            row(output=[7, 8], temperature=0.0, bad_words=["x"]),
+            row(temperature=0.0),
+            row(output=[1], temperature=0.0, repetition_penalty=1.5, logit_bias={1: 3.0}, min_tokens=3, eos=(2,)),
+            row(temperature=0.9, top_k=20, allowed_token_ids=list(range(0, 300, 3)), logprobs=2)]
+    rows[1].params.set_bad_words_token_ids([[8, 5], [7, 8, 6], [11]])
+    expected = Sampler(torch.device("cpu")).process_logits(logits, rows)
+    on_gpu = logits.to(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # a host-device synchronisation raises
+    try:
+        got = Sampler(dev).process_logits(on_gpu, rows)
+        sample = Sampler(dev, seed=1).sample(on_gpu, rows)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(got.cpu(), expected)
+    out = sample.to_host()
+    assert out.token_ids[:4] == expected[:4].argmax(dim=-1).tolist() and out.token_ids[4] % 3 == 0

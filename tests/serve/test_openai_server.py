@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingot import LLM, SamplingParams
+from ingot.serve.protocol import CompletionRequest
 from tests.serve.server_process import running_server, wait_until
 from tests.serve.soak import CONSTRAINTS, Answer, make_jobs, run_clients, valid
 
@@ -135,6 +136,34 @@ def test_stop_strings(client, offline):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
 
 
+def test_token_rules_equal_offline(client, server, offline):
+    tok = offline.get_tokenizer()
+    plain = offline.generate(PROMPTS[0], greedy(8), use_tqdm=False)[0].outputs[0]
+    word = plain.text.split()[0]  # the answer's first word
+    allowed = sorted(set(plain.token_ids) | set(tok.encode(" Lyon, London and Rome are cities.", add_special_tokens=False)))
+    bias = {tok.encode(" Lyon", add_special_tokens=False)[0]: 2.5, plain.token_ids[-1]: -3.0}
+    expected = offline.generate(PROMPTS[0], greedy(8, logit_bias=bias, allowed_token_ids=allowed, bad_words=[word]),
+                                use_tqdm=False)[0].outputs[0]
+    assert expected.text != plain.text and set(expected.token_ids) <= set(allowed)
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=0,
+                                     logit_bias={str(t): b for t, b in bias.items()},
+                                     extra_body={"allowed_token_ids": allowed, "bad_words": [word]})
+    assert out.choices[0].text == expected.text
+    answer = offline.chat(CHAT, greedy(8), use_tqdm=False)[0].outputs[0].text
+    red = tok.encode(" Red", add_special_tokens=False)[0]
+    expected = offline.chat(CHAT, greedy(8, bad_words=[answer.split()[0]], logit_bias={red: 100.0}), use_tqdm=False)[0]
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0,
+                                          logit_bias={str(red): 250}, extra_body={"bad_words": [answer.split()[0]]})
+    assert chat.choices[0].message.content == expected.outputs[0].text != answer
+    r = raw(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "logit_bias": {"red": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+
+
+def test_logit_bias_keys_are_ids_and_biases_are_clamped():
+    body = CompletionRequest(prompt="x", logit_bias={"5": 250, "6": -1e9, "7": 0.5})
+    assert body.sampling_params(4, None).logit_bias == {5: 100.0, 6: -100.0, 7: 0.5}
+
+
 def test_include_usage(client):
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=5, temperature=0, stream=True,
                                             stream_options={"include_usage": True}))
@@ -164,7 +193,11 @@ BAD = {"type": "nonsense"}  # a schema xgrammar cannot compile
     ({"model": MODEL, "prompt": ""}, "prompt"),
     ({"model": MODEL, "prompt": [10 ** 7]}, "prompt"),
     ({"model": MODEL, "prompt": "hi", "suffix": "x"}, "suffix"),
-    ({"model": MODEL, "prompt": "hi", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"one": 5}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"1": 5, str(10 ** 7): 1}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
+    ({"model": MODEL, "prompt": "hi", "allowed_token_ids": [1, -1]}, "allowed_token_ids"),
+    ({"model": MODEL, "prompt": "hi", "bad_words": ["ok", " "]}, "bad_words"),
     ({"model": MODEL, "prompt": "hi", "use_beam_search": True}, "use_beam_search"),
     ({"model": MODEL, "prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"model": MODEL, "prompt": "hi", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
