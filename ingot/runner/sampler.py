@@ -34,6 +34,8 @@ import torch
 from ingot.sampling_params import SamplingParams
 
 _U64 = (1 << 64) - 1
+NO_TOKEN = ("no token is left to sample: allowed_token_ids, bad_words, min_tokens and the structured output "
+            "together exclude every token")
 _BIT_TABLES: Dict[torch.device, torch.Tensor] = {}  # per device: byte value -> its 8 bits, low first
 
 
@@ -202,9 +204,12 @@ class Sampler:
             if sample_rows:
                 idx = _h2d(sample_rows, device)
                 tokens[idx] = self._sample(x[idx], rows, sample_rows)
+        # a row whose rules exclude every token fails (token -1 on the host) rather than taking
+        # token 0; the device keeps its token for a step queued behind this one
+        failed = tokens.masked_fill(torch.isneginf(x.amax(dim=-1)), -1) if rule_rows else None
         if not want_lp:
-            return DeviceSample(tokens)
-        return self._with_logprobs(logits, tokens, params, want_lp)
+            return DeviceSample(tokens, failed=failed)
+        return self._with_logprobs(logits, tokens, params, want_lp, failed)
 
     def process_logits(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
         """fp32 [B, V]: ``logits`` after the token rules, ``min_tokens`` and the penalties (what
@@ -342,8 +347,8 @@ class Sampler:
         return probs
 
     @staticmethod
-    def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
-                       params: List[SamplingParams], want: List[int]) -> "DeviceSample":
+    def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: List[SamplingParams], want: List[int],
+                       failed: Optional[torch.Tensor] = None) -> "DeviceSample":
         device = logits.device
         idx = _h2d(want, device)
         lp = torch.log_softmax(logits[idx].to(torch.float32), dim=-1)
@@ -356,7 +361,7 @@ class Sampler:
             top_v, top_i = lp.topk(top_n, dim=-1)
             parts += [top_v.to(torch.float64).flatten(), top_i.to(torch.float64).flatten()]
         ns = [params[i].logprobs for i in want]
-        return DeviceSample(tokens, torch.cat(parts), want, ns, top_n)
+        return DeviceSample(tokens, torch.cat(parts), want, ns, top_n, failed)
 
 
 class DeviceSample:
@@ -364,8 +369,9 @@ class DeviceSample:
     copy to the host without waiting; ``to_host`` waits for it and returns host lists."""
 
     def __init__(self, tokens: torch.Tensor, lp_flat: Optional[torch.Tensor] = None, want: Sequence[int] = (),
-                 ns: Sequence[int] = (), top_n: int = 0) -> None:
+                 ns: Sequence[int] = (), top_n: int = 0, failed: Optional[torch.Tensor] = None) -> None:
         self.tokens = tokens  # [B] int64 on the device (what a next step may read there)
+        self._failed = failed  # ``tokens`` with -1 at the rows that could take no token (for the host)
         self._lp = lp_flat
         self._want, self._ns, self._top_n = list(want), list(ns), top_n
         self._host: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]] = None
@@ -375,11 +381,12 @@ class DeviceSample:
         """Copy to pinned host memory, non-blocking, and record an event after it."""
         if self._host is not None:
             return
-        if self.tokens.device.type != "cuda":
-            self._host = (self.tokens, self._lp)
+        tokens = self.tokens if self._failed is None else self._failed
+        if tokens.device.type != "cuda":
+            self._host = (tokens, self._lp)
             return
         host = lambda t: None if t is None else t.to("cpu", non_blocking=True)  # noqa: E731 (pinned)
-        self._host = (host(self.tokens), host(self._lp))
+        self._host = (host(tokens), host(self._lp))
         self._event = torch.cuda.Event()
         self._event.record()
 
@@ -390,8 +397,11 @@ class DeviceSample:
         tokens_t, lp_t = self._host
         token_ids = tokens_t.tolist()
         batch = len(token_ids)
+        errors = None
+        if self._failed is not None and min(token_ids) < 0:
+            errors = [NO_TOKEN if t < 0 else None for t in token_ids]
         if lp_t is None:
-            return SamplerOutput(token_ids, [None] * batch)
+            return SamplerOutput(token_ids, [None] * batch, errors)
         flat = lp_t.tolist()
         m, top_n = len(self._want), self._top_n
         chosen_vals, ranks = flat[:m], flat[m : 2 * m]
@@ -403,4 +413,4 @@ class DeviceSample:
             for r in range(min(self._ns[j], top_n)):
                 entries.append((int(top_ids[j * top_n + r]), top_vals[j * top_n + r], r + 1))
             out[i] = entries
-        return SamplerOutput(token_ids, out)
+        return SamplerOutput(token_ids, out, errors)

@@ -34,7 +34,8 @@ from typing import List, Optional
 
 import torch
 
-from ingot.runner.sampler import DeviceSample, Sampler, SamplingRow, TokenLogprobs, TokenMask, _h2d, apply_token_mask
+from ingot.runner.sampler import (NO_TOKEN, DeviceSample, Sampler, SamplingRow, TokenLogprobs, TokenMask, _h2d,
+                                  apply_token_mask)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class DeviceVerify:
             entries = self._logprobs.to_host().logprobs
             lp_by_pos = {pos: entries[pos] for pos in self._lp_positions}  # type: ignore[misc]
         tokens, accepted, logprobs = [], [], []
+        errors: Optional[List[Optional[str]]] = None
         start = 0
         for count, drafts in zip(self._counts, self._drafts):
             emitted = []
@@ -85,11 +87,14 @@ class DeviceVerify:
                     continue
                 emitted.append(alt[start + j])
                 break
+            if emitted[-1] < 0:
+                errors = errors or [None] * len(self._counts)
+                errors[len(tokens)] = NO_TOKEN
             tokens.append(emitted)
             accepted.append(len(emitted) - 1)
             logprobs.append([lp_by_pos[start + j] for j in range(len(emitted))] if start in lp_by_pos else None)
             start += count
-        return VerifyOutput(tokens, accepted, logprobs)
+        return VerifyOutput(tokens, accepted, logprobs, errors)
 
 
 def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow], drafts: List[List[int]],
@@ -151,6 +156,10 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow
         emit = torch.where(accept & (draft_t >= 0), draft_t, alt)  # the token each position emits if reached
         params = [row.params for row in pos_rows]
         lp_sample = Sampler._with_logprobs(logits, emit, params, lp_positions)
+    if any(row.params.has_token_rules for row in rows):  # a position whose rules leave no token fails its row
+        dead = torch.isneginf(x.amax(dim=-1))
+        accept &= ~dead
+        alt.masked_fill_(dead, -1)
     return DeviceVerify(counts, drafts, accept, alt, lp_sample, lp_positions)
 
 

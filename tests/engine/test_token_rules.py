@@ -110,3 +110,19 @@ def test_ids_out_of_the_vocabulary_are_refused(llm, kw, field, ids):
     out = llm.generate(["hello", "world"], [SamplingParams(**kw), greedy(max_tokens=2)], use_tqdm=False)
     assert out[0].error == message and out[0].outputs[0].finish_reason == "error"
     assert out[1].error is None and len(out[1].outputs[0].token_ids) == 2
+
+
+def test_rules_that_leave_no_token_fail_that_request_alone(llm):
+    """The one allowed token is a bad word: that request ends with an error after the tokens it
+    could take; the request beside it in the batch finishes as it would alone."""
+    tok = llm.get_tokenizer()
+    word = tok.decode([77])
+    bad = greedy(allowed_token_ids=[77, 120], bad_words=[word], logit_bias={120: -5.0})
+    outs = llm.generate(PROMPTS[:2], [bad, greedy()], use_tqdm=False)
+    assert bad.bad_words_token_ids and [77] in bad.bad_words_token_ids
+    assert outs[0].outputs[0].token_ids == [120] * 16  # 77 banned, 120 allowed: no failure yet
+    dead = greedy(allowed_token_ids=[77], bad_words=[word])
+    outs = llm.generate(PROMPTS[:2], [dead, greedy()], use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "error" and "no token is left" in outs[0].error
+    assert outs[0].outputs[0].token_ids == []
+    assert outs[1].outputs[0].token_ids == tokens(llm, greedy(), PROMPTS[1:2])[0]

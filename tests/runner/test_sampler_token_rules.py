@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ingot.runner.sampler import Sampler, SamplingRow, TokenMask
+from ingot.runner.sampler import NO_TOKEN, Sampler, SamplingRow, TokenMask
 from ingot.runner.spec_verify import verify_drafts
 from ingot.sampling_params import SamplingParams
 from tests.runner.sampler_cases import CPU, RAW, py_argmax, row
@@ -151,3 +151,34 @@ def test_verification_sees_each_drafts_prefix():
     plain = verify_drafts(Sampler(CPU), logits.clone(), [rule_row([0], [[0, 2]], temperature=0.0)], [[1, 2, 3]])
     assert plain.to_host().tokens == [[1, 2, 3, 5]]
     assert bad[0].output_token_ids == [0]  # the row itself unchanged
+
+
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_a_row_whose_rules_leave_no_token_fails_alone(logprobs):
+    """allowed {1, 4} with 1 and 4 bad words: that row fails (the host sees -1 and the error);
+    the device keeps a token a queued step can read; the other rows sample as before."""
+    rows = [rule_row([], [[1], [4]], temperature=0.0, allowed_token_ids=[1, 4], logprobs=logprobs),
+            rule_row([], None, temperature=0.0, logit_bias={1: 9.0}), row([], [], temperature=0.0)]
+    sample = Sampler(CPU).sample(torch.tensor([RAW] * 3), rows)
+    assert 0 <= int(sample.tokens[0]) < len(RAW)
+    out = sample.to_host()
+    assert out.token_ids == [-1, 1, 3]
+    assert out.errors[0] == NO_TOKEN and out.errors[1:] == [None, None]
+
+
+def test_min_tokens_with_only_eos_allowed_fails_the_row():
+    r = rule_row([], None, eos=(2,), temperature=1.0, seed=1, allowed_token_ids=[2], min_tokens=3)
+    out = Sampler(CPU)(torch.tensor([RAW]), [r])
+    assert out.token_ids == [-1] and out.errors == [NO_TOKEN]
+
+
+def test_verification_fails_a_row_at_a_position_with_no_token():
+    """Position 1 of the row follows draft 1, after which the bad words [1, 3] and [1, 1] ban both
+    allowed tokens: its first draft is kept, then the row fails; the other row is verified as usual."""
+    logits = torch.zeros(5, 6)
+    logits[:, 3] = 3.0
+    dead = rule_row([], [[1, 3], [1, 1]], temperature=0.0, allowed_token_ids=[1, 3])
+    logits[0, 1] = 4.0
+    out = verify_drafts(Sampler(CPU), logits, [dead, row([], [], temperature=0.0)], [[1, 3], [3]]).to_host()
+    assert out.tokens == [[1, -1], [3, 3]] and out.num_accepted == [1, 1]
+    assert out.errors == [NO_TOKEN, None]
