@@ -61,17 +61,19 @@ def dense_logprobs(config: Any, sequences: list[list[int]]) -> list[torch.Tensor
     plain forward (a one-sequence KV pool, prefill attention) in the model dtype."""
     from ingot.layers.attention import AttentionMetadata
     from ingot.loading.checkpoint import open_checkpoint
-    from ingot.models.loader import load_checkpoint, resolve_device, resolve_dtype
+    from ingot.models.loader import held_dense, load_checkpoint, resolve_device, resolve_dtype
     from ingot.runner.kv_pool import KVCachePool, blocks_for
 
     ckpt = open_checkpoint(config.model, config.tokenizer, config.load_format, config.quantization,
-                           dequantize_on_load=True)
+                           dequantize_on_load=True, held_dense=held_dense)  # online -q spares them, as served
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, ckpt.config.torch_dtype)
     longest = max(len(s) for s in sequences)
     model = load_checkpoint(ckpt, dtype, device, longest, progress=config.show_progress)
     cfg, bs = model.config, config.block_size
-    pool = KVCachePool(cfg.num_layers, blocks_for(longest, bs) + 1, bs, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    entry = cfg.kv_cache_entry  # DeepSeek's latent attention caches one entry a token, no V
+    pool = KVCachePool(cfg.num_layers, blocks_for(longest, bs) + 1, bs, entry.heads, entry.head_dim, dtype, device,
+                       entry.separate_values)
     for i, attn in enumerate(model.attention_layers()):
         attn.k_cache, attn.v_cache = pool.layer(i)
     out = []

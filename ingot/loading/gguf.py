@@ -7,7 +7,10 @@ so the model code never sees the format. Tensors are dequantized with
 ``gguf.quants``, except with ``weights(..., dequantize=False)``, where the
 projections stored quantized come out in a canonical form (``gguf_quant``,
 described by ``quant``; experts stacked in one tensor split into per-expert
-modules; the shards of one projection ingot holds as one in one form).
+modules; the shards of one projection ingot holds as one in one form), except the
+modules the model holds in the model dtype (``held_dense``) and deepseek2's ``kv_b_proj``
+joined from ``attn_k_b`` / ``attn_v_b`` (``attn_k_b`` is stored transposed, its blocks
+running along what are ``kv_b_proj``'s rows), which come dequantized.
 
 This module owns the llama.cpp -> HF tensor mapping (names, q/k row order, tensors
 joined or split); the config is built by ``gguf_config`` (with the per-family rules of
@@ -45,15 +48,12 @@ from ingot.loading.gguf_moe_families import Join, join_kv_b, kv_b_joins, moe_blo
 from ingot.loading.gguf_quant import NATIVE_FORMS, Form, blocks_to_canonical, common_form, native_form
 from ingot.loading.gguf_tokenizer import build_tokenizer, default_add_bos
 from ingot.loading.quant_pack import canonical_names
-from ingot.loading.quant_scheme import LinearScheme, QuantConfig
+from ingot.loading.quant_scheme import LinearScheme, QuantConfig, module_matches
 from ingot.loading.weights import WeightSelector, select as select_part
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GGUFCheckpoint", "load_gguf", "CheckpointError", "SUPPORTED_QUANT_TYPES"]
-
-# families whose models hold no quantized layers: their projections are always dequantized at load
-_DENSE_ONLY = frozenset({"deepseek2"})
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {
@@ -90,12 +90,15 @@ _PER_EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight
 # config["rope_scaling"]; attn_rot_embd is an old precomputed rotary table.
 _SKIPPED = re.compile(r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
 _BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-# the projections (last part of the HF module name) whose blocks stay quantized
-_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
-# the projection tensors the models hold as one (one scheme): q/k/v, gate/up, all routed experts of a layer
+# the projections (last part of the HF module name) whose blocks stay quantized (deepseek2's
+# latent attention: q_a / q_b / kv_a / kv_b)
+_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                          "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"})
+# the projection tensors the models hold as one (one scheme): q/k/v (deepseek2: q or q_a with kv_a),
+# gate/up, all routed experts of a layer
 _HELD_AS_ONE = (
     (re.compile(r"^(.*\.experts)\.(?:\d+\.)?(?:gate_up|gate|up|down)_proj\.weight$"), r"\1"),
-    (re.compile(r"^(.*)\.[qkv]_proj\.weight$"), r"\1.qkv_proj"),
+    (re.compile(r"^(.*)\.(?:[qkv]_proj|q_a_proj|kv_a_proj_with_mqa)\.weight$"), r"\1.qkv_proj"),
     (re.compile(r"^(.*)\.(?:gate|up)_proj\.weight$"), r"\1.gate_up_proj"),
 )
 
@@ -115,7 +118,8 @@ class GGUFCheckpoint:
     _tensors: list[tuple[str, TensorInfo, int]] = field(repr=False)  # (hf name, info, heads to un-permute)
     _plus_one: frozenset[str] = field(default=frozenset(), repr=False)  # HF names stored as 1 + w (Gemma norms)
     _joins: dict[str, Join] = field(default_factory=dict, repr=False)  # HF name -> the file tensor read with its own
-    _dense_only: bool = field(default=False, repr=False)  # the family's models hold no quantized layers
+    # modules the model holds in the model dtype (patterns as in QuantConfig.ignore): dequantized at load
+    held_dense: tuple[str, ...] = ()
 
     @property
     def quant(self) -> Optional[QuantConfig]:
@@ -133,7 +137,8 @@ class GGUFCheckpoint:
 
     @property
     def has_quantized(self) -> bool:
-        """Whether some projection is stored in a type served quantized (``quant`` is not None, or raises)."""
+        """Whether some projection is stored in a type ingot serves quantized (the file's quantization
+        method is then ``gguf``; ``quant`` may still be None where only held-dense ones are)."""
         return any(_quantizable(hf_name, info) and native_form(info.qtype) for hf_name, info, _ in self._tensors)
 
     def _forms(self) -> dict[str, Form]:
@@ -141,8 +146,9 @@ class GGUFCheckpoint:
         type's own, or, where the shards of a projection held as one differ, ``common_form``'s.
         Raises CheckpointError where such a projection mixes types served quantized and others."""
         groups: dict[str, list[tuple[str, TensorInfo]]] = {}
-        for hf_name, info, _ in [] if self._dense_only else self._tensors:
-            if _quantizable(hf_name, info):
+        for hf_name, info, _ in self._tensors:
+            if (_quantizable(hf_name, info) and hf_name not in self._joins
+                    and not module_matches(hf_name.rpartition(".")[0], self.held_dense)):
                 groups.setdefault(_held_as_one(hf_name), []).append((hf_name, info))
         forms: dict[str, Form] = {}
         for group, members in groups.items():
@@ -291,7 +297,6 @@ def _open(path: Path, buf: mmap.mmap) -> GGUFCheckpoint:
         _tensors=plan,
         _plus_one=frozenset(n for n, info, _ in plan if arch in NORM_PLUS_ONE and info.name.endswith("norm.weight")),
         _joins={hf_name: joins[info.name] for hf_name, info, _ in plan if info.name in joins},
-        _dense_only=arch in _DENSE_ONLY,
     )
 
 

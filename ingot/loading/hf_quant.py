@@ -9,7 +9,10 @@ read whole (wherever its shards put them), converted, then cut by the selector u
 their canonical names; every other tensor is read exactly as ``hf.iter_safetensors``
 reads it. The file decides which modules are quantized: where the config's ignore
 patterns say otherwise, ``QuantConfig.per_module`` records what the file holds.
-A quantized ``lm_head`` or embedding (GPTQ ``lm_head: true``) is dequantized at load.
+A quantized ``lm_head`` or embedding (GPTQ ``lm_head: true``) is dequantized at load, and
+so is every module the model holds in the model dtype (``held_dense``, patterns as in
+``QuantConfig.ignore``: DeepSeek's ``kv_b_proj``, which its latent attention reads as a
+dense weight); ``QuantConfig.per_module`` names them dense.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ingot.loading.hf import tensor_table
 from ingot.loading.quant_config import HFQuant, StoredFormat, parse
 from ingot.loading.quant_formats import MARKERS, PARTS, REFUSED_PARTS, convert, plan
 from ingot.loading.quant_pack import canonical_names, dequantize
-from ingot.loading.quant_scheme import LinearScheme, QuantConfig
+from ingot.loading.quant_scheme import LinearScheme, QuantConfig, module_matches
 from ingot.loading.weights import WeightSelector, select as select_part
 
 DENSE_ONLY = ("lm_head", "embed_tokens")  # modules the model keeps dense whatever the file holds
@@ -39,14 +42,16 @@ class _Module:
     fmt: StoredFormat
     scheme: LinearScheme
     parts: dict[str, Path]  # tensor part (weight_packed, scales...) -> its file
-    dense: bool  # dequantized at load (lm_head, embeddings)
+    dense: bool  # dequantized at load (lm_head, embeddings, the modules the model holds dense)
 
 
 class QuantizedSafetensors:
     """The weights of a quantized HF checkpoint, in canonical form (or dequantized)."""
 
-    def __init__(self, files: list[Path], quantization_config: dict, source: str = "config.json") -> None:
+    def __init__(self, files: list[Path], quantization_config: dict, source: str = "config.json",
+                 held_dense: tuple[str, ...] = ()) -> None:
         self.spec: HFQuant = parse(quantization_config, source)
+        self.held_dense = DENSE_ONLY + tuple(held_dense)
         self.table = tensor_table(files)
         self.files = files
         self.modules: dict[str, _Module] = {}
@@ -70,7 +75,7 @@ class QuantizedSafetensors:
             raise CheckpointError(f"{module} has both a dense weight and {fmt.kind} quantized tensors")
         parts = {p: self.table[f"{module}.{p}"] for p in known if f"{module}.{p}" in self.table}
         scheme = plan(module, fmt, {p: (shape, dtype) for p, (_, shape, dtype) in parts.items()})
-        dense = module.rpartition(".")[2] in DENSE_ONLY
+        dense = module_matches(module, self.held_dense)
         return _Module(fmt, scheme, {p: file for p, (file, _, _) in parts.items()}, dense)
 
     def _quant_config(self) -> Optional[QuantConfig]:

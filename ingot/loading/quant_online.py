@@ -17,7 +17,8 @@ for a bf16 GPU model and an fp32 CPU one), and each weight is within half a step
 original.
 Every 2-D projection is quantized, routed experts stored one tensor per expert and
 projection included (held stacked and quantized by ``layers/fused_moe.py``); embeddings,
-the lm_head, norms and MoE routers stay dense, and so do experts stacked in one 3-D
+the lm_head, norms, MoE routers and the modules the model holds dense (the opener's
+``held_dense``: DeepSeek's ``kv_b_proj``) stay dense, and so do experts stacked in one 3-D
 tensor (GGUF ``ffn_*_exps``, transformers' fused ``experts.gate_up_proj``).
 Since a per-row scheme's group is the module's own K, the config lists every
 quantized module in ``per_module`` (``scheme`` is None: anything not listed is dense).
@@ -25,7 +26,7 @@ quantized module in ``per_module`` (``scheme`` is None: anything not listed is d
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
@@ -70,16 +71,17 @@ def quantize_online(scheme: str, linear_shapes: Mapping[str, tuple[int, int]]) -
     return QuantConfig("online", None, ("lm_head",), per_module)
 
 
-def random_weights_config(scheme: str) -> QuantConfig:
+def random_weights_config(scheme: str, held_dense: Sequence[str] = ()) -> QuantConfig:
     """The QuantConfig of a model with random weights (``load_format="dummy"``) served quantized:
     the same schemes as ``quantize_online`` for every linear module, routed experts included
-    (int8's per-row group as ``group_size`` 0: the layer's own K), the modules it keeps dense dense."""
+    (int8's per-row group as ``group_size`` 0: the layer's own K), the modules it keeps dense
+    and those the model holds dense (``held_dense``, QuantConfig.ignore's patterns) dense."""
     if scheme not in ONLINE_SCHEMES:
         raise CheckpointError(f"unknown online quantization {scheme!r} (supported: {', '.join(ONLINE_SCHEMES)})")
     linear = {"fp8": Fp8Weights(0, 0, act_group=0), "int8": IntWeights(bits=8, group_size=0),
               "int4": IntWeights(bits=4, group_size=INT4_GROUP)}[scheme]
     dense = tuple(f"re:(.*\\.)?{name}$" for name in _KEEP_DENSE)
-    return QuantConfig("online", linear, dense)
+    return QuantConfig("online", linear, dense + tuple(held_dense))
 
 
 def quantize_weight(weight: torch.Tensor, scheme: LinearScheme) -> dict[str, torch.Tensor]:

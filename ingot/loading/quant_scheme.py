@@ -35,7 +35,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, Optional, Union
+from typing import Iterable, Mapping, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,18 @@ class QuantConfig:
         """The scheme of the linear module ``module`` (HF name), None where it stays unquantized."""
         if module in self.per_module:
             return self.per_module[module]
-        short = module.removeprefix("model.")
-        for pattern in self.ignore:
-            if pattern.startswith("re:"):
-                if re.match(pattern[3:], module) or re.match(pattern[3:], short):
-                    return None
-            elif fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(short, pattern) or module.endswith("." + pattern):
-                return None
-        return self.scheme
+        return None if module_matches(module, self.ignore) else self.scheme
+
+
+def module_matches(module: str, patterns: Iterable[str]) -> bool:
+    """Whether one of ``patterns`` names the module ``module`` (HF name, with or without
+    ``model.``): an fnmatch pattern, a ``re:`` regular expression matched from the start, or
+    a name that ends it after a dot (``self_attn.kv_b_proj``)."""
+    short = module.removeprefix("model.")
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            if re.match(pattern[3:], module) or re.match(pattern[3:], short):
+                return True
+        elif fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(short, pattern) or module.endswith("." + pattern):
+            return True
+    return False

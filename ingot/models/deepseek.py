@@ -24,7 +24,16 @@ Rope. DeepSeek rotates dims in pairs ``(2i, 2i + 1)`` (V2 always; V3 with
 (``rotary.interleaved_rope_order``) so ingot's neox-style rotary applies. The
 softmax scale carries YaRN's ``mscale_all_dim`` correction squared, as in HF.
 
-Not supported: tensor parallelism, quantized checkpoints, ``attention_bias``.
+Quantized checkpoints. ``qkv_proj`` (its two shards in one scheme), ``q_b_proj``,
+``o_proj``, the dense layers' MLPs, the shared experts and the routed experts are held
+in the checkpoint's scheme, as in the other families. ``kv_b_proj`` is held in the model
+dtype (its weight is W_UK and W_UV, read by the absorbed attention) and so is the router:
+the model names them (``DENSE_MODULES``) and the loader hands them over dequantized
+(``models.loader.held_dense``). The rope rows' reorder applies to a quantized
+projection's parts alike (their rows are its outputs); fp8 block scales stay as they are,
+every rope row staying in its block (refused otherwise).
+
+Not supported: tensor parallelism, ``attention_bias``.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import OpPolicy
 from ingot.layers.rotary import RotaryEmbedding, interleaved_rope_order, yarn_softmax_scale
 from ingot.loading.errors import CheckpointError
+from ingot.loading.quant_scheme import Fp8Weights
 from ingot.loading.model_config import ModelConfig
 from ingot.models.deepseek_moe import DeepseekMoE
 from ingot.models.llama import LlamaDecoderLayer, LlamaMLP
@@ -61,12 +71,18 @@ class MLAttention(nn.Module):
         self.num_heads = cfg.num_heads
         self.nope, self.rope, self.v_dim, self.rank = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
         q_width = self.num_heads * mla.qk_head_dim
-        self.qkv_proj = MergedLinear(cfg.hidden_size, (mla.q_lora_rank or q_width, mla.cache_dim))
+        query = "q_a_proj" if mla.q_lora_rank else "q_proj"
+        self.qkv_proj = MergedLinear(cfg.hidden_size, (mla.q_lora_rank or q_width, mla.cache_dim),
+                                     scheme=cfg.linear_scheme(prefix, (query, "kv_a_proj_with_mqa")))
         self.q_a_layernorm = RMSNorm(mla.q_lora_rank, _LATENT_NORM_EPS) if mla.q_lora_rank else None
-        self.q_b_proj = Linear(mla.q_lora_rank, q_width) if mla.q_lora_rank else None
+        self.q_b_proj = (Linear(mla.q_lora_rank, q_width, scheme=cfg.linear_scheme(prefix, ("q_b_proj",)))
+                         if mla.q_lora_rank else None)
         self.kv_a_layernorm = RMSNorm(self.rank, _LATENT_NORM_EPS)
+        if cfg.linear_scheme(prefix, ("kv_b_proj",)) is not None:
+            raise CheckpointError(f"{prefix}.kv_b_proj: the latent attention reads its weight dense; open the checkpoint "
+                                  "with models.loader.held_dense (DeepseekForCausalLM.DENSE_MODULES), which dequantizes it")
         self.kv_b_proj = Linear(self.rank, self.num_heads * (self.nope + self.v_dim))
-        self.o_proj = Linear(self.num_heads * self.v_dim, cfg.hidden_size)
+        self.o_proj = Linear(self.num_heads * self.v_dim, cfg.hidden_size, scheme=cfg.linear_scheme(prefix, ("o_proj",)))
         self.rotary = rotary
         self.scale = yarn_softmax_scale(mla.qk_head_dim**-0.5, cfg.rope_scaling)
         self.splits = self.qkv_proj.local_sizes
@@ -110,6 +126,8 @@ def deepseek_tensor_parallel_error(cfg: ModelConfig, size: int) -> Optional[str]
 
 class DeepseekForCausalLM(MoEForCausalLM):
     FUSED = {**MoEForCausalLM.FUSED, "q_a_proj": ("qkv_proj", 0), "kv_a_proj_with_mqa": ("qkv_proj", 1)}
+    # kv_b_proj: W_UK / W_UV of the absorbed attention (``MLAttention.attend`` reads the weight); the router
+    DENSE_MODULES = ("self_attn.kv_b_proj", "mlp.gate")
     decoder_layer = DeepseekDecoderLayer
     expert_blocks = (DeepseekMoE,)
     tensor_parallel_error = staticmethod(deepseek_tensor_parallel_error)
@@ -117,8 +135,6 @@ class DeepseekForCausalLM(MoEForCausalLM):
     def __init__(self, cfg: ModelConfig, max_position: int, tp: TensorParallel = SINGLE) -> None:
         if cfg.mla is None:
             raise CheckpointError(f"{cfg.architecture}: no multi-head latent attention settings (kv_lora_rank)")
-        if cfg.quant is not None:
-            raise CheckpointError(f"quantized {cfg.architecture} checkpoints are not supported")
         if cfg.qkv_bias:
             raise CheckpointError(f"attention_bias=True is not supported for {cfg.architecture}")
         if tp.enabled:
@@ -149,19 +165,36 @@ class DeepseekForCausalLM(MoEForCausalLM):
 
     def _head_layout(self, owner: str, index: int, pname: str, tensor: torch.Tensor) -> torch.Tensor:
         """The rope rows of the query (every head) and of the shared key in neox order
-        (``interleaved_rope_order``); any other tensor as it is."""
+        (``interleaved_rope_order``), of a weight or of a quantized projection's part
+        (``_take_rows``); any other tensor as it is."""
         mla = self.config.mla
         if not self.rope_interleave or mla is None:
             return tensor
-        # on the checkpoint tensor's device, which need not be the model's
-        order, dev = interleaved_rope_order(mla.qk_rope_head_dim, tensor.device), tensor.device
         query = (owner.endswith("self_attn.qkv_proj") and index == 0 and mla.q_lora_rank is None) or owner.endswith(
             "self_attn.q_b_proj")
+        if not query and not (owner.endswith("self_attn.qkv_proj") and index == 1):
+            return tensor
+        # on the checkpoint tensor's device, which need not be the model's
+        order, dev = interleaved_rope_order(mla.qk_rope_head_dim, tensor.device), tensor.device
         if query:
-            heads = tensor.reshape(self.config.num_heads, mla.qk_head_dim, *tensor.shape[1:])
-            rows = torch.cat((torch.arange(mla.qk_nope_head_dim, device=dev), mla.qk_nope_head_dim + order))
-            return heads[:, rows].reshape(tensor.shape)
-        if owner.endswith("self_attn.qkv_proj") and index == 1:
+            head = torch.cat((torch.arange(mla.qk_nope_head_dim, device=dev), mla.qk_nope_head_dim + order))
+            rows = (torch.arange(self.config.num_heads, device=dev)[:, None] * mla.qk_head_dim + head).reshape(-1)
+        else:
             rows = torch.cat((torch.arange(mla.kv_lora_rank, device=dev), mla.kv_lora_rank + order))
-            return tensor[rows]
+        scheme = self.get_submodule(owner).scheme
+        return _take_rows(tensor, rows, pname, scheme.block_n if isinstance(scheme, Fp8Weights) else 1)
+
+
+def _take_rows(tensor: torch.Tensor, rows: torch.Tensor, pname: str, block_n: int = 1) -> torch.Tensor:
+    """A projection's part with its output rows in the order ``rows`` gives: a weight, a bias or a
+    quantized part (their rows are the outputs); ``perm`` (input columns) as it is, and fp8 scales
+    of ``block_n`` rows each (or one for the tensor) as they are, where every row stays in its
+    block (ValueError otherwise)."""
+    n = rows.numel()
+    if pname == "perm" or (pname == "weight_scale" and tensor.shape[0] == 1):
         return tensor
+    if pname != "weight_scale" or block_n == 1:
+        return tensor[rows]
+    if not torch.equal(rows // block_n, torch.arange(n, device=rows.device) // block_n):
+        raise ValueError(f"the rope rows' reorder moves rows across the {block_n}-row scale blocks of {pname}")
+    return tensor

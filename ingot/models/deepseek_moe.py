@@ -9,8 +9,10 @@ for the choice only, keeps the ``topk_group`` groups whose two best biased score
 sum highest (``noaux_tc``), weighs the chosen experts by their unbiased scores and
 may renormalise them. Both scale the weights by ``routed_scaling_factor`` and
 hand them on in fp32, as transformers does. The routed experts are the fused op
-(``layers/fused_moe.py``); the shared experts, one MLP of ``n_shared_experts``
-expert widths, add to every token unscaled.
+(``layers/fused_moe.py``; quantized, as the other MoE models' are: ``moe.routed_experts``);
+the shared experts, one MLP of ``n_shared_experts`` expert widths (quantized like any
+MLP), add to every token unscaled. The router stays in the model dtype (the model names it
+dense: ``DeepseekForCausalLM.DENSE_MODULES``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ingot.layers.fused_moe import FusedMoE
 from ingot.layers.linear import MergedLinear
 from ingot.layers.norm import RMSNorm
 from ingot.layers.policy import OpPolicy
 from ingot.loading.deepseek_config import GroupedRouting
 from ingot.loading.model_config import ModelConfig
 from ingot.models.llama import LlamaMLP
+from ingot.models.moe import routed_experts
 
 
 class Router(nn.Module):
@@ -78,7 +80,7 @@ class DeepseekMoE(nn.Module):
         self.routing = cfg.routing
         self.top_k = cfg.num_experts_per_tok
         self.gate = Router(cfg.num_experts, cfg.hidden_size, corrected=cfg.routing.scoring == "sigmoid")
-        self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.experts = routed_experts(cfg, prefix)
         shared = cfg.shared_expert_intermediate_size
         self.shared_experts = LlamaMLP(cfg.hidden_size, shared, cfg=cfg, prefix=f"{prefix}.shared_experts") if shared else None
 

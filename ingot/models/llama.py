@@ -245,6 +245,9 @@ class LlamaForCausalLM(nn.Module):
     FUSED = _FUSED
     # checkpoint tensors that stack every shard of the projection of that name (Phi-3's)
     STACKED = ("qkv_proj", "gate_up_proj")
+    # linear modules (QuantConfig.ignore's patterns) held in the model dtype whatever the checkpoint
+    # stores: the loader hands them over dense (``loader.held_dense``)
+    DENSE_MODULES: tuple[str, ...] = ()
 
     def _skipped(self, name: str) -> bool:
         """Checkpoint tensors (HF name without ``model.``) the model does not hold."""

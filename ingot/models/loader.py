@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from ingot.loading.checkpoint import Checkpoint, open_checkpoint
 from ingot.config import ConfigError, EngineConfig
 from ingot.loading.errors import CheckpointError
 from ingot.loading.model_config import ModelConfig
-from ingot.models.registry import model_class
+from ingot.models.registry import MODEL_CLASSES, model_class
 
 
 @contextlib.contextmanager
@@ -39,14 +39,22 @@ def build_model(
     return model.eval().requires_grad_(False)
 
 
-def open_model(config: EngineConfig) -> Checkpoint:
+def held_dense(cfg: ModelConfig) -> Sequence[str]:
+    """The linear modules the model class of ``cfg`` holds in the model dtype whatever the
+    checkpoint stores (its ``DENSE_MODULES``), for ``open_checkpoint`` to hand over dense."""
+    return getattr(MODEL_CLASSES.get(cfg.architecture), "DENSE_MODULES", ())
+
+
+def open_model(config: EngineConfig, dequantize_on_load: Optional[bool] = None) -> Checkpoint:
     """The checkpoint ``config`` names, opened for where it runs: a quantized checkpoint's (or an
     online-quantized model's) linear layers stay quantized on CUDA, where ingot's kernels
     multiply them, and are dequantized at load elsewhere (the references would dequantize
-    them at every step)."""
-    on_cuda = resolve_device(config.device).type == "cuda"
+    them at every step), unless ``dequantize_on_load`` says otherwise; the modules the model
+    holds dense (``held_dense``) come dense either way."""
+    if dequantize_on_load is None:
+        dequantize_on_load = resolve_device(config.device).type != "cuda"
     return open_checkpoint(config.model, config.tokenizer, config.load_format, config.quantization,
-                           dequantize_on_load=not on_cuda)
+                           dequantize_on_load=dequantize_on_load, held_dense=held_dense)
 
 
 def load_checkpoint(

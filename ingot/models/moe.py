@@ -100,13 +100,7 @@ class MoEBlock(nn.Module):
         shared = cfg.shared_expert_intermediate_size
         # router rows, then the shared expert's gate row: one GEMM for both
         self.gate = MergedLinear(cfg.hidden_size, (cfg.num_experts, 1) if shared else (cfg.num_experts,), cfg.router_bias)
-        scheme = experts_scheme(cfg, prefix)
-        swiglu = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.swiglu_alpha > 0 else None
-        try:
-            self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp, scheme,
-                                    cfg.expert_bias, swiglu)
-        except ValueError as exc:
-            raise CheckpointError(f"{prefix}.experts: {exc}") from None
+        self.experts = routed_experts(cfg, prefix, tp)
         self.shared_expert = (LlamaMLP(cfg.hidden_size, shared, tp, reduce=False, cfg=cfg, prefix=f"{prefix}.shared_expert")
                               if shared else None)
 
@@ -156,6 +150,18 @@ class MoEBlock(nn.Module):
             return self(h, policy), residual
         logits, residual, hw, rstd = linear_norm_linear_scaled(x, proj, residual, norm, self.gate, policy)
         return self.experts_forward(hw, logits, policy, rstd), residual
+
+
+def routed_experts(cfg: ModelConfig, prefix: str, tp: TensorParallel = SINGLE) -> FusedMoE:
+    """The routed experts of MoE block ``prefix`` (``layers.N.mlp``): a FusedMoE held in their
+    checkpoint's scheme (``experts_scheme``), with gpt-oss's biases and clamped SwiGLU where the
+    config has them. Raises CheckpointError where they cannot be held so."""
+    swiglu = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.swiglu_alpha > 0 else None
+    scheme = experts_scheme(cfg, prefix)
+    try:
+        return FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, tp, scheme, cfg.expert_bias, swiglu)
+    except ValueError as exc:
+        raise CheckpointError(f"{prefix}.experts: {exc}") from None
 
 
 def experts_scheme(cfg: ModelConfig, prefix: str) -> Optional[LinearScheme]:

@@ -46,7 +46,7 @@ from ingot.loading.checkpoint import Checkpoint, open_checkpoint
 from ingot.loading.dummy import SHAPES
 from ingot.loading.errors import CheckpointError
 from ingot.loading.model_config import ModelConfig
-from ingot.models.loader import load_checkpoint
+from ingot.models.loader import held_dense, load_checkpoint
 from ingot.runner.batch import BatchSequence, ScheduledBatch, draft_kv_lag
 from ingot.runner.kv_pool import KVCachePool
 from ingot.runner.model_runner import LaunchedStep, ModelRunner, TokenFeed, sampling_rows
@@ -304,7 +304,7 @@ def load_draft(config: EngineConfig, target: Checkpoint, device: torch.device, d
     shape = name in SHAPES
     try:
         ckpt = open_checkpoint(name, config.tokenizer if shape else None, "dummy" if shape else config.load_format,
-                               spec.quantization, dequantize_on_load=device.type != "cuda")
+                               spec.quantization, dequantize_on_load=device.type != "cuda", held_dense=held_dense)
     except (CheckpointError, OSError) as exc:
         raise spec_error(f"the draft model {name!r} cannot be opened: {exc}") from None
     vocab = shared_vocab_size(target, ckpt, name)

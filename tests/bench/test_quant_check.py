@@ -26,25 +26,25 @@ def test_compare_by_hand():
     assert got.max_logprob_diff == pytest.approx(4.0) and got.mean_logprob_diff == pytest.approx((0 + 4 + 0.25) / 3)
 
 
-def test_check_quant_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("arch,quantization", [("llama", "int4"), ("deepseek_v3", "int8")])
+def test_check_quant_end_to_end_on_cpu(tmp_path, monkeypatch, capsys, arch, quantization):
     """The engine's layers held quantized on CPU (the reference ops; ingot dequantizes at load there
-    otherwise) against the dequantized model: every top-1 agrees, logprobs match to fp32 rounding."""
+    otherwise) against the dequantized model: every top-1 agrees, logprobs match to fp32 rounding
+    (DeepSeek: its latent attention's cache, kv_b_proj held dense)."""
+    import functools
+
     import ingot.engine.engine as engine_mod
-    from ingot.loading.checkpoint import open_checkpoint
+    from ingot.models import loader
 
-    def keep_quantized(config):
-        return open_checkpoint(config.model, config.tokenizer, config.load_format, config.quantization,
-                               dequantize_on_load=False)
-
-    monkeypatch.setattr(engine_mod, "open_model", keep_quantized)
-    path = write_tiny_checkpoint(tmp_path / "llama", "llama", overrides=dict(hidden_size=128, intermediate_size=256))
+    monkeypatch.setattr(engine_mod, "open_model", functools.partial(loader.open_model, dequantize_on_load=False))
+    path = write_tiny_checkpoint(tmp_path / arch, arch, overrides=dict(hidden_size=128, intermediate_size=256))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world\nthe quick brown fox\n")
     out = tmp_path / "quant.json"
-    argv = ["check", "quant", "--model", str(path), "--quantization", "int4", "--device", "cpu", "--dtype", "float32",
-            "--steps", "6", "--prompts", str(prompts), "--json", str(out), "--quiet"]
+    argv = ["check", "quant", "--model", str(path), "--quantization", quantization, "--device", "cpu", "--dtype",
+            "float32", "--steps", "6", "--prompts", str(prompts), "--json", str(out), "--quiet"]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["passed"] and doc["positions"] == 12 and doc["top1_agreement"] == 1.0
-    assert doc["max_logprob_diff"] < 1e-4 and doc["quantization"] == "int4"
+    assert doc["max_logprob_diff"] < 1e-4 and doc["quantization"] == quantization
     assert "PASS" in capsys.readouterr().out

@@ -209,23 +209,33 @@ def test_split_kv_b_equals_whole(tmp_path):
             assert torch.equal(weights[name], sd[name]) and g.tensor_shapes[name] == tuple(sd[name].shape)
 
 
-def test_quantized_file_is_served_dense(tmp_path):
-    """DeepSeek models hold no quantized layers: a Q8_0 file's projections come dequantized (gguf-py's
-    dequantize), also where ingot keeps other models' weights quantized (CUDA)."""
-    hf_dir = write_tiny_checkpoint(tmp_path / "hf", "deepseek_v2", overrides=CASES["v2_lite"][1])
-    names = ["blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight",
-             "blk.0.attn_q.weight", "blk.0.attn_kv_a_mqa.weight", "blk.0.attn_output.weight"]
-    path = write_deepseek_gguf(hf_dir, tmp_path / "q8.gguf", True, quantize={n: QT.Q8_0 for n in names})
-    ckpt = open_checkpoint(str(path), dequantize_on_load=False)
-    assert ckpt.quant is None
-    dense = dict(ckpt.weights(torch.float32, None))
-    sd = hf_state_dict(hf_dir)
-    for hf_name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.experts.3.up_proj.weight"):
-        expect = gguf.quants.dequantize(gguf.quants.quantize(sd[hf_name].numpy(), QT.Q8_0), QT.Q8_0)
-        got = dense.get(hf_name)
-        if got is None:  # a stacked expert tensor
-            got = dense["model.layers.1.mlp.experts.up_proj.weight"][3]
-        assert torch.equal(got, torch.from_numpy(expect)), hf_name
+@pytest.mark.parametrize("split_kv_b", [False, True])
+def test_quantized_file_keeps_its_projections_quantized_but_kv_b(tmp_path, split_kv_b):
+    """A Q8_0 file's projections come in the int form (``dequantize_on_load=False``), q with kv_a as one
+    projection, but kv_b_proj: dequantized (as the dense iterator gives it) where the model holds it
+    dense (``held_dense``), and wherever it is joined from attn_k_b / attn_v_b (attn_k_b's blocks run
+    along what are kv_b_proj's rows)."""
+    from ingot.loading.quant_scheme import IntWeights
+    from ingot.models.loader import held_dense
+
+    hf_dir = write_tiny_checkpoint(tmp_path / "hf", "deepseek_v2", overrides={**CASES["v2_lite"][1], "qk_nope_head_dim": 32})
+    kv_b = ["blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight"] if split_kv_b else ["blk.0.attn_kv_b.weight"]
+    names = [*(f"blk.1.ffn_{p}_exps.weight" for p in ("gate", "up", "down")), "blk.0.attn_q.weight",
+             "blk.0.attn_kv_a_mqa.weight", *kv_b]
+    path = str(write_deepseek_gguf(hf_dir, tmp_path / "q8.gguf", split_kv_b, quantize={n: QT.Q8_0 for n in names}))
+    ckpt = open_checkpoint(path, dequantize_on_load=False, held_dense=held_dense)
+    q8 = IntWeights(bits=8, group_size=32, zero_point=128)
+    assert ckpt.quant.scheme_for("model.layers.0.self_attn.q_proj") == q8
+    assert ckpt.quant.scheme_for("model.layers.0.self_attn.kv_a_proj_with_mqa") == q8
+    assert ckpt.quant.scheme_for("model.layers.1.mlp.experts.3.down_proj") == q8
+    assert ckpt.quant.scheme_for("model.layers.0.self_attn.o_proj") is None  # F32 in the file
+    name = "model.layers.0.self_attn.kv_b_proj.weight"
+    got = dict(ckpt.weights(torch.float32, None))
+    assert ckpt.quant.scheme_for(name.removesuffix(".weight")) is None and "model.layers.0.self_attn.kv_b_proj.qweight" not in got
+    assert torch.equal(got[name], dict(open_checkpoint(path).weights(torch.float32, None))[name])
+    assert "model.layers.0.self_attn.q_proj.qweight" in got and len(got) == ckpt.num_tensors
+    unheld = open_checkpoint(path, dequantize_on_load=False).quant
+    assert (unheld.scheme_for("model.layers.0.self_attn.kv_b_proj") is None) == split_kv_b
 
 
 @pytest.mark.parametrize(("change", "match"), [
