@@ -96,8 +96,12 @@ class LLM:
         return self._loop.call(Engine.reset_prefix_cache)
 
     def shutdown(self) -> None:
-        """Stop the engine loop (aborting whatever still runs); also done when the LLM is collected."""
+        """Stop the engine loop (aborting whatever still runs) and release the model, its KV cache
+        and graphs (device memory for a next engine); also done when the LLM leaves its ``with``
+        block. A collected LLM stops its loop and closes its engine, which frees them unless
+        the engine is referenced elsewhere."""
         self._finalizer()
+        self.engine.release()
 
     def __enter__(self) -> "LLM":
         return self

@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import gc
 import logging
 import platform
 import sys
@@ -288,12 +287,7 @@ def run_mode(args: argparse.Namespace, workload, mode: str, console, repeat: int
     finally:
         unfreeze_heap()  # the engine's reference cycles must be reclaimable before the next one
         eng.close()
-        del eng
-        gc.collect()
-        if device.type == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
+        eng.release()  # the model, KV cache and graphs: device memory for the next variant's engine
     return results, env
 
 

@@ -11,6 +11,7 @@ goes on.
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import logging
 import time
@@ -102,6 +103,19 @@ class Engine:
         """Release the executor's processes (tensor-parallel workers); the engine is unusable after."""
         self.grammars.close()
         self.executor.close()
+
+    def release(self) -> None:
+        """After ``close``: drop the executor (the model, the KV cache, the graphs), so its device
+        memory goes to a next engine in the process even while this object stays referenced."""
+        executor = self.__dict__.pop("executor", None)
+        if executor is None:  # released already
+            return
+        cuda = executor.device.type == "cuda"
+        self._inflight = None
+        del executor
+        gc.collect()  # a cycle through the model would keep the KV cache until the next collection
+        if cuda:
+            torch.cuda.empty_cache()  # the allocator's cached blocks: free memory for a next engine's budget
 
     # ------------------------------------------------------------------ requests
     def new_request_id(self) -> str:
