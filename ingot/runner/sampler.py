@@ -129,6 +129,11 @@ def _bad_word_bans(words: List[List[int]], output: List[int]) -> List[int]:
     return [w[-1] for w in words if len(w) - 1 <= n and output[n - len(w) + 1 :] == w[:-1]]
 
 
+def no_token_left(x: torch.Tensor) -> torch.Tensor:
+    """[B] bool: the rows of processed logits ``x`` ([B, V]) whose rules leave every token at ``-inf``."""
+    return torch.isneginf(x.amax(dim=-1))
+
+
 def _needs_min_tokens_mask(row: SamplingRow) -> bool:
     p = row.params
     return len(row.output_token_ids) < p.min_tokens and bool(row.eos_token_ids or p.stop_token_ids)
@@ -206,7 +211,7 @@ class Sampler:
                 tokens[idx] = self._sample(x[idx], rows, sample_rows)
         # a row whose rules exclude every token fails (token -1 on the host) rather than taking
         # token 0; the device keeps its token for a step queued behind this one
-        failed = tokens.masked_fill(torch.isneginf(x.amax(dim=-1)), -1) if rule_rows else None
+        failed = tokens.masked_fill(no_token_left(x), -1) if rule_rows else None
         if not want_lp:
             return DeviceSample(tokens, failed=failed)
         return self._with_logprobs(logits, tokens, params, want_lp, failed)

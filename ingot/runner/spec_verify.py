@@ -35,7 +35,7 @@ from typing import List, Optional
 import torch
 
 from ingot.runner.sampler import (NO_TOKEN, DeviceSample, Sampler, SamplingRow, TokenLogprobs, TokenMask, _h2d,
-                                  apply_token_mask)
+                                  apply_token_mask, no_token_left)
 
 
 @dataclass
@@ -157,7 +157,7 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: List[SamplingRow
         params = [row.params for row in pos_rows]
         lp_sample = Sampler._with_logprobs(logits, emit, params, lp_positions)
     if any(row.params.has_token_rules for row in rows):  # a position whose rules leave no token fails its row
-        dead = torch.isneginf(x.amax(dim=-1))
+        dead = no_token_left(x)
         accept &= ~dead
         alt.masked_fill_(dead, -1)
     return DeviceVerify(counts, drafts, accept, alt, lp_sample, lp_positions)
